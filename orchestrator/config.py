@@ -1,0 +1,74 @@
+"""Settings: the defaults in ``config/orchestrator.toml``, overridden by ``<home>/orchestrator.toml``.
+
+The packaged defaults are the documented ones; a home may override any of
+them. Unknown keys are refused with the file and key named.
+"""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .status import MASTER_ORDERS
+
+
+def _defaults() -> dict[str, Any]:
+    text = (resources.files("orchestrator") / "defaults.toml").read_text()
+    return tomllib.loads(text)
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any], where: str, prefix: str = "") -> None:
+    for key, value in over.items():
+        name = f"{prefix}{key}"
+        if key not in base and not prefix.startswith("backends."):
+            raise ConfigError(f"{where}: unknown setting {name!r}")
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value, where, f"{name}.")
+        else:
+            base[key] = value
+
+
+@dataclass
+class Config:
+    """The settings in force for one orchestrator."""
+
+    data: dict[str, Any] = field(default_factory=_defaults)
+
+    @classmethod
+    def load(cls, home: Path, overrides: dict[str, Any] | None = None) -> Config:
+        data = _defaults()
+        path = home / "orchestrator.toml"
+        if path.exists():
+            try:
+                _merge(data, tomllib.loads(path.read_text()), str(path))
+            except tomllib.TOMLDecodeError as e:
+                raise ConfigError(f"{path}: {e}") from None
+        if overrides:
+            _merge(data, copy.deepcopy(overrides), "Orchestrator(config=...)")
+        config = cls(data)
+        config.check(str(path))
+        return config
+
+    def check(self, where: str) -> None:
+        core = self.data["core"]
+        if core["master_status_order"] not in MASTER_ORDERS:
+            raise ConfigError(f"{where}: core.master_status_order must be one of {MASTER_ORDERS}")
+        for key in ("poll_interval", "emulated_bulk_concurrency"):
+            if not isinstance(core[key], (int, float)) or core[key] <= 0:
+                raise ConfigError(f"{where}: core.{key} must be a positive number")
+
+    @property
+    def core(self) -> dict[str, Any]:
+        return self.data["core"]  # type: ignore[no-any-return]
+
+    @property
+    def retry(self) -> dict[str, Any]:
+        return self.data["retry"]  # type: ignore[no-any-return]
+
+    def backend(self, name: str) -> dict[str, Any]:
+        return dict(self.data.get("backends", {}).get(name, {}))

@@ -1,0 +1,380 @@
+"""The engine: carries out what the state machine decides.
+
+It owns the state machine, the repository, the drivers and the bus. It
+applies each :class:`~orchestrator.statemachine.Step` to the job objects,
+keeps the set of runs to monitor, writes changes to the repository in
+batches (one transaction per tick), runs mergers, and runs the monitoring
+loop: one status query per backend per tick, whatever the number of runs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from .bus import EventBus
+from .config import Config
+from .drivers import Driver, DriverContext, RunHandle, RunSpec, StatusUpdate
+from .events import StatusChanged, StatusReport
+from .ids import FQID, fqid_str
+from .job import Job
+from .logs import get_logger
+from .plugins import driver_class
+from .repository import JobRow, Repository
+from .statemachine import StateMachine, Step
+from .status import ACTIVE, FINAL, MONITORED, JobStatus
+from .workspace import Workspace
+
+S = JobStatus
+_REFUSED_KEPT = 20
+
+
+class Engine:
+    def __init__(self, home: Path, config: Config, repo: Repository, home_key: str) -> None:
+        from .operations import Operations
+
+        self.home = home
+        self.config = config
+        self.repo = repo
+        self.home_key = home_key
+        self.workspace = Workspace(home / "workspace")
+        self.sm = StateMachine(config.core["master_status_order"])
+        self.bus = EventBus()
+        self.ops = Operations(self)
+        self.log = get_logger(home=str(home))
+        self.jobs: dict[int, Job] = {}
+        #: backend name -> fqid -> handle, for every run being monitored.
+        self.active: dict[str, dict[FQID, RunHandle]] = {}
+        self.drivers: dict[str, Driver] = {}
+        self.postprocessing: set[int] = set()
+        self._dirty: dict[FQID, Job] = {}
+        self._spec_dirty: set[FQID] = set()
+        self._changed = anyio.Event()
+        self._flush_lock = anyio.Lock()
+        self._locks: dict[int, anyio.Lock] = {}
+        self._tg: TaskGroup | None = None
+
+    # ---------------------------------------------------------------- life
+    async def start(self, tg: TaskGroup) -> None:
+        """Load every top-level job, rebuild the runs to monitor, start the loops."""
+        self._tg = tg
+        now = time.time()
+        for row in await self.repo.load_toplevel():
+            job = self._job_from_row(row, parent=None)
+            self.jobs[row.id] = job
+            if row.n_subjobs:
+                m = row.master or {}
+                self.sm.add_master(row.id, self.repo.load_statuses(row.id), first=m.get("first"),
+                                   last=m.get("last"), postprocess_failed=m.get("postprocess_failed", False))
+                self.sm.pin(row.id, None, now)
+            else:
+                self.sm.add_job(row.id, S(row.status))
+        await self._recover(now)
+        tg.start_soon(self._monitor_loop)
+        tg.start_soon(self._consume_reports)
+        tg.start_soon(self._flush_loop)
+
+    async def _recover(self, now: float) -> None:
+        """After a restart: runs caught mid-submission go back to ``new``; the rest are monitored."""
+        interrupted: list[FQID] = []
+        for job_id, job in self.jobs.items():
+            if self.sm.is_master(job_id):
+                busy = self.sm.subjob_ids(job_id, MONITORED | {S.SUBMITTING})
+                if busy:
+                    self.materialize(job, busy)
+                    for i in busy:
+                        sub = job.subjobs._built[i]
+                        if sub.status == S.SUBMITTING:
+                            interrupted.append(sub.fqid_tuple)
+                        else:
+                            self._watch(sub)
+            elif job.status == S.SUBMITTING:
+                interrupted.append((job_id,))
+            elif job.status in MONITORED:
+                self._watch(job)
+        if interrupted:
+            self.log.warning("submission interrupted by a restart; left new", jobs=[fqid_str(f) for f in interrupted])
+            self.apply(self.sm.move(interrupted, S.NEW, now))
+        await self.flush()
+
+    async def close(self) -> None:
+        await self.flush()
+        for driver in self.drivers.values():
+            await driver.aclose()
+        self.bus.close()
+
+    # ------------------------------------------------------------- objects
+    def _job_from_row(self, row: JobRow, parent: Job | None) -> Job:
+        job = Job.from_spec(row.name, row.spec)
+        job.id = row.idx if parent is not None else row.id
+        job.parent = parent
+        job.backend_id = row.backend_id
+        from .model import JobInfo
+
+        job.info = JobInfo.from_dict(row.info)
+        job._engine = self
+        return job
+
+    def materialize(self, master: Job, indexes: Sequence[int]) -> None:
+        """Build subjob objects from the repository (one query for many)."""
+        assert master.id is not None
+        built = master.subjobs._built
+        missing = [i for i in indexes if i not in built]
+        for row in self.repo.load_subjobs(master.id, missing):
+            assert row.idx is not None
+            built[row.idx] = self._job_from_row(row, parent=master)
+
+    def lookup(self, fqid: FQID) -> Job:
+        job = self.jobs[fqid[0]]
+        for part in fqid[1:]:
+            job = job.subjobs(part)
+        return job
+
+    def lock(self, job: Job) -> anyio.Lock:
+        """One lock per top-level job: operations on a job and its subjobs are serialised."""
+        top = job.fqid_tuple[0]
+        return self._locks.setdefault(top, anyio.Lock())
+
+    def row(self, job: Job, *, with_spec: bool = True) -> JobRow:
+        fq = job.fqid_tuple
+        spec = job.spec() if with_spec else None
+        if len(fq) > 1:
+            return JobRow(fq[0], fq[1], job.name, job.status.value, spec, job.backend_id, job.info.to_dict())
+        master: dict[str, Any] | None = None
+        n = 0
+        if self.sm.is_master(fq[0]):
+            state = self.sm.master(fq[0])
+            master = {"first": state.first, "last": state.last, "postprocess_failed": state.postprocess_failed}
+            n = len(state.statuses)
+        return JobRow(fq[0], None, job.name, job.status.value, spec, job.backend_id, job.info.to_dict(), n, master)
+
+    # ----------------------------------------------------------- applying
+    def move(self, fqids: Iterable[FQID], status: JobStatus, now: float | None = None) -> Step:
+        step = self.sm.move(fqids, status, time.time() if now is None else now)
+        self.apply(step)
+        return step
+
+    def apply(self, step: Step) -> None:
+        """Carry a step out on the objects; persistence follows at the next flush."""
+        for ch in step.changes:
+            job = self._object(ch.fqid)
+            ts = job.info.timestamps
+            ts[ch.new.value] = ch.time
+            if ch.new in FINAL:
+                ts["final"] = ch.time
+            if ch.new == S.SUBMITTING:
+                job.info.submit_counter += 1
+            elif ch.old == S.SUBMITTING and ch.new == S.NEW:
+                job.info.submit_counter -= 1  # rolled back: that submission never took place
+            if ch.new in MONITORED and job.backend_id is not None:
+                self._watch(job)
+            elif ch.new not in MONITORED:
+                self._unwatch(job)
+            self._dirty[ch.fqid] = job
+        for ref in step.refused:
+            self.log.warning("transition refused", fqid=fqid_str(ref.fqid), old=ref.old.value, new=ref.new.value,
+                             reason=ref.reason)
+            if ref.fqid[0] in self.jobs:
+                job = self._object(ref.fqid)
+                job.info.refused = [*job.info.refused, f"{ref.old.value}->{ref.new.value}: {ref.reason}"][-_REFUSED_KEPT:]
+                self._dirty[ref.fqid] = job
+        for mc in step.masters:
+            master = self.jobs[mc.master]
+            state = self.sm.master(mc.master)
+            master.info.timestamps.update(state.first)
+            master.info.timestamps.update(state.last)
+            if mc.new in (S.SUBMITTING,) and state.pinned:
+                master.info.timestamps[mc.new.value] = mc.time
+            self._dirty[(mc.master,)] = master
+            self.log.info("master status", fqid=str(mc.master), old=mc.old.value, new=mc.new.value)
+        for master_id in step.ended:
+            self._start_postprocess(master_id)
+        if step.changes or step.masters:
+            self.bus.publish(StatusChanged(
+                ids=tuple(c.fqid for c in step.changes) + tuple((m.master,) for m in step.masters),
+                old=tuple(c.old for c in step.changes) + tuple(m.old for m in step.masters),
+                new=tuple(c.new for c in step.changes) + tuple(m.new for m in step.masters),
+                time=time.time(),
+            ))
+            self.notify()
+
+    def _object(self, fqid: FQID) -> Job:
+        return self.lookup(fqid)
+
+    def mark_dirty(self, job: Job, *, spec: bool = False) -> None:
+        self._dirty[job.fqid_tuple] = job
+        if spec:
+            self._spec_dirty.add(job.fqid_tuple)
+
+    def notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float | None) -> None:
+        with anyio.fail_after(timeout if timeout is not None else math.inf):
+            while not predicate():
+                await self._changed.wait()
+
+    def is_active(self, job: Job, include_postprocess: bool = False) -> bool:
+        fq = job.fqid_tuple
+        if len(fq) == 1 and self.sm.is_master(fq[0]):
+            state = self.sm.master(fq[0])
+            if state.pinned is not None and state.pinned in ACTIVE:
+                return True
+            if include_postprocess and fq[0] in self.postprocessing:
+                return True
+            return any(state.counts[s.code] for s in ACTIVE)
+        return job.status in ACTIVE
+
+    # ---------------------------------------------------------- monitoring
+    def handle_of(self, job: Job) -> RunHandle:
+        assert job.backend_id is not None
+        fq = job.fqid_tuple
+        return RunHandle(fqid=job.fqid, index=fq[-1] if len(fq) > 1 else 0, backend_id=job.backend_id,
+                         settings=job.backend.settings, outputdir=self.workspace.outputdir(fq), status=job.status)
+
+    def _watch(self, job: Job) -> None:
+        if job.backend_id is not None:
+            self.active.setdefault(job.backend.name, {})[job.fqid_tuple] = self.handle_of(job)
+
+    def _unwatch(self, job: Job) -> None:
+        runs = self.active.get(job.backend.name)
+        if runs is not None:
+            runs.pop(job.fqid_tuple, None)
+
+    async def _monitor_loop(self) -> None:
+        interval = float(self.config.core["poll_interval"])
+        while True:
+            await anyio.sleep(interval)
+            await self.poll_once()
+
+    async def poll_once(self) -> None:
+        """One tick: one status query per backend with active runs."""
+        for name, runs in list(self.active.items()):
+            if not runs:
+                continue
+            handles = [
+                h if h.status == self.sm.status(fq) else self.handle_of(self.lookup(fq)) for fq, h in runs.items()
+            ]
+            driver = await self.driver(name)
+            try:
+                updates = await self.ops.bulk.status(driver, handles)
+            except Exception as exc:  # a driver fault is the backend's, never the job's
+                self.log.warning("status query failed", backend=name, error=repr(exc), runs=len(handles))
+                continue
+            if updates:
+                self.bus.report(StatusReport(ids=(), backend=name, updates=tuple(updates)))
+
+    async def _consume_reports(self) -> None:
+        async for event in self.bus.reports:
+            if isinstance(event, StatusReport):
+                self.apply_updates(event.updates)
+
+    def apply_updates(self, updates: Sequence[StatusUpdate]) -> None:
+        """Feed backend reports to the state machine, grouped by status (one step each)."""
+        by_status: dict[JobStatus, list[FQID]] = {}
+        now = time.time()
+        for u in updates:
+            try:
+                fq = tuple(int(p) for p in u.fqid.split("."))
+                job = self.lookup(fq)
+            except (KeyError, ValueError, IndexError):
+                self.log.warning("report for an unknown job", fqid=u.fqid, status=str(u.status))
+                continue
+            if u.status == job.status:
+                continue
+            if u.status in FINAL and (u.exit_code is not None or u.reason):
+                job.info.reason = u.reason or (f"exit code {u.exit_code}" if u.exit_code else None)
+            by_status.setdefault(u.status, []).append(fq)
+        for status in (S.RUNNING, S.COMPLETING, S.HELD, S.COMPLETED, S.FAILED, S.KILLED, S.SUBMITTED):
+            if status in by_status:
+                self.move(by_status[status], status, now)
+
+    async def driver(self, name: str) -> Driver:
+        driver = self.drivers.get(name)
+        if driver is None:
+            cls = driver_class(name)
+            statedir = self.home / "backends" / name
+            statedir.mkdir(parents=True, exist_ok=True)
+            context = DriverContext(home=self.home, config=self.config.backend(name), statedir=statedir,
+                                    log=get_logger(backend=name))
+            driver = cls(context)
+            self.drivers[name] = driver
+            assert self._tg is not None
+            self._tg.start_soon(driver.serve)
+        return driver
+
+    def run_spec(self, job: Job) -> RunSpec:
+        """What a driver needs to run ``job`` once more."""
+        fq = job.fqid_tuple
+        ws = self.workspace
+        shared = ws.inputdir(fq[:1])
+        app = job.application
+        assert app is not None
+        return RunSpec(
+            fqid=job.fqid, index=fq[-1] if len(fq) > 1 else 0, attempt=job.info.submit_counter,
+            key=f"orch-{self.home_key}-{job.fqid}-{job.info.submit_counter}",
+            executable=app.exe, args=tuple(app.args), env=dict(app.env), settings=dict(job.backend.settings),
+            inputs=tuple(shared / Path(f).name for f in job.inputfiles), outputfiles=tuple(job.outputfiles),
+            jobdir=ws.jobdir(fq), inputdir=ws.inputdir(fq), outputdir=ws.outputdir(fq), workdir=ws.workdir(fq),
+            mode=job.mode, retry_count=max(job.info.submit_counter - 1, 0), retry_args=tuple(job.info.retry_args),
+        )
+
+    # ---------------------------------------------------------- persistence
+    async def flush(self) -> None:
+        """Write every changed job in one transaction."""
+        async with self._flush_lock:
+            if not self._dirty:
+                return
+            dirty, self._dirty = self._dirty, {}
+            spec_dirty, self._spec_dirty = self._spec_dirty, set()
+            rows = [self.row(job, with_spec=len(fq) == 1 or fq in spec_dirty) for fq, job in dirty.items()
+                    if fq[0] in self.jobs]
+            try:
+                await self.repo.save(rows)
+            except BaseException:
+                for fq, job in dirty.items():
+                    self._dirty.setdefault(fq, job)
+                self._spec_dirty |= spec_dirty
+                raise
+
+    async def _flush_loop(self) -> None:
+        interval = float(self.config.core["flush_interval"])
+        while True:
+            await anyio.sleep(interval)
+            await self.flush()
+
+    # --------------------------------------------------------- mergers
+    def _start_postprocess(self, master_id: int) -> None:
+        master = self.jobs.get(master_id)
+        if master is None or master.merger is None or self._tg is None:
+            return
+        self.postprocessing.add(master_id)
+        self._tg.start_soon(self._postprocess, master)
+
+    async def _postprocess(self, master: Job) -> None:
+        assert master.id is not None and master.merger is not None
+        mid = master.id
+        try:
+            state = self.sm.master(mid)
+            subjobs = [(i, JobStatus.from_code(c), self.workspace.outputdir((mid, i)))
+                       for i, c in enumerate(state.statuses)]
+            try:
+                reason = master.merger.merge(self.workspace.outputdir((mid,)), subjobs)
+            except OSError as exc:
+                reason = f"{type(master.merger).__name__}: {exc}"
+            master.info.reason = reason
+            self.apply(self.sm.set_postprocess_failed(mid, reason is not None, time.time()))
+            self.mark_dirty(master)
+            if reason:
+                self.log.warning("merger failed", fqid=str(mid), reason=reason)
+            await self.flush()
+        finally:
+            self.postprocessing.discard(mid)
+            self.notify()

@@ -1,0 +1,26 @@
+"""The exceptions a user of the public API sees."""
+
+from __future__ import annotations
+
+
+class OrchestratorError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class JobError(OrchestratorError):
+    """An operation on a job was refused or failed; the message names the job."""
+
+    def __init__(self, message: str, *, fqid: str | None = None, field: str | None = None) -> None:
+        prefix = f"job {fqid}: " if fqid is not None else ""
+        where = f" [field {field}]" if field else ""
+        super().__init__(f"{prefix}{message}{where}")
+        self.fqid = fqid
+        self.field = field
+
+
+class HomeLockedError(OrchestratorError):
+    """Another process holds this orchestrator home."""
+
+
+class ConfigError(OrchestratorError):
+    """The configuration file is invalid; the message names the file and the key."""

@@ -1,0 +1,163 @@
+"""The plain-data parts of a job: application, backend, retry policy, info.
+
+These are what a user builds and what the repository stores. They hold no
+reference to an orchestrator; :mod:`orchestrator.job` adds the behaviour.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .errors import JobError
+
+
+@dataclass
+class Executable:
+    """Run ``exe`` with ``args`` and extra environment ``env`` on the worker."""
+
+    exe: str
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def validate(self, fqid: str) -> None:
+        if not isinstance(self.exe, str) or not self.exe.strip():
+            raise JobError("the executable must be a non-empty string", fqid=fqid, field="application.exe")
+        if isinstance(self.args, (str, bytes)) or not isinstance(self.args, (list, tuple)):
+            raise JobError(f"args must be a list, not {type(self.args).__name__}", fqid=fqid, field="application.args")
+        clean: list[str] = []
+        for i, arg in enumerate(self.args):
+            if isinstance(arg, bool) or not isinstance(arg, (str, int, float)):
+                raise JobError(f"argument {i} is a {type(arg).__name__}, not a string", fqid=fqid,
+                               field="application.args")
+            clean.append(str(arg))
+        self.args = clean
+        if not isinstance(self.env, Mapping):
+            raise JobError("env must be a mapping of names to strings", fqid=fqid, field="application.env")
+        for key, value in self.env.items():
+            if not isinstance(key, str) or not key.isidentifier():
+                raise JobError(f"{key!r} is not a valid environment variable name", fqid=fqid,
+                               field="application.env")
+            if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+                raise JobError(f"the value of {key} must be a string", fqid=fqid, field="application.env")
+        self.env = {k: str(v) for k, v in self.env.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "Executable", "exe": self.exe, "args": list(self.args), "env": dict(self.env)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Executable:
+        return cls(exe=data["exe"], args=list(data.get("args", [])), env=dict(data.get("env", {})))
+
+
+class Backend:
+    """A backend's registered name and its settings.
+
+    ``Backend("ssh", host="h", port=22)``; settings read and write as
+    attributes (``b.port``), so a splitter may vary them per subjob with a
+    dotted path such as ``"backend.mem"``.
+    """
+
+    __slots__ = ("name", "settings")
+
+    def __init__(self, name: str, **settings: Any) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "settings", dict(settings))
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self.settings[key]
+        except KeyError:
+            raise AttributeError(f"backend {self.name!r} has no setting {key!r}") from None
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        if key in ("name", "settings"):
+            object.__setattr__(self, key, value)
+        else:
+            self.settings[key] = value
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            return self.name == other
+        return isinstance(other, Backend) and (self.name, self.settings) == (other.name, other.settings)
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __repr__(self) -> str:
+        items = "".join(f", {k}={v!r}" for k, v in self.settings.items())
+        return f"Backend({self.name!r}{items})"
+
+    def copy(self) -> Backend:
+        return Backend(self.name, **copy.deepcopy(self.settings))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "settings": copy.deepcopy(self.settings)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Backend:
+        return cls(data["name"], **data.get("settings", {}))
+
+    @classmethod
+    def coerce(cls, value: str | Backend | None, fqid: str) -> Backend:
+        if value is None:
+            return cls("local")
+        if isinstance(value, str):
+            return cls(value)
+        if isinstance(value, Backend):
+            return value
+        raise JobError(f"backend must be a name or Backend(...), not {type(value).__name__}", fqid=fqid,
+                       field="backend")
+
+
+@dataclass
+class RetryPolicy:
+    """Bounds on automatic retries (GBS); ``None`` takes the configured default.
+
+    All zeros turns automatic retries off.
+    """
+
+    max_early: int | None = None
+    max_late_handled: int | None = None
+    max_late_unhandled: int | None = None
+    early_seconds: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> RetryPolicy:
+        return cls(**dict(data or {}))
+
+    def validate(self, fqid: str) -> None:
+        for name in ("max_early", "max_late_handled", "max_late_unhandled", "early_seconds"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+                raise JobError(f"must be a number >= 0, not {value!r}", fqid=fqid, field=f"retry.{name}")
+
+
+@dataclass
+class JobInfo:
+    """Counters, timestamps and reasons; stored with the job, kept across reopen."""
+
+    submit_counter: int = 0
+    #: Seconds since the epoch at which the job last entered each status
+    #: (plus ``final``). A master's start times are its earliest subjob's.
+    timestamps: dict[str, float] = field(default_factory=dict)
+    reason: str | None = None
+    #: Failure history, one dict per failed run (filled by the fault-tolerance layer).
+    history: list[dict[str, Any]] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)
+    retry_args: list[str] = field(default_factory=list)
+    #: Transitions a backend asked for that the table refused, kept for the record.
+    refused: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> JobInfo:
+        known = {k: v for k, v in dict(data or {}).items() if k in cls.__dataclass_fields__}
+        return cls(**known)

@@ -1,0 +1,173 @@
+"""``Orchestrator``: the embedded API's entry point, an async context manager.
+
+``async with Orchestrator(home=...) as orch:`` locks the home, opens the
+repository, restores every job and starts the monitoring loop in a task
+group; leaving the block flushes every change and stops the loop. Jobs whose
+runs are still going on at the backend keep going, and are found again by the
+next orchestrator that opens the home.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import secrets
+from collections.abc import Iterator, Sequence
+from contextlib import AsyncExitStack
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import anyio
+import structlog
+
+from .config import Config
+from .engine import Engine
+from .errors import JobError
+from .ids import parse_fqid
+from .job import Job, JobSlice, _status_set
+from .logs import configure as configure_logs
+from .repository import HomeLock, Repository
+from .status import JobStatus
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("ORCHESTRATOR_HOME") or Path.home() / ".orchestrator")
+
+
+class JobRegistry:
+    """``orch.jobs``: look jobs up, select them, add new ones."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    async def add(self, job: Job) -> Job:
+        """Register ``job``; it gets the next integer id and status ``new``."""
+        return await self._engine.ops.add(job)
+
+    def __call__(self, key: Any) -> Job:
+        return self[key]
+
+    def __getitem__(self, key: Any) -> Job:
+        try:
+            fqid = parse_fqid(key)
+        except ValueError as exc:
+            raise KeyError(str(exc)) from None
+        try:
+            return self._engine.lookup(fqid)
+        except (KeyError, IndexError):
+            raise KeyError(f"no job {'.'.join(map(str, fqid))}") from None
+
+    def get(self, key: Any, default: Job | None = None) -> Job | None:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __contains__(self, key: Any) -> bool:
+        return self.get(key) is not None
+
+    def __len__(self) -> int:
+        return len(self._engine.jobs)
+
+    def __iter__(self) -> Iterator[Job]:
+        return iter([self._engine.jobs[k] for k in sorted(self._engine.jobs)])
+
+    def select(self, status: str | JobStatus | Sequence[str | JobStatus] | None = None,
+               name: str | None = None) -> JobSlice:
+        """Top-level jobs by status and name glob (``name="scan*"``)."""
+        wanted = _status_set(status)
+        return JobSlice([j for j in self if (wanted is None or j.status in wanted)
+                         and (name is None or fnmatch.fnmatchcase(j.name, name))])
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} jobs>"
+
+
+class Orchestrator:
+    """One orchestrator home, opened for use.
+
+    ``home`` defaults to ``$ORCHESTRATOR_HOME`` or ``~/.orchestrator``;
+    ``config`` overrides settings of ``orchestrator.toml`` (same tables).
+    """
+
+    def __init__(self, home: str | os.PathLike[str] | None = None, config: dict[str, Any] | None = None) -> None:
+        self.home = Path(home).expanduser().resolve() if home is not None else default_home()
+        self._overrides = config
+        self._stack: AsyncExitStack | None = None
+        self._engine: Engine | None = None
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            raise JobError("the orchestrator is not open (use 'async with Orchestrator(...)')")
+        return self._engine
+
+    @property
+    def jobs(self) -> JobRegistry:
+        return JobRegistry(self.engine)
+
+    @property
+    def config(self) -> Config:
+        return self.engine.config
+
+    async def __aenter__(self) -> Orchestrator:
+        if not structlog.is_configured():
+            configure_logs()
+        self.home.mkdir(parents=True, exist_ok=True)
+        config = Config.load(self.home, self._overrides)
+        stack = AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            lock = HomeLock(self.home / "lock")
+            lock.acquire()
+            stack.callback(lock.release)
+            repo = Repository(self.home / "repository.sqlite")
+            await repo.open()
+            stack.push_async_callback(repo.close)
+            engine = Engine(self.home, config, repo, _home_key(self.home))
+            tg = anyio.create_task_group()
+            await stack.enter_async_context(tg)
+            stack.callback(tg.cancel_scope.cancel)
+            stack.push_async_callback(engine.close)
+            await engine.start(tg)
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._stack, self._engine = stack, engine
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        stack, self._stack = self._stack, None
+        self._engine = None
+        if stack is None:
+            return
+        try:
+            await stack.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:
+            # The task group wraps the body's own exception: let the original through unwrapped.
+            if exc is not None and _leaves(group) == [exc]:
+                return
+            leaves = _leaves(group)
+            if len(leaves) == 1:
+                raise leaves[0] from None
+            raise
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for e in group.exceptions:
+        out += _leaves(e) if isinstance(e, BaseExceptionGroup) else [e]
+    return out
+
+
+def _home_key(home: Path) -> str:
+    """A short id of this home, stable across runs, used in idempotency keys."""
+    path = home / "home-id"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        key = secrets.token_hex(4)
+        path.write_text(key + "\n")
+        return key

@@ -1,0 +1,67 @@
+#!/bin/sh
+# orchestrator job wrapper: runs one job on a worker, with nothing but POSIX sh.
+#
+# Usage: sh wrapper.sh RUNFILE
+# RUNFILE is a shell fragment written by the orchestrator (every value quoted)
+# that sets ORCH_* variables, exports the user's environment and sets "$@" to
+# the user's command. The wrapper writes the job log ($ORCH_OUTDIR/orch.log):
+#   <time> START <pid>         the wrapper began
+#   <time> <KEYWORD> <data>    written by the application through $ORCH_LOG
+#   <time> EXIT <code>         the application's exit code
+#   <time> END <code>          the wrapper finished
+# and, when ORCH_NOTIFY names a file, one line "<key> START|END ..." there at
+# start and end, so that a driver watches one file instead of every job's log.
+
+. "$1" || exit 97
+
+orch_ts() {
+    # Wall-clock seconds; /proc/uptime plus the boot time avoids a process per stamp.
+    if [ -n "${ORCH_BOOT:-}" ] && read -r _up _idle < /proc/uptime 2>/dev/null; then
+        echo "$((ORCH_BOOT + ${_up%.*})).${_up#*.}"
+    else
+        date +%s
+    fi
+}
+orch_notify() {
+    if [ -n "${ORCH_NOTIFY:-}" ]; then
+        printf '%s %s %s\n' "$ORCH_KEY" "$*" "$(orch_ts)" >> "$ORCH_NOTIFY"
+    fi
+}
+
+ORCH_JOBLOG="$ORCH_OUTDIR/orch.log"
+export ORCH_HOME ORCH_MODE ORCH_RETRY_COUNT ORCH_JOBLOG ORCH_FQID ORCH_BOOT
+export ORCH_LOG="$ORCH_BIN/orch-log"
+export ORCH_STATE="$ORCH_BIN/orch-state"
+echo "$(orch_ts) START $$" > "$ORCH_JOBLOG"
+orch_notify START $$
+
+if cd "$ORCH_HOME" 2>>"$ORCH_JOBLOG"; then
+    "$@" > "$ORCH_OUTDIR/stdout" 2> "$ORCH_OUTDIR/stderr" < /dev/null
+    rc=$?
+else
+    rc=96
+fi
+echo "$(orch_ts) EXIT $rc" >> "$ORCH_JOBLOG"
+
+# Keep the declared output files: move them from the work dir to the output dir.
+if [ -n "${ORCH_OUTPUTFILES:-}" ]; then
+    _ifs=$IFS
+    IFS='
+'
+    for _pattern in $ORCH_OUTPUTFILES; do
+        IFS=$_ifs
+        for _f in $_pattern; do
+            case "$_f" in
+                /*|..|../*|*/../*|*/..) echo "$(orch_ts) INFO refused output file $_f" >> "$ORCH_JOBLOG" ;;
+                *) if [ -f "$_f" ]; then mv -f -- "$_f" "$ORCH_OUTDIR/"; fi ;;
+            esac
+        done
+        IFS='
+'
+    done
+    IFS=$_ifs
+fi
+
+echo "$(orch_ts) END $rc" >> "$ORCH_JOBLOG"
+orch_notify END "$rc"
+exit "$rc"

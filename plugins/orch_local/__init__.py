@@ -1,0 +1,289 @@
+"""``local``: run jobs as processes on this machine, through the job wrapper.
+
+Each run is ``sh wrapper.sh RUNFILE``, started with ``posix_spawn`` in a new
+session, so that killing its process group ends the application and all
+its children, and so that it outlives the orchestrator. At most
+``max_running`` run at once (``[backends.local]`` in the config); the rest
+wait in a queue, ``submitted``.
+
+Monitoring reads one append-only events file that every wrapper writes a
+line to when it starts and ends (``ORCH_NOTIFY``), so a tick costs the new
+bytes of one file, not a look at every job. A reopened home finds what its
+runs did in that file; before each spawn the driver writes an ``INTENT``
+line, so a run is never started twice after a crash. Written against the
+public driver API only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from orchestrator import (
+    Capabilities,
+    Driver,
+    DriverContext,
+    JobStatus,
+    RunHandle,
+    RunSpec,
+    SettingsError,
+    StatusUpdate,
+    SubmitError,
+)
+from orchestrator.wrapper import RUNFILE, clear_outputs, install_scripts, pid_alive, prepare_local, read_log
+
+#: Seconds a run may sit between INTENT and its wrapper's START before it counts as lost.
+LAUNCH_GRACE = 15.0
+#: Seconds between two liveness checks of running wrappers.
+LIVENESS_EVERY = 1.0
+
+
+@dataclass
+class _Run:
+    key: str
+    runfile: Path
+    shell: str
+    pid: int | None = None
+    intent_at: float | None = None
+    started: bool = False
+    end_code: int | None = None
+    ended: bool = False
+    reason: str | None = None
+
+
+class LocalDriver(Driver):
+    name = "local"
+    capabilities = Capabilities(bulk_status=True)
+
+    def __init__(self, context: DriverContext) -> None:
+        super().__init__(context)
+        self.bindir = context.home / "bin"
+        self.wrapper = install_scripts(self.bindir)
+        self.events = context.statedir / "events.log"
+        self.events.touch(exist_ok=True)
+        self.max_running = int(context.config.get("max_running", 64))
+        self.kill_grace = float(context.config.get("kill_grace", 2.0))
+        self._runs: dict[str, _Run] = {}
+        self._queue: deque[_Run] = deque()
+        self._children: set[int] = set()
+        self._offset = 0
+        self._partial = b""
+        self._kills: list[tuple[float, int]] = []
+        self._wake = anyio.Event()
+        self._last_liveness = 0.0
+        self._read_events()
+
+    @classmethod
+    def validate_settings(cls, settings: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(settings)
+        for key, value in settings.items():
+            if key != "shell":
+                raise SettingsError(key, f"backend 'local' takes no setting {key!r} (it takes 'shell')")
+            if not isinstance(value, str) or not value:
+                raise SettingsError("shell", "shell must be the path of a POSIX sh")
+        return out
+
+    # -------------------------------------------------------------- events
+    def _append(self, key: str, word: str, data: object) -> None:
+        with open(self.events, "a", encoding="utf-8") as f:
+            f.write(f"{key} {word} {data} {time.time():.3f}\n")
+
+    def _read_events(self) -> None:
+        with open(self.events, "rb") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        self._offset += len(chunk)
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        for raw in lines:
+            parts = raw.decode(errors="replace").split()
+            if len(parts) < 3:
+                continue
+            key, word, value = parts[0], parts[1], parts[2]
+            run = self._runs.get(key)
+            if run is None:
+                run = self._runs[key] = _Run(key, Path(), "")
+            if word == "INTENT":
+                run.intent_at = float(parts[3]) if len(parts) > 3 else time.time()
+            elif word in ("LAUNCH", "START"):
+                run.pid = int(value) if value.isdigit() else run.pid
+                run.started = run.started or word == "START"
+            elif word == "END":
+                run.ended, run.end_code = True, int(value) if value.lstrip("-").isdigit() else None
+            elif word == "LOST":
+                run.ended, run.reason = True, " ".join(parts[2:-1])
+
+    # -------------------------------------------------------------- submit
+    async def submit(self, run: RunSpec) -> str:
+        shell = str(run.settings.get("shell", "/bin/sh"))
+        exe = run.executable
+        if os.path.isabs(exe) and not os.access(exe, os.X_OK):
+            raise SubmitError(f"executable {exe} does not exist or is not executable")
+        clear_outputs(run.outputdir)
+        runfile = prepare_local(run, bindir=self.bindir, notify=self.events)
+        entry = _Run(run.key, runfile, shell)
+        self._runs[run.key] = entry
+        self._queue.append(entry)
+        self._wake.set()
+        await anyio.lowlevel.checkpoint()
+        return run.key
+
+    def _running(self) -> int:
+        return sum(1 for r in self._runs.values() if r.pid is not None and not r.ended)
+
+    def _launch(self, run: _Run) -> None:
+        self._append(run.key, "INTENT", "-")
+        run.intent_at = time.time()
+        out = os.open(run.runfile.parent / "wrapper.out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            pid = os.posix_spawn(
+                run.shell, [run.shell, str(self.wrapper), str(run.runfile)], os.environ,
+                file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                              (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, out, 2)],
+                setsid=True,
+            )
+        except OSError as exc:
+            run.ended, run.reason = True, f"could not start the wrapper with {run.shell}: {exc.strerror}"
+            self._append(run.key, "LOST", run.reason)
+            return
+        finally:
+            os.close(out)
+        run.pid = pid
+        self._children.add(pid)
+        self._append(run.key, "LAUNCH", pid)
+
+    async def serve(self) -> None:
+        """Start queued runs as slots free up; end killed process groups that linger."""
+        while True:
+            self._reap()
+            free = self.max_running - self._running()
+            launched = 0
+            while self._queue and free > 0:
+                run = self._queue.popleft()
+                if run.ended or run.pid is not None:
+                    continue
+                self._launch(run)
+                free -= 1
+                launched += 1
+                if launched % 64 == 0:
+                    await anyio.sleep(0)
+            self._finish_kills()
+            if self._queue or self._kills or self._children:
+                if not launched or not self._queue:
+                    await anyio.sleep(0.02)
+                if self._queue and free <= 0:
+                    self._read_events()
+            else:
+                self._wake = anyio.Event()
+                await self._wake.wait()
+
+    def _reap(self) -> None:
+        """Collect our exited children (no threads, no zombies)."""
+        for pid in list(self._children):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                self._children.discard(pid)
+
+    # -------------------------------------------------------------- status
+    async def status_bulk(self, handles: Sequence[RunHandle]) -> list[StatusUpdate]:
+        self._reap()
+        self._read_events()
+        now = time.time()
+        check_alive = now - self._last_liveness >= LIVENESS_EVERY
+        if check_alive:
+            self._last_liveness = now
+        updates = []
+        for h in handles:
+            update = self._status_of(h, now, check_alive)
+            if update is not None and update.status != h.status:
+                updates.append(update)
+        await anyio.lowlevel.checkpoint()
+        return updates
+
+    def _status_of(self, h: RunHandle, now: float, check_alive: bool) -> StatusUpdate | None:
+        run = self._runs.get(h.backend_id)
+        if run is None:
+            return self._adopt(h)
+        if run.ended:
+            if run.reason is not None:
+                return StatusUpdate(h.fqid, JobStatus.FAILED, reason=run.reason)
+            log = read_log(h.outputdir)
+            code = run.end_code if run.end_code is not None else log.exit_code
+            if code == 0:
+                return StatusUpdate(h.fqid, JobStatus.COMPLETED, exit_code=0)
+            return StatusUpdate(h.fqid, JobStatus.FAILED, exit_code=code, reason=f"exit code {code}")
+        if run.pid is None and run.intent_at is None:
+            return None  # queued
+        alive = run.pid is not None and (run.pid in self._children or not check_alive or pid_alive(run.pid))
+        if run.started:
+            if alive:
+                return StatusUpdate(h.fqid, JobStatus.RUNNING)
+            return self._lost(run, h, "the wrapper ended without an END line (killed or crashed)")
+        if run.intent_at is not None and now - run.intent_at > LAUNCH_GRACE and not alive:
+            return self._lost(run, h, "the wrapper never started")
+        return None
+
+    def _lost(self, run: _Run, h: RunHandle, reason: str) -> StatusUpdate:
+        run.ended, run.reason = True, reason
+        self._append(run.key, "LOST", reason)
+        return StatusUpdate(h.fqid, JobStatus.FAILED, reason=reason)
+
+    def _adopt(self, h: RunHandle) -> StatusUpdate | None:
+        """A run submitted by an earlier orchestrator that never got to launch it: queue it now."""
+        runfile = h.outputdir.parent / RUNFILE
+        try:
+            text = runfile.read_text()
+        except FileNotFoundError:
+            return StatusUpdate(h.fqid, JobStatus.FAILED, reason="lost: no run file and no record of a launch")
+        if f"ORCH_KEY={h.backend_id}\n" not in text and f"ORCH_KEY='{h.backend_id}'\n" not in text:
+            return StatusUpdate(h.fqid, JobStatus.FAILED, reason="lost: the run file belongs to another run")
+        entry = _Run(h.backend_id, runfile, str(h.settings.get("shell", "/bin/sh")))
+        self._runs[h.backend_id] = entry
+        self._queue.append(entry)
+        self._wake.set()
+        return None
+
+    # ---------------------------------------------------------------- kill
+    async def kill(self, handle: RunHandle) -> None:
+        run = self._runs.get(handle.backend_id)
+        if run is None or run.ended:
+            return
+        if run.pid is None:
+            run.ended, run.reason = True, "killed before it started"
+            self._append(run.key, "LOST", run.reason)
+            return
+        try:
+            os.killpg(run.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        self._kills.append((time.time() + self.kill_grace, run.pid))
+        self._wake.set()
+        await anyio.lowlevel.checkpoint()
+
+    def _finish_kills(self) -> None:
+        now = time.time()
+        keep = []
+        for deadline, pid in self._kills:
+            if now < deadline:
+                keep.append((deadline, pid))
+                continue
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._kills = keep
+
+    async def aclose(self) -> None:
+        self._reap()
