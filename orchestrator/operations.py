@@ -269,20 +269,14 @@ class Operations:
         errors: list[str] = []
         for top, members in _by_toplevel(jobs):
             async with self.e.lock(top):
-                targets: list[Job] = []
-                for job in members:
-                    try:
-                        targets += self._kill_targets(job)
-                    except JobError as exc:
-                        if not keep_going:
-                            raise
-                        errors.append(str(exc))
+                targets, refused = _collect(members, self._kill_targets, keep_going)
+                errors += refused
                 errors += await self._kill_runs(targets, keep_going)
                 await self.e.flush()
             if errors and not keep_going:
                 break
         if errors and not keep_going:
-            raise JobError(f"kill failed: {errors[0]}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
+            raise JobError(f"kill stopped: {errors[0]}")
 
     async def _kill_runs(self, targets: Sequence[Job], keep_going: bool) -> list[str]:
         e = self.e
@@ -333,14 +327,8 @@ class Operations:
         errors: list[str] = []
         for top, members in _by_toplevel(jobs):
             async with self.e.lock(top):
-                targets: list[Job] = []
-                for job in members:
-                    try:
-                        targets += self._resubmit_targets(job, only_failed)
-                    except JobError as exc:
-                        if not keep_going:
-                            raise
-                        errors.append(str(exc))
+                targets, refused = _collect(members, lambda j: self._resubmit_targets(j, only_failed), keep_going)
+                errors += refused
                 if backend is not None:
                     self._change_backend(top, targets, backend)
                 errors += await self._resubmit_runs(targets, keep_going)
@@ -348,7 +336,7 @@ class Operations:
             if errors and not keep_going:
                 break
         if errors and not keep_going:
-            raise JobError(f"resubmit failed: {errors[0]}")
+            raise JobError(f"resubmit stopped: {errors[0]}")
 
     def _change_backend(self, top: Job, targets: Sequence[Job], backend: str | Backend) -> None:
         new = self.checked_backend(backend, top.fqid)
@@ -393,6 +381,21 @@ class Operations:
                 del self.e._dirty[fq]
             job._engine = None
         self.e.notify()
+
+
+def _collect(members: Sequence[Job], targets_of: Callable[[Job], list[Job]],
+             keep_going: bool) -> tuple[list[Job], list[str]]:
+    """Targets of each member in order; with keep_going=False, stop at the first refusal."""
+    targets: list[Job] = []
+    refused: list[str] = []
+    for job in members:
+        try:
+            targets += targets_of(job)
+        except JobError as exc:
+            refused.append(str(exc))
+            if not keep_going:
+                break
+    return targets, refused
 
 
 def _by_toplevel(jobs: Sequence[Job]) -> list[tuple[Job, list[Job]]]:

@@ -184,6 +184,8 @@ class StateMachine:
         state = self._masters[master]
         old = state.pinned or state.status
         state.pinned = status
+        if status is None:
+            state.status = self._derive(state)  # split() leaves a placeholder; never let it show
         new = status or state.status
         if new != old:
             step.masters.append(MasterChange(master, old, new, now))
@@ -226,6 +228,8 @@ class StateMachine:
 
     # ----------------------------------------------------------- internal
     def _current(self, fqid: FQID) -> JobStatus | None:
+        if not 1 <= len(fqid) <= 2 or any(p < 0 for p in fqid):
+            return None  # a negative index or a deeper id would otherwise alias another subjob
         try:
             return self.status(fqid)
         except (KeyError, IndexError):

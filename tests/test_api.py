@@ -1,0 +1,214 @@
+"""The embedded API of DESIGN.md's "Public API": lookups, slices, add, remove, wait, bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator import (
+    ArgSplitter,
+    Backend,
+    Executable,
+    FileSplitter,
+    GenericSplitter,
+    Job,
+    JobError,
+    JobStatus,
+    Orchestrator,
+    RetryPolicy,
+    TextMerger,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_the_design_example_on_local(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path) as orch:
+        j = await orch.jobs.add(Job(name="scan", application=Executable("/bin/echo", args=["x"]),
+                                    splitter=ArgSplitter([["a"], ["b"], ["c"]]), backend="local"))
+        assert j.subjobs == [] and j.parent is None and j.status == "new"
+        await j.submit(keep_going=True)
+        await j.wait(timeout=60)
+        assert orch.jobs(j.id) is j and orch.jobs[j.id] is j
+        assert orch.jobs((j.id, 1)) is j.subjobs[1] and orch.jobs(f"{j.id}.1") is j.subjobs[1]
+        assert orch.jobs[j.id, 1] is j.subjobs[1]
+        assert j.subjobs(2) is j.subjobs[2] and j.subjobs[2].fqid == f"{j.id}.2"
+        assert j.status == JobStatus.COMPLETED and isinstance(j.status, str)
+        for i, word in enumerate("abc"):
+            out = j.subjobs[i].outputdir
+            assert out == tmp_path / "workspace" / str(j.id) / str(i) / "output"
+            assert (out / "stdout").read_text() == f"{word}\n"
+            assert (out / "stderr").exists() and (out / "orch.log").exists()
+        assert j.inputdir == tmp_path / "workspace" / str(j.id) / "input"
+        failed = j.subjobs.select(status="failed")
+        assert len(failed) == 0
+        await failed.resubmit()
+
+
+async def test_select_by_status_and_name(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path) as orch:
+        a = await orch.jobs.add(Job(name="scan-a", application=Executable("/bin/true"), backend="sim"))
+        b = await orch.jobs.add(Job(name="scan-b", application=Executable("/bin/true"), backend="sim"))
+        c = await orch.jobs.add(Job(name="other", application=Executable("/bin/true"), backend="sim"))
+        await b.submit()
+        await b.wait(timeout=10)
+        assert [j.id for j in orch.jobs.select(name="scan*")] == [a.id, b.id]
+        assert [j.id for j in orch.jobs.select(status="new")] == [a.id, c.id]
+        assert [j.id for j in orch.jobs.select(status=["completed"], name="scan-?")] == [b.id]
+        assert len(orch.jobs) == 3 and [j.id for j in orch.jobs] == [a.id, b.id, c.id]
+        with pytest.raises(ValueError, match="unknown status"):
+            orch.jobs.select(status="bogus")
+        with pytest.raises(KeyError):
+            orch.jobs(999)
+        with pytest.raises(KeyError):
+            orch.jobs("1.x")
+
+
+async def test_ids_are_consecutive_integers(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path) as orch:
+        ids = [(await orch.jobs.add(Job(application=Executable("/bin/true"), backend="sim"))).id for _ in range(3)]
+        assert ids == [0, 1, 2]
+
+
+@pytest.mark.parametrize(("job", "field"), [
+    (Job(application=Executable("/bin/true"), backend="nope"), "backend"),
+    (Job(application=Executable("/bin/true"), backend=Backend("sim", run_seconds=-1)), "backend.run_seconds"),
+    (Job(application=Executable("/bin/true"), backend=Backend("sim", colour="red")), "backend.colour"),
+    (Job(application=Executable("/bin/true"), backend=Backend("local", cores=3)), "backend.cores"),
+    (Job(application=None, backend="sim"), "application"),
+    (Job(application=Executable(""), backend="sim"), "application.exe"),
+    (Job(application=Executable("/bin/true", args="a b"), backend="sim"), "application.args"),  # type: ignore[arg-type]
+    (Job(application=Executable("/bin/true", env={"1X": "y"}), backend="sim"), "application.env"),
+    (Job(application=Executable("/bin/true"), backend="sim", mode="prod"), "mode"),
+    (Job(application=Executable("/bin/true"), backend="sim", outputfiles=["../x"]), "outputfiles"),
+    (Job(application=Executable("/bin/true"), backend="sim", retry=RetryPolicy(max_early=-1)), "retry.max_early"),
+])
+async def test_bad_input_is_refused_at_add_naming_the_field(tmp_path: Path, job: Job, field: str) -> None:
+    async with Orchestrator(home=tmp_path) as orch:
+        with pytest.raises(JobError, match=f"field {field}"):
+            await orch.jobs.add(job)
+        assert len(orch.jobs) == 0
+    async with Orchestrator(home=tmp_path) as orch:
+        assert len(orch.jobs) == 0
+
+
+async def test_remove_forgets_a_final_or_new_job_and_its_workspace(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/echo", args=["hi"]), backend="local",
+                                    splitter=ArgSplitter([["1"], ["2"]])))
+        n = await orch.jobs.add(Job(application=Executable("/bin/true"), backend="sim"))
+        await j.submit()
+        await j.wait(timeout=30)
+        assert (tmp_path / "workspace" / str(j.id)).exists()
+        await j.remove()
+        await n.remove()
+        assert j.id not in orch.jobs and len(orch.jobs) == 0
+        assert not (tmp_path / "workspace" / str(j.id)).exists()
+        r = await orch.jobs.add(Job(application=Executable("/bin/true"), backend=Backend("sim", run_seconds=30)))
+        await r.submit()
+        with pytest.raises(JobError, match="kill it first"):
+            await r.remove()
+        await r.kill()
+        await r.remove()
+    async with Orchestrator(home=tmp_path) as orch:
+        assert len(orch.jobs) == 0
+
+
+async def test_wait_times_out(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/true"), backend=Backend("sim", run_seconds=30)))
+        await j.submit()
+        with pytest.raises(TimeoutError):
+            await j.wait(timeout=0.3)
+        await j.kill()
+        await j.wait(timeout=1)
+
+
+async def test_single_job_without_splitter_follows_the_table(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/true"), backend=Backend("sim", run_seconds=0.01)))
+        await j.submit()
+        assert j.status in ("submitted", "running") and j.subjobs == []
+        await j.wait(timeout=10)
+        assert j.status == "completed" and j.info.submit_counter == 1
+        await j.resubmit()
+        await j.wait(timeout=10)
+        assert j.info.submit_counter == 2
+        for key in ("new", "submitting", "submitted", "completed", "final"):
+            assert key in j.info.timestamps
+        bad = await orch.jobs.add(Job(application=Executable("/bin/true"), backend=Backend("sim", fail_submit=[0])))
+        with pytest.raises(JobError, match="submission failed"):
+            await bad.submit()
+        assert bad.status == "new" and bad.info.submit_counter == 0
+
+
+async def test_running_first_order_setting(tmp_path: Path) -> None:
+    config = {"core": {"master_status_order": "running-first"}}
+    async with Orchestrator(home=tmp_path, config=config) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/true"), splitter=ArgSplitter([["a"], ["b"]]),
+                                    backend=Backend("sim", run_seconds=30)))
+        await j.submit()
+        engine = orch.engine
+        engine.move([(j.id, 0)], JobStatus.RUNNING)
+        assert j.subjobs[1].status == "submitted" and j.status == "running"
+        await j.kill()
+    async with Orchestrator(home=tmp_path / "b") as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/true"), splitter=ArgSplitter([["a"], ["b"]]),
+                                    backend=Backend("sim", run_seconds=30)))
+        await j.submit()
+        orch.engine.move([(j.id, 0)], JobStatus.RUNNING)
+        assert j.status == "submitted"
+        await j.kill()
+
+
+async def test_generic_and_file_splitters(tmp_path: Path) -> None:
+    files = []
+    for i in range(5):
+        f = tmp_path / f"in{i}.txt"
+        f.write_text(f"line {i}\n")
+        files.append(str(f))
+    async with Orchestrator(home=tmp_path / "home") as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", "cat in*.txt"]), backend="local",
+                                    inputfiles=files, splitter=FileSplitter(files_per_job=2),
+                                    merger=TextMerger(files=["stdout"])))
+        await j.submit()
+        assert [s.inputfiles for s in j.subjobs] == [files[0:2], files[2:4], files[4:5]]
+        await j.wait(timeout=30)
+        assert j.status == "completed"
+        assert (j.outputdir / "stdout").read_text() == "".join(f"line {i}\n" for i in range(5))
+        g = await orch.jobs.add(Job(name="g", application=Executable("/bin/true"), backend="sim",
+                                    splitter=GenericSplitter(multi_attrs={"name": ["x", "y"],
+                                                                          "backend.run_seconds": [0.01, 0.02],
+                                                                          "application.env": [{"A": "1"}, {}]})))
+        await g.submit()
+        assert [s.name for s in g.subjobs] == ["x", "y"]
+        assert [s.backend.run_seconds for s in g.subjobs] == [0.01, 0.02]
+        assert g.subjobs[0].application.env == {"A": "1"}
+        await g.wait(timeout=10)
+        none = await orch.jobs.add(Job(application=Executable("/bin/true"), backend="sim",
+                                       splitter=FileSplitter(files_per_job=2)))
+        with pytest.raises(JobError, match="inputfiles"):
+            await none.submit()
+
+
+async def test_text_merger_fails_the_master_unless_ignorefailed(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path) as orch:
+        sh = Executable("/bin/sh", args=["-c", 'echo "$0"; [ "$0" != bad ]'])
+        strict = await orch.jobs.add(Job(application=sh, backend="local", merger=TextMerger(files=["stdout"]),
+                                         splitter=GenericSplitter("application.args",
+                                                                  [["-c", 'echo "$0"; [ "$0" != bad ]', w]
+                                                                   for w in ("ok", "bad", "fine")])))
+        lenient = await strict.copy()
+        lenient.merger = TextMerger(files=["stdout"], ignorefailed=True)
+        await strict.submit()
+        await lenient.submit()
+        await strict.wait(timeout=30)
+        await lenient.wait(timeout=30)
+        assert [s.status.value for s in strict.subjobs] == ["completed", "failed", "completed"]
+        assert strict.status == "failed" and not (strict.outputdir / "stdout").exists()
+        assert lenient.status == "failed"  # rule 4 still holds: a subjob failed
+        assert (lenient.outputdir / "stdout").read_text() == "ok\nfine\n"
+        await strict.subjobs[1].resubmit(backend=None)
+        await strict.wait(timeout=30)
+        assert strict.subjobs[1].status == "failed"

@@ -1,0 +1,148 @@
+"""Reopening a home restores everything; a killed orchestrator loses nothing; one process per home."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator import ArgSplitter, Backend, Executable, HomeLockedError, Job, Orchestrator, TextMerger
+
+pytestmark = pytest.mark.anyio
+
+
+def snapshot(orch: Orchestrator) -> list[tuple[object, ...]]:
+    rows = []
+    for j in orch.jobs:
+        rows.append((j.fqid, j.name, j.status.value, j.backend_id, j.info.to_dict(), j.backend.to_dict(),
+                     j.parent, len(j.subjobs)))
+        for s in j.subjobs:
+            rows.append((s.fqid, s.name, s.status.value, s.backend_id, s.info.to_dict(), s.backend.to_dict(),
+                         s.parent.fqid if s.parent else None, s.application.to_dict()))
+    return rows
+
+
+async def test_close_and_reopen_restores_everything(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path) as orch:
+        j = await orch.jobs.add(Job(name="m", application=Executable("/bin/true"),
+                                    splitter=ArgSplitter([["a"], ["b"], ["c"], ["d"]]),
+                                    backend=Backend("sim", run_seconds=0.01, outcome={1: "failed"}, fail_submit=[3],
+                                                    bulk=False), merger=TextMerger(files=["x"], ignorefailed=True)))
+        await j.submit(keep_going=True)
+        await j.wait(timeout=10)
+        await j.subjobs[1].resubmit()
+        await j.wait(timeout=10)
+        single = await orch.jobs.add(Job(name="s", application=Executable("/bin/true", env={"A": "1"}), backend="sim"))
+        await orch.jobs.add(Job(name="n", application=Executable("/bin/true"), backend="sim"))
+        await single.submit()
+        await single.wait(timeout=10)
+        before = snapshot(orch)
+        assert [s.status.value for s in j.subjobs] == ["completed", "failed", "completed", "new"]
+    async with Orchestrator(home=tmp_path) as orch:
+        j = orch.jobs[0]
+        assert j.subjobs._built == {}  # lazily built: nothing until asked
+        assert j.status == "failed" and len(j.subjobs) == 4
+        assert orch.jobs((0, 2)).parent is j and orch.jobs("0.2") is j.subjobs[2]
+        after = snapshot(orch)
+        assert after == before
+        assert j.subjobs[1].info.submit_counter == 2 and j.subjobs[3].info.submit_counter == 0
+        assert j.merger is not None and j.merger.params() == {"files": ["x"], "ignorefailed": True, "overwrite": False}
+        # The reopened jobs still work.
+        await j.subjobs[3].resubmit(backend=Backend("sim", run_seconds=0.01, bulk=False))
+        await j.wait(timeout=10)
+        assert j.subjobs[3].status == "completed" and j.subjobs[3].backend.fail_submit == {}
+
+
+async def test_reopen_mid_run_carries_on_monitoring(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/true"), splitter=ArgSplitter([[str(i)] for i in range(20)]),
+                                    backend=Backend("sim", run_seconds=1.0)))
+        await j.submit()
+        assert j.status == "submitted"
+    async with Orchestrator(home=tmp_path) as orch:
+        j = orch.jobs[0]
+        assert j.status in ("submitted", "running")
+        await j.wait(timeout=20)
+        assert j.status == "completed" and all(s.status == "completed" for s in j.subjobs)
+
+
+async def test_a_second_orchestrator_on_a_home_is_refused(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path):
+        with pytest.raises(HomeLockedError, match=f"pid {os.getpid()}"):
+            async with Orchestrator(home=tmp_path):
+                pass
+        code = "import anyio, sys\nfrom orchestrator import Orchestrator\n" \
+               "async def main():\n    async with Orchestrator(home=sys.argv[1]): pass\nanyio.run(main)\n"
+        result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+        assert result.returncode != 0 and "HomeLockedError" in result.stderr and str(os.getpid()) in result.stderr
+    async with Orchestrator(home=tmp_path):  # released on close
+        pass
+
+
+async def test_many_subjobs_reopen_lazily(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/true"), splitter=ArgSplitter([[str(i)] for i in range(3000)]),
+                                    backend=Backend("sim", run_seconds=0)))
+        await j.submit()
+        await j.wait(timeout=30)
+    async with Orchestrator(home=tmp_path) as orch:
+        j = orch.jobs[0]
+        assert j.status == "completed" and orch.engine.sm.master(0).count_map() == {"completed": 3000}
+        assert j.subjobs._built == {}
+        assert j.subjobs[2999].application.args == ["2999"] and len(j.subjobs._built) == 1
+
+
+KILLED_MID_RUN = textwrap.dedent("""
+    import anyio, os, signal, sys
+    from orchestrator import Orchestrator, Job, Executable, ArgSplitter
+
+    async def main():
+        async with Orchestrator(home=sys.argv[1]) as orch:
+            script = 'sleep "$0"; echo "done $0" >> ../../../../runs.txt; echo "out $0"'
+            j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", script]),
+                                        splitter=ArgSplitter([["-c", script, s] for s in ("0", "2", "2", "3")]),
+                                        backend="local"))
+            await j.submit()
+            await anyio.sleep(1.0)   # subjob 0 has ended, the others are running
+            print("ready", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    anyio.run(main)
+""")
+
+
+async def test_local_run_survives_the_orchestrator_being_killed(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    proc = subprocess.run([sys.executable, "-c", KILLED_MID_RUN, str(home)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == -signal.SIGKILL and "ready" in proc.stdout, proc.stderr
+    async with Orchestrator(home=home) as orch:
+        j = orch.jobs[0]
+        assert len(j.subjobs) == 4
+        await j.wait(timeout=30)
+        assert [s.status.value for s in j.subjobs] == ["completed"] * 4
+        for i, arg in enumerate(("0", "2", "2", "3")):
+            assert (j.subjobs[i].outputdir / "stdout").read_text() == f"out {arg}\n"
+    runs = (home / "runs.txt").read_text().splitlines()
+    assert sorted(runs) == ["done 0", "done 2", "done 2", "done 3"]  # each ran exactly once
+
+
+async def test_reopened_local_job_that_died_while_nobody_watched_is_failed(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sleep", args=["30"]), backend="local"))
+        await j.submit()
+        deadline = time.time() + 10
+        while j.status != "running" and time.time() < deadline:
+            await orch.engine.poll_once()
+        pid = orch.engine.drivers["local"]._runs[j.backend_id].pid  # type: ignore[attr-defined,index]
+    os.killpg(pid, signal.SIGKILL)
+    async with Orchestrator(home=tmp_path) as orch:
+        j = orch.jobs[0]
+        await j.wait(timeout=10)
+        assert j.status == "failed" and "END" in (j.info.reason or "")
