@@ -45,20 +45,22 @@ echo "$(orch_ts) EXIT $rc" >> "$ORCH_JOBLOG"
 
 # Keep the declared output files: move them from the work dir to the output dir.
 if [ -n "${ORCH_OUTPUTFILES:-}" ]; then
+    # One pattern per line; split on newlines only, glob each pattern on its own.
     _ifs=$IFS
     IFS='
 '
+    set -f
     for _pattern in $ORCH_OUTPUTFILES; do
-        IFS=$_ifs
+        set +f
         for _f in $_pattern; do
             case "$_f" in
                 /*|..|../*|*/../*|*/..) echo "$(orch_ts) INFO refused output file $_f" >> "$ORCH_JOBLOG" ;;
                 *) if [ -f "$_f" ]; then mv -f -- "$_f" "$ORCH_OUTDIR/"; fi ;;
             esac
         done
-        IFS='
-'
+        set -f
     done
+    set +f
     IFS=$_ifs
 fi
 

@@ -1,0 +1,121 @@
+"""The ``local`` backend: the wrapper, process groups, the running cap, submission errors."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from orchestrator import ArgSplitter, Backend, Executable, Job, JobError, Orchestrator
+
+pytestmark = pytest.mark.anyio
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+async def test_kill_ends_the_whole_process_group(tmp_path: Path) -> None:
+    script = 'sleep 60 & echo $! > child.pid; echo started; wait'
+    async with Orchestrator(home=tmp_path) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", script]), backend="local"))
+        await j.submit()
+        pidfile = orch.engine.workspace.workdir(j.fqid_tuple) / "child.pid"
+        with anyio.fail_after(10):
+            while not pidfile.exists() or not pidfile.read_text().strip():
+                await anyio.sleep(0.05)
+        child = int(pidfile.read_text())
+        assert alive(child)
+        await j.kill()
+        assert j.status == "killed"
+        with anyio.fail_after(10):
+            while alive(child):
+                await anyio.sleep(0.05)
+        await anyio.sleep(0.5)
+        assert j.status == "killed"  # the run's ending afterwards does not override the kill
+        assert any("killed" in r for r in j.info.refused) or j.info.refused == []
+
+
+async def test_max_running_caps_concurrent_processes(tmp_path: Path) -> None:
+    script = 'echo start >> ../../../../log; sleep 0.3; echo end >> ../../../../log'
+    config = {"backends": {"local": {"max_running": 2}}, "core": {"poll_interval": 0.05}}
+    async with Orchestrator(home=tmp_path, config=config) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", script]), backend="local",
+                                    splitter=ArgSplitter([["-c", script]] * 6)))
+        await j.submit()
+        await j.wait(timeout=30)
+        assert j.status == "completed"
+    running = peak = 0
+    for line in (tmp_path / "log").read_text().split():
+        running += 1 if line == "start" else -1
+        peak = max(peak, running)
+    assert peak == 2
+
+
+async def test_wrapper_environment_and_output_files(tmp_path: Path) -> None:
+    data = tmp_path / "data.txt"
+    data.write_text("input\n")
+    script = ('cat data.txt > result.txt; echo "$ORCH_MODE $ORCH_RETRY_COUNT $A" > env.txt; '
+              'echo "$0" > "name with space.txt"; [ -n "$ORCH_HOME" ] && [ "$(pwd)" = "$ORCH_HOME" ]')
+    async with Orchestrator(home=tmp_path / "home") as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", script, "it's; $(rm -rf /)"],
+                                                           env={"A": "a b 'c'"}),
+                                    inputfiles=[str(data)], outputfiles=["result.txt", "env.txt", "*space*"],
+                                    backend="local", mode="test"))
+        await j.submit()
+        await j.wait(timeout=30)
+        assert j.status == "completed", (j.outputdir / "stderr").read_text()
+        out = j.outputdir
+        assert (out / "result.txt").read_text() == "input\n"
+        assert (out / "env.txt").read_text() == "test 0 a b 'c'\n"
+        assert (out / "name with space.txt").read_text() == "it's; $(rm -rf /)\n"
+        log = (out / "orch.log").read_text().split("\n")
+        assert log[0].split()[1] == "START" and "EXIT 0" in log[-3] and "END 0" in log[-2]
+        stamp = float(log[0].split()[0])
+        assert abs(stamp - time.time()) < 120
+
+
+async def test_missing_executable_is_a_submission_failure(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/no/such/exe"), backend="local"))
+        with pytest.raises(JobError, match="does not exist"):
+            await j.submit()
+        assert j.status == "new"
+
+
+async def test_nonzero_exit_is_failed_with_the_code(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", "exit 3"]), backend="local"))
+        await j.submit()
+        await j.wait(timeout=30)
+        assert j.status == "failed" and j.info.reason == "exit code 3"
+
+
+async def test_unstartable_shell_fails_the_run(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/true"), backend=Backend("local", shell="/no/sh")))
+        await j.submit()
+        await j.wait(timeout=30)
+        assert j.status == "failed" and "could not start the wrapper" in (j.info.reason or "")
+        assert not (j.outputdir / "orch.log").exists()
+
+
+async def test_resubmit_clears_the_previous_output(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path) as orch:
+        marker = tmp_path / "second"
+        script = f'if [ -e {marker} ]; then echo second; else echo first; touch {marker}; exit 1; fi'
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", script]), backend="local"))
+        await j.submit()
+        await j.wait(timeout=30)
+        assert j.status == "failed" and (j.outputdir / "stdout").read_text() == "first\n"
+        await j.resubmit()
+        await j.wait(timeout=30)
+        assert j.status == "completed" and (j.outputdir / "stdout").read_text() == "second\n"
+        assert os.path.exists(j.outputdir / "orch.log")
