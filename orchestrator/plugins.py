@@ -10,6 +10,9 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+import importlib
+
+import stevedore
 from stevedore import ExtensionManager
 
 from .drivers import Driver
@@ -29,8 +32,17 @@ def _group(namespace: str) -> dict[str, Any]:
 
 
 def refresh() -> None:
-    """Forget what was found (after installing a plugin in a running process)."""
+    """Forget what was found (after installing a plugin in a running process).
+
+    stevedore keeps its own caches of entry points, per namespace and per
+    ``sys.path``; both are cleared too, or a new plugin stays invisible.
+    """
     _group.cache_clear()
+    ExtensionManager.ENTRY_POINT_CACHE.clear()
+    internal = getattr(getattr(getattr(stevedore, "_cache", None), "_c", None), "_internal", None)
+    if isinstance(internal, dict):
+        internal.clear()
+    importlib.invalidate_caches()
 
 
 def backend_names() -> list[str]:

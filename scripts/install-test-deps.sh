@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# System packages that the test suite needs, installed with apt-get.
+#
+# Run by .ci/run (as root, on Debian). Idempotent: packages already installed
+# are not touched, and nothing runs apt-get when all are present. Without
+# root (a developer's machine) it only says what is missing; the tests that
+# need a missing service skip themselves.
+#
+#   openssh-server   a real sshd for the ssh backend's tests
+#
+# LATER: the Slurm backend's issue adds Slurm here (e.g. slurmctld, slurmd,
+# slurm-client, munge) together with its single-node setup; add those
+# packages to PACKAGES below and the setup after the install step.
+set -euo pipefail
+
+PACKAGES=(openssh-server)
+
+installed() {
+    if command -v dpkg-query >/dev/null 2>&1; then
+        dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"
+    else
+        return 1
+    fi
+}
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+    installed "$pkg" || missing+=("$pkg")
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+    echo "install-test-deps: already installed: ${PACKAGES[*]}"
+    exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+    echo "install-test-deps: not root, not installing: ${missing[*]} (tests that need them will skip)" >&2
+    exit 0
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+    echo "install-test-deps: no apt-get, not installing: ${missing[*]} (tests that need them will skip)" >&2
+    exit 0
+fi
+
+echo "install-test-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,11 @@
+"""Fixtures shared by every test module; keep this file small and generic."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """Run ``@pytest.mark.anyio`` tests on asyncio only."""
+    return "asyncio"

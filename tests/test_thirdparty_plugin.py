@@ -1,0 +1,162 @@
+"""A backend from a separately installed distribution works like a built-in one.
+
+``tests/thirdparty_plugin/`` is its own distribution (``orchestrator-echo-backend``)
+that registers the backend ``thirdparty`` through the entry-point group
+``orchestrator.backends`` and nothing else. This module pip-installs it into
+the running interpreter's environment, asks the core to look for plugins
+again, runs jobs on it, and uninstalls it at the end.
+
+The driver declares no native bulk ability, so submission, kill and status
+all go through the core's emulated bulk.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from orchestrator import ArgSplitter, Backend, Executable, Job, JobError, Orchestrator, TextMerger, plugins
+
+PLUGIN_SRC = Path(__file__).parent / "thirdparty_plugin"
+DIST = "orchestrator-echo-backend"
+MODULE = "orch_thirdparty_echo"
+WORDS = ["alpha", "bravo", "charlie", "delta", "echo"]
+#: Each subjob prints "$GREETING <word>": the greeting setting reaches the run.
+SAY = 'echo "$GREETING $1"'
+
+pytestmark = pytest.mark.anyio
+
+
+def _pip(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, check=False)
+
+
+def _builds_without_isolation() -> bool:
+    """Can this environment build the plugin's wheel with what it already has?
+
+    setuptools >= 70.1 builds wheels alone; older ones (>= 61, for
+    ``[project]`` metadata) need the ``wheel`` package. Otherwise pip must
+    fetch setuptools into an isolated build environment.
+    """
+    try:
+        found = re.match(r"(\d+)\.(\d+)", importlib.metadata.version("setuptools"))
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    if found is None:
+        return False
+    version = (int(found[1]), int(found[2]))
+    return version >= (70, 1) or (version >= (61, 0) and importlib.util.find_spec("wheel") is not None)
+
+
+def _forget_plugins() -> None:
+    """Make a plugin (un)installed by this process visible to it."""
+    importlib.invalidate_caches()  # path finders cache directory listings
+    sys.modules.pop(MODULE, None)
+    plugins.refresh()  # forget what stevedore found before the install
+
+
+@pytest.fixture(scope="module")
+def thirdparty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The plugin distribution, installed for this module's tests only."""
+    if _pip("--version").returncode != 0:
+        pytest.skip(f"pip is not available to {sys.executable}: cannot install the third-party plugin")
+    # Build from a copy, so that the build leaves nothing in the source tree.
+    src = tmp_path_factory.mktemp("thirdparty") / "orchestrator-echo-backend"
+    shutil.copytree(PLUGIN_SRC, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    args = ["install", "--no-deps", "--no-input"]
+    if _builds_without_isolation():
+        args.append("--no-build-isolation")
+    result = _pip(*args, str(src))
+    if result.returncode != 0:
+        pytest.fail(f"pip {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    _forget_plugins()
+    try:
+        yield
+    finally:
+        result = _pip("uninstall", "-y", DIST)
+        _forget_plugins()
+        if result.returncode != 0:
+            pytest.fail(f"pip uninstall -y {DIST} failed:\n{result.stdout}\n{result.stderr}")
+
+
+def _say(words: list[str]) -> ArgSplitter:
+    return ArgSplitter([["-c", SAY, "sh", w] for w in words])
+
+
+async def test_registered_through_entry_point_only(thirdparty: None) -> None:
+    dist = importlib.metadata.distribution(DIST)
+    eps = [ep for ep in dist.entry_points if ep.group == plugins.BACKENDS]
+    assert [(ep.name, ep.value) for ep in eps] == [("thirdparty", f"{MODULE}:EchoDriver")]
+    assert "thirdparty" in plugins.backend_names()
+    cls = plugins.driver_class("thirdparty")
+    assert cls.__module__ == MODULE
+    # The installed copy, not the source tree of this repository.
+    module_file = Path(sys.modules[MODULE].__file__ or "")
+    assert PLUGIN_SRC.resolve() not in module_file.resolve().parents
+    caps = cls.capabilities
+    assert not (caps.bulk_submit or caps.bulk_kill or caps.bulk_status or caps.resubmit)
+
+
+@pytest.mark.parametrize("keep_going", [True, False])
+async def test_split_job_runs_and_merges(thirdparty: None, tmp_path: Path, keep_going: bool) -> None:
+    async with Orchestrator(home=tmp_path) as orch:
+        j = await orch.jobs.add(Job(name="greet", application=Executable("/bin/sh"), splitter=_say(WORDS),
+                                    merger=TextMerger(), backend=Backend("thirdparty", greeting="hi")))
+        assert j.backend.settings == {"greeting": "hi"}
+        await j.submit(keep_going=keep_going)
+        assert len(j.subjobs) == len(WORDS)
+        await j.wait(timeout=60)
+        assert [s.status for s in j.subjobs] == ["completed"] * len(WORDS), [s.info.reason for s in j.subjobs]
+        assert j.status == "completed"
+        for s, w in zip(j.subjobs, WORDS, strict=True):
+            assert s.backend_id is not None and s.backend_id.startswith("thirdparty:")
+            assert (s.outputdir / "stdout").read_text() == f"hi {w}\n"
+        assert (j.outputdir / "stdout").read_text() == "".join(f"hi {w}\n" for w in WORDS)
+
+
+async def test_exit_code_decides_outcome(thirdparty: None, tmp_path: Path) -> None:
+    splitter = ArgSplitter([["-c", "echo ok"], ["-c", "echo bad >&2; exit 3"], ["-c", "echo ok"]])
+    async with Orchestrator(home=tmp_path) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh"), splitter=splitter, backend="thirdparty"))
+        await j.submit(keep_going=True)
+        await j.wait(timeout=60)
+        assert [s.status for s in j.subjobs] == ["completed", "failed", "completed"]
+        assert j.status == "failed"
+        assert "3" in (j.subjobs[1].info.reason or "")
+        assert (j.subjobs[1].outputdir / "stderr").read_text() == "bad\n"
+
+
+async def test_emulated_kill(thirdparty: None, tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sleep"), splitter=ArgSplitter([["60"]] * 3),
+                                    backend="thirdparty"))
+        await j.submit(keep_going=True)
+        with anyio.fail_after(30):
+            while j.status != "running":
+                await anyio.sleep(0.05)
+        await j.kill()
+        await j.wait(timeout=30)
+        assert [s.status for s in j.subjobs] == ["killed"] * 3
+        assert j.status == "killed"
+
+
+async def test_unknown_setting_is_refused_at_add(thirdparty: None, tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path) as orch:
+        with pytest.raises(JobError, match="colour") as info:
+            await orch.jobs.add(Job(application=Executable("/bin/true"),
+                                    backend=Backend("thirdparty", greeting="hi", colour="red")))
+        assert info.value.field == "backend.colour"
+        with pytest.raises(JobError, match="greeting") as info:
+            await orch.jobs.add(Job(application=Executable("/bin/true"), backend=Backend("thirdparty", greeting=3)))
+        assert info.value.field == "backend.greeting"
+        assert len(orch.jobs.select()) == 0
