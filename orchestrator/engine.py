@@ -313,17 +313,18 @@ class Engine:
     def run_spec(self, job: Job) -> RunSpec:
         """What a driver needs to run ``job`` once more."""
         fq = job.fqid_tuple
-        ws = self.workspace
-        shared = ws.inputdir(fq[:1])
+        jobdir = self.workspace.jobdir(fq)
+        shared = jobdir / "input" if len(fq) == 1 else jobdir.parent / "input"
         app = job.application
         assert app is not None
+        counter = job.info.submit_counter
         return RunSpec(
-            fqid=job.fqid, index=fq[-1] if len(fq) > 1 else 0, attempt=job.info.submit_counter,
-            key=f"orch-{self.home_key}-{job.fqid}-{job.info.submit_counter}",
+            fqid=job.fqid, index=fq[-1] if len(fq) > 1 else 0, attempt=counter,
+            key=f"orch-{self.home_key}-{job.fqid}-{counter}",
             executable=app.exe, args=tuple(app.args), env=dict(app.env), settings=dict(job.backend.settings),
             inputs=tuple(shared / Path(f).name for f in job.inputfiles), outputfiles=tuple(job.outputfiles),
-            jobdir=ws.jobdir(fq), inputdir=ws.inputdir(fq), outputdir=ws.outputdir(fq), workdir=ws.workdir(fq),
-            mode=job.mode, retry_count=max(job.info.submit_counter - 1, 0), retry_args=tuple(job.info.retry_args),
+            jobdir=jobdir, inputdir=jobdir / "input", outputdir=jobdir / "output", workdir=jobdir / "work",
+            mode=job.mode, retry_count=max(counter - 1, 0), retry_args=tuple(job.info.retry_args),
         )
 
     # ---------------------------------------------------------- persistence

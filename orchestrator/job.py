@@ -9,7 +9,6 @@ costs a ``bytearray`` until someone looks.
 
 from __future__ import annotations
 
-import copy
 import fnmatch
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -138,11 +137,11 @@ class Job:
         """A detached copy of the runnable parts, for a splitter or ``copy()``."""
         twin = Job(
             name=self.name,
-            application=copy.deepcopy(self.application),
+            application=self.application.copy() if self.application is not None else None,
             inputfiles=list(self.inputfiles),
             outputfiles=list(self.outputfiles),
             backend=self.backend.copy(),
-            retry=copy.deepcopy(self.retry),
+            retry=self.retry.copy(),
             mode=self.mode,
         )
         return twin

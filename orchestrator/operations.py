@@ -9,9 +9,11 @@ operation leaves the repository as it was.
 
 from __future__ import annotations
 
+import gc
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,7 +41,7 @@ class Operations:
         self._next_id: int | None = None
 
     # ------------------------------------------------------------ checks
-    def validate(self, job: Job, fqid: str) -> None:
+    def validate(self, job: Job, fqid: str, *, check_backend: bool = True) -> None:
         """Everything ``add()`` can check without running anything."""
         if not isinstance(job.name, str):
             raise JobError("name must be a string", fqid=fqid, field="name")
@@ -60,7 +62,8 @@ class Operations:
         if job.mode not in ("test", "production"):
             raise JobError(f"mode must be 'test' or 'production', not {job.mode!r}", fqid=fqid, field="mode")
         job.retry.validate(fqid)
-        job.backend = self.checked_backend(job.backend, fqid)
+        if check_backend:
+            job.backend = self.checked_backend(job.backend, fqid)
 
     def checked_backend(self, backend: str | Backend | None, fqid: str) -> Backend:
         backend = Backend.coerce(backend, fqid)
@@ -151,12 +154,17 @@ class Operations:
                 raise JobError("the splitter changed the application's type", fqid=where, field="application")
             if sub.backend.name != master.backend.name:
                 raise JobError("the splitter changed the backend's type", fqid=where, field="backend")
-            self.validate(sub, where)
+            # The master's backend settings were checked at add(); only a splitter's changes need a look.
+            self.validate(sub, where, check_backend=sub.backend.settings != master.backend.settings)
             sub.id, sub.parent, sub._engine = i, master, self.e
             sub.info = JobInfo(timestamps={"new": now})
         return templates
 
     async def _submit_master(self, master: Job, keep_going: bool) -> None:
+        with _gc_paused():
+            await self._submit_master_now(master, keep_going)
+
+    async def _submit_master_now(self, master: Job, keep_going: bool) -> None:
         e = self.e
         mid = master.fqid_tuple[0]
         before = JobInfo.from_dict(master.info.to_dict())
@@ -381,6 +389,22 @@ class Operations:
                 del self.e._dirty[fq]
             job._engine = None
         self.e.notify()
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a split builds its (acyclic) objects.
+
+    A split of 100,000 subjobs allocates millions of objects; the collector's
+    passes over them took a third of the submission time, and found nothing.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _collect(members: Sequence[Job], targets_of: Callable[[Job], list[Job]],

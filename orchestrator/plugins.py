@@ -7,10 +7,9 @@ repository as ``{"plugin": name, "params": {...}}`` and rebuilt by name.
 
 from __future__ import annotations
 
+import importlib
 from functools import cache
 from typing import Any
-
-import importlib
 
 import stevedore
 from stevedore import ExtensionManager

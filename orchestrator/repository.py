@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import aiosqlite
+import anyio
 
 from .errors import HomeLockedError
 from .status import JobStatus
@@ -114,6 +115,9 @@ class Repository:
         self.path = path
         self._db: aiosqlite.Connection | None = None
         self._reader: sqlite3.Connection | None = None
+        #: One connection, one transaction at a time: a tick's flush must not
+        #: BEGIN while a submission's add_subjobs transaction is still open.
+        self._tx_lock = anyio.Lock()
 
     # ------------------------------------------------------------ life
     async def open(self) -> None:
@@ -173,17 +177,18 @@ class Repository:
     # ------------------------------------------------------------ writes
     async def _transaction(self, statements: Iterable[tuple[str, Sequence[Any] | list[Sequence[Any]], bool]]) -> None:
         db = self.db
-        await db.execute("BEGIN IMMEDIATE")
-        try:
-            for sql, params, many in statements:
-                if many:
-                    await db.executemany(sql, params)  # type: ignore[arg-type]
-                else:
-                    await db.execute(sql, params)  # type: ignore[arg-type]
-            await db.execute("COMMIT")
-        except BaseException:
-            await db.execute("ROLLBACK")
-            raise
+        async with self._tx_lock:
+            await db.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, params, many in statements:
+                    if many:
+                        await db.executemany(sql, params)  # type: ignore[arg-type]
+                    else:
+                        await db.execute(sql, params)  # type: ignore[arg-type]
+                await db.execute("COMMIT")
+            except BaseException:
+                await db.execute("ROLLBACK")
+                raise
 
     async def next_id(self) -> int:
         async with self.db.execute("SELECT value FROM meta WHERE key='next_id'") as cur:

@@ -15,16 +15,18 @@
 . "$1" || exit 97
 
 orch_ts() {
-    # Wall-clock seconds; /proc/uptime plus the boot time avoids a process per stamp.
+    # Sets $_ts to wall-clock seconds. /proc/uptime plus the boot time costs
+    # neither a process nor a subshell; `date` is the portable fallback.
     if [ -n "${ORCH_BOOT:-}" ] && read -r _up _idle < /proc/uptime 2>/dev/null; then
-        echo "$((ORCH_BOOT + ${_up%.*})).${_up#*.}"
+        _ts="$((ORCH_BOOT + ${_up%.*})).${_up#*.}"
     else
-        date +%s
+        _ts=$(date +%s)
     fi
 }
 orch_notify() {
     if [ -n "${ORCH_NOTIFY:-}" ]; then
-        printf '%s %s %s\n' "$ORCH_KEY" "$*" "$(orch_ts)" >> "$ORCH_NOTIFY"
+        orch_ts
+        printf '%s %s %s\n' "$ORCH_KEY" "$*" "$_ts" >> "$ORCH_NOTIFY"
     fi
 }
 
@@ -32,7 +34,7 @@ ORCH_JOBLOG="$ORCH_OUTDIR/orch.log"
 export ORCH_HOME ORCH_MODE ORCH_RETRY_COUNT ORCH_JOBLOG ORCH_FQID ORCH_BOOT
 export ORCH_LOG="$ORCH_BIN/orch-log"
 export ORCH_STATE="$ORCH_BIN/orch-state"
-echo "$(orch_ts) START $$" > "$ORCH_JOBLOG"
+orch_ts; echo "$_ts START $$" > "$ORCH_JOBLOG"
 orch_notify START $$
 
 if cd "$ORCH_HOME" 2>>"$ORCH_JOBLOG"; then
@@ -41,7 +43,7 @@ if cd "$ORCH_HOME" 2>>"$ORCH_JOBLOG"; then
 else
     rc=96
 fi
-echo "$(orch_ts) EXIT $rc" >> "$ORCH_JOBLOG"
+orch_ts; echo "$_ts EXIT $rc" >> "$ORCH_JOBLOG"
 
 # Keep the declared output files: move them from the work dir to the output dir.
 if [ -n "${ORCH_OUTPUTFILES:-}" ]; then
@@ -54,7 +56,7 @@ if [ -n "${ORCH_OUTPUTFILES:-}" ]; then
         set +f
         for _f in $_pattern; do
             case "$_f" in
-                /*|..|../*|*/../*|*/..) echo "$(orch_ts) INFO refused output file $_f" >> "$ORCH_JOBLOG" ;;
+                /*|..|../*|*/../*|*/..) orch_ts; echo "$_ts INFO refused output file $_f" >> "$ORCH_JOBLOG" ;;
                 *) if [ -f "$_f" ]; then mv -f -- "$_f" "$ORCH_OUTDIR/"; fi ;;
             esac
         done
@@ -64,6 +66,6 @@ if [ -n "${ORCH_OUTPUTFILES:-}" ]; then
     IFS=$_ifs
 fi
 
-echo "$(orch_ts) END $rc" >> "$ORCH_JOBLOG"
+orch_ts; echo "$_ts END $rc" >> "$ORCH_JOBLOG"
 orch_notify END "$rc"
 exit "$rc"

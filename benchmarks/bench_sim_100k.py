@@ -1,0 +1,103 @@
+"""Benchmark (a): one master of 100,000 subjobs on ``sim`` with native bulk.
+
+Measures, from ``await j.submit()`` to every subjob ``completed`` and
+persisted (``await orch.engine.flush()``, then a direct sqlite3 count of the
+completed rows of ``<home>/repository.sqlite``), the wall time, split into
+submit time and monitoring-to-completion time, and the peak RSS of the
+process. Target: under 20 s and under 1 GiB.
+
+    python benchmarks/bench_sim_100k.py [HOME] [--n N] [--profile FILE]
+
+HOME (default /tmp/orch-bench-100k) is wiped first and kept afterwards, for
+``bench_open_100k.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import shutil
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+import anyio
+from _common import peak_rss_mib, record
+
+from orchestrator import ArgSplitter, Backend, Executable, Job, JobStatus, Orchestrator
+
+TARGET_SECONDS = 20.0
+TARGET_RSS_MIB = 1024.0
+
+
+async def milestones(orch: Orchestrator, seen: dict[str, float]) -> None:
+    """Wall-clock times of the last subjob change to submitted and to completed (StatusChanged events)."""
+    async for ev in orch.engine.bus.subscribe(max_buffer=1_000_000):
+        for fq, new in zip(ev.ids, ev.new, strict=True):
+            if len(fq) > 1 and new in (JobStatus.SUBMITTED, JobStatus.COMPLETED):
+                seen[new.value] = ev.time
+                break
+
+
+async def run(home: Path, n: int, profile: cProfile.Profile | None) -> dict[str, float]:
+    seen: dict[str, float] = {}
+    async with Orchestrator(home) as orch, anyio.create_task_group() as tg:
+        tg.start_soon(milestones, orch, seen)
+        args = [[str(i)] for i in range(n)]
+        j = await orch.jobs.add(Job(name="bench-100k", application=Executable("/bin/true"),
+                                    splitter=ArgSplitter(args), backend=Backend("sim", run_seconds=0)))
+        del args
+        if profile is not None:
+            profile.enable()
+        w0, t0 = time.time(), time.perf_counter()
+        await j.submit()
+        t1 = time.perf_counter()
+        await j.wait(timeout=600)
+        await orch.engine.flush()
+        with sqlite3.connect(home / "repository.sqlite") as db:
+            (done,) = db.execute("SELECT COUNT(*) FROM subjobs WHERE master=? AND status='completed'",
+                                 (j.id,)).fetchone()
+        t2 = time.perf_counter()
+        if profile is not None:
+            profile.disable()
+        status = j.status.value
+        counts = {s.value: c for s, c in orch.engine.sm.master(j.id).count_map().items()}
+        tg.cancel_scope.cancel()
+    if done != n or status != "completed":
+        raise SystemExit(f"FAILED: master {status}, {done} of {n} completed rows, counts {counts}")
+    return {"submit_s": t1 - t0, "complete_s": t2 - t1, "total_s": t2 - t0, "completed_rows": done,
+            "all_submitted_at_s": seen.get("submitted", w0) - w0, "all_completed_at_s": seen.get("completed", w0) - w0}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("home", nargs="?", default="/tmp/orch-bench-100k")
+    p.add_argument("--n", type=int, default=100_000)
+    p.add_argument("--profile", metavar="FILE", help="write a cProfile of submit..persisted to FILE")
+    p.add_argument("--label", default="", help="free text stored with the result (e.g. 'before fix')")
+    a = p.parse_args()
+    home = Path(a.home)
+    shutil.rmtree(home, ignore_errors=True)
+    profile = cProfile.Profile() if a.profile else None
+    r = anyio.run(run, home, a.n, profile)
+    if profile is not None:
+        profile.dump_stats(a.profile)
+    rss = peak_rss_mib()
+    ok = r["total_s"] < TARGET_SECONDS and rss < TARGET_RSS_MIB
+    line = (f"bench_sim_100k: n={a.n} total={r['total_s']:.2f}s (submit {r['submit_s']:.2f}s + "
+            f"monitor-to-completed+persisted {r['complete_s']:.2f}s; in memory: all submitted at "
+            f"{r['all_submitted_at_s']:.2f}s, all completed at {r['all_completed_at_s']:.2f}s) peak_rss={rss:.0f}MiB "
+            f"target <{TARGET_SECONDS:.0f}s and <{TARGET_RSS_MIB:.0f}MiB: {'MET' if ok else 'MISSED'}"
+            f"{' [profiled]' if profile else ''}")
+    record("bench_sim_100k", line, n=a.n, home=str(home), total_s=round(r["total_s"], 3),
+           submit_s=round(r["submit_s"], 3), complete_s=round(r["complete_s"], 3), peak_rss_mib=round(rss, 1),
+           completed_rows=r["completed_rows"], all_submitted_at_s=round(r["all_submitted_at_s"], 3),
+           all_completed_at_s=round(r["all_completed_at_s"], 3), target_s=TARGET_SECONDS,
+           target_rss_mib=TARGET_RSS_MIB, met=ok,
+           profiled=bool(profile), label=a.label)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

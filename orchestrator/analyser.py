@@ -1,0 +1,152 @@
+"""The analyser: why a run ended, and what to do about it (GBS error recovery).
+
+Pure functions, no I/O: given the backend's verdict, the wrapper's log and
+the job's retry counters, classify the run by how far it got (DESIGN.md's
+table: orchestrator, backend, batch, worker, application, user) and by
+verdict (early, late handled, late unhandled), then decide: complete, fail,
+hold, or retry with which arguments, within which limit.
+
+One reading of the table is ours to state: an application that exits 0
+without any terminal keyword has succeeded (a plain executable knows nothing
+of the log protocol); non-zero without a keyword is an application-level
+failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .status import JobStatus
+from .wrapper import RunLog
+
+S = JobStatus
+TERMINAL = ("SUCCEEDED", "FAILED", "RETRY", "HOLD")
+LEVELS = ("orchestrator", "backend", "batch", "worker", "application", "user")
+EARLY, LATE_HANDLED, LATE_UNHANDLED = "early", "late_handled", "late_unhandled"
+LIMIT_OF = {EARLY: "max_early", LATE_HANDLED: "max_late_handled", LATE_UNHANDLED: "max_late_unhandled"}
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_early: int
+    max_late_handled: int
+    max_late_unhandled: int
+    early_seconds: float
+
+    @classmethod
+    def resolve(cls, policy: Mapping[str, Any], defaults: Mapping[str, Any]) -> Limits:
+        """The job's policy, with ``None`` fields taken from the configuration."""
+        def pick(name: str) -> Any:
+            value = policy.get(name)
+            return defaults[name] if value is None else value
+
+        return cls(int(pick("max_early")), int(pick("max_late_handled")), int(pick("max_late_unhandled")),
+                   float(pick("early_seconds")))
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the backend said about a finished run."""
+
+    status: JobStatus
+    exit_code: int | None = None
+    reason: str | None = None
+    #: ``"aborted"`` (the backend gave up on it), ``"cancelled"`` (by the system),
+    #: ``"lost"`` (the orchestrator could not learn its fate), or ``None``.
+    backend_verdict: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What to do with a finished run."""
+
+    status: JobStatus  # completed, failed, held or killed: the move to make now
+    level: str
+    verdict: str  # "success", "failed" (by the user), "hold", or one of EARLY / LATE_*
+    reason: str
+    retry: bool = False
+    retry_args: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    limit_reached: str | None = None
+    counters: dict[str, int] = field(default_factory=dict)
+
+    def history_entry(self, time: float, exit_code: int | None, attempt: int) -> dict[str, Any]:
+        entry = {"time": time, "level": self.level, "verdict": self.verdict, "reason": self.reason,
+                 "exit_code": exit_code, "retry_args": list(self.retry_args), "attempt": attempt,
+                 "action": "retry" if self.retry else self.status.value}
+        if self.limit_reached:
+            entry["limit"] = self.limit_reached
+        return entry
+
+
+def _timing(log: RunLog, seconds: float | None, limits: Limits) -> str:
+    """Early or late, by how long the run ran (the log's clock, else the caller's)."""
+    if log.started is not None and (log.ended is not None or log.keywords):
+        end = log.ended if log.ended is not None else max(t for t, _, _ in log.keywords)
+        seconds = end - log.started
+    if seconds is None:
+        return EARLY
+    return EARLY if seconds < limits.early_seconds else "late"
+
+
+def classify(outcome: Outcome, log: RunLog, limits: Limits, seconds: float | None = None,
+             ) -> tuple[str, str, str, JobStatus | None, tuple[str, ...]]:
+    """``(level, verdict, reason, final status or None for retry, data)`` of one run."""
+    if outcome.status == S.KILLED:
+        return "backend", "killed", outcome.reason or "killed", S.KILLED, ()
+    if outcome.backend_verdict == "lost":
+        return "orchestrator", LATE_UNHANDLED, outcome.reason or "the backend could not be reached", None, ()
+    if outcome.backend_verdict == "cancelled" or outcome.status == S.HELD:
+        return "backend", "hold", outcome.reason or "cancelled by the system", S.HELD, ()
+    if outcome.backend_verdict == "aborted":
+        return "backend", LATE_UNHANDLED, outcome.reason or "aborted by the backend", None, ()
+    if log.started is None:
+        return "batch", EARLY, outcome.reason or "the wrapper never started (no job log)", None, ()
+    timing = _timing(log, seconds, limits)
+    unhandled = EARLY if timing == EARLY else LATE_UNHANDLED
+    if not log.finished:
+        return "worker", unhandled, outcome.reason or "the wrapper started but never ended", None, ()
+    terminal = [(word, data) for _, word, data in log.keywords if word in TERMINAL]
+    if len(terminal) > 1:
+        words = ", ".join(w for w, _ in terminal)
+        return "application", unhandled, f"more than one terminal keyword ({words})", None, ()
+    if terminal:
+        word, data = terminal[0]
+        if not data.strip():
+            return "application", unhandled, f"{word} without data", None, ()
+        args = tuple(data.split())
+        handled = EARLY if timing == EARLY else LATE_HANDLED
+        if word == "SUCCEEDED":
+            return "user", "success", "SUCCEEDED", S.COMPLETED, args
+        if word == "FAILED":
+            return "user", "failed", f"FAILED {data.strip()}", S.FAILED, args
+        if word == "HOLD":
+            return "user", "hold", f"HOLD {data.strip()}", S.HELD, args
+        return "user", handled, f"RETRY {data.strip()}", None, args
+    code = log.exit_code if log.exit_code is not None else log.end_code
+    if code == 0:
+        return "application", "success", "exit code 0", S.COMPLETED, ()
+    return "application", unhandled, f"exit code {code} without a terminal keyword", None, ()
+
+
+def decide(outcome: Outcome, log: RunLog, limits: Limits, counters: Mapping[str, int],
+           previous_args: Sequence[str], seconds: float | None = None) -> Decision:
+    """Classify the run and apply the retry limits to it."""
+    level, verdict, reason, status, data = classify(outcome, log, limits, seconds)
+    new_counters = dict(counters)
+    if status is not None:
+        outputs = data if status == S.COMPLETED else ()
+        args = data if status == S.HELD else tuple(previous_args)
+        return Decision(status, level, verdict, reason, outputs=outputs, retry_args=args, counters=new_counters)
+    # A retry: the application's own args when it said RETRY, else the previous ones.
+    args = data if level == "user" else tuple(previous_args)
+    new_counters[verdict] = new_counters.get(verdict, 0) + 1
+    limit_name = LIMIT_OF[verdict]
+    limit = getattr(limits, limit_name)
+    if new_counters[verdict] > limit:
+        why = f"{reason}; retry limit {limit_name}={limit} reached"
+        return Decision(S.FAILED, level, verdict, why, retry_args=args, limit_reached=limit_name,
+                        counters=new_counters)
+    return Decision(S.FAILED, level, verdict, reason, retry=True, retry_args=args, counters=new_counters)
