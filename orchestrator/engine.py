@@ -65,6 +65,7 @@ class Engine:
         """Load every top-level job, rebuild the runs to monitor, start the loops."""
         self._tg = tg
         now = time.time()
+        due_merges: list[int] = []
         for row in await self.repo.load_toplevel():
             job = self._job_from_row(row, parent=None)
             self.jobs[row.id] = job
@@ -73,9 +74,13 @@ class Engine:
                 self.sm.add_master(row.id, self.repo.load_statuses(row.id), first=m.get("first"),
                                    last=m.get("last"), postprocess_failed=m.get("postprocess_failed", False))
                 self.sm.pin(row.id, None, now)
+                if self._merge_due(job):
+                    due_merges.append(row.id)
             else:
                 self.sm.add_job(row.id, S(row.status))
         await self._recover(now)
+        for master_id in due_merges:  # ended while no orchestrator was there to merge
+            self._start_postprocess(master_id)
         tg.start_soon(self._monitor_loop)
         tg.start_soon(self._consume_reports)
         tg.start_soon(self._flush_loop)
@@ -104,6 +109,8 @@ class Engine:
         await self.flush()
 
     async def close(self) -> None:
+        with anyio.move_on_after(60):  # a merger under way finishes and is recorded
+            await self.wait_for(lambda: not self.postprocessing, None)
         await self.flush()
         for driver in self.drivers.values():
             await driver.aclose()
@@ -254,7 +261,11 @@ class Engine:
             await anyio.sleep(interval)
             await self.poll_once()
 
-    async def poll_once(self) -> None:
+    async def refresh(self) -> None:
+        """Ask every backend now and apply its answers before returning."""
+        await self.poll_once(apply_now=True)
+
+    async def poll_once(self, apply_now: bool = False) -> None:
         """One tick: one status query per backend with active runs."""
         for name, runs in list(self.active.items()):
             if not runs:
@@ -268,7 +279,9 @@ class Engine:
             except Exception as exc:  # a driver fault is the backend's, never the job's
                 self.log.warning("status query failed", backend=name, error=repr(exc), runs=len(handles))
                 continue
-            if updates:
+            if updates and apply_now:
+                self.apply_updates(updates)
+            elif updates:
                 self.bus.report(StatusReport(ids=(), backend=name, updates=tuple(updates)))
 
     async def _consume_reports(self) -> None:
@@ -352,6 +365,14 @@ class Engine:
             await self.flush()
 
     # --------------------------------------------------------- mergers
+    def _merge_due(self, master: Job) -> bool:
+        """All subjobs ended after the last merge (or there was none)."""
+        assert master.id is not None
+        state = self.sm.master(master.id)
+        if master.merger is None or not state.all_final():
+            return False
+        return master.info.timestamps.get("merged", 0.0) < state.last.get("final", 0.0)
+
     def _start_postprocess(self, master_id: int) -> None:
         master = self.jobs.get(master_id)
         if master is None or master.merger is None or self._tg is None:
@@ -371,6 +392,7 @@ class Engine:
             except OSError as exc:
                 reason = f"{type(master.merger).__name__}: {exc}"
             master.info.reason = reason
+            master.info.timestamps["merged"] = time.time()
             self.apply(self.sm.set_postprocess_failed(mid, reason is not None, time.time()))
             self.mark_dirty(master)
             if reason:

@@ -146,3 +146,21 @@ async def test_reopened_local_job_that_died_while_nobody_watched_is_failed(tmp_p
         j = orch.jobs[0]
         await j.wait(timeout=10)
         assert j.status == "failed" and "END" in (j.info.reason or "")
+
+
+async def test_a_master_that_ended_while_closed_is_merged_on_reopen(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", 'sleep 1; echo "$0"']),
+                                    splitter=ArgSplitter([["-c", 'sleep 1; echo "$0"', w] for w in "ab"]),
+                                    merger=TextMerger(files=["stdout"]), backend="local"))
+        await j.submit()
+        await j.wait(timeout=30)
+        # As if this process had died before the merge: no merged output, no record of a merge.
+        (j.outputdir / "stdout").unlink()
+        del j.info.timestamps["merged"]
+        orch.engine.mark_dirty(j)
+    async with Orchestrator(home=tmp_path) as orch:
+        j = orch.jobs[0]
+        await j.wait(timeout=30)
+        assert j.status == "completed" and (j.outputdir / "stdout").read_text() == "a\nb\n"
+        assert "merged" in j.info.timestamps

@@ -6,7 +6,7 @@ For tests and plugin authors. Its behaviour is set per subjob index:
 
 ``fail_submit`` lists indexes whose every submission fails, or maps an index
 to how many of its first submissions fail; ``outcome`` maps an index to a
-final status, or to a list of them, one per run. ``bulk`` picks native
+final status, or to a list of them, one per attempt (the job's submit counter). ``bulk`` picks native
 (default) or emulated bulk. A run's whole fate is written into its backend
 id when it is submitted, so status needs no memory and survives a restart of
 the orchestrator. Written against the public driver API only.
@@ -76,8 +76,9 @@ class SimDriver(Driver):
 
     def __init__(self, context: DriverContext) -> None:
         super().__init__(context)
+        #: Submissions per subjob seen by this process (``fail_submit`` counts; a failed
+        #: submission does not count as an attempt of the job, so it is kept here).
         self._submits: dict[str, int] = {}
-        self._runs: dict[str, int] = {}
         self.calls: dict[str, int] = {"submit": 0, "submit_bulk": 0, "kill": 0, "kill_bulk": 0, "status_bulk": 0}
 
     @classmethod
@@ -108,7 +109,7 @@ class SimDriver(Driver):
             limit = fail[run.index]
             if limit is None or n <= limit:
                 raise SubmitError(f"sim: submission {n} of subjob {run.index} refused (fail_submit)")
-        k = self._runs[run.fqid] = self._runs.get(run.fqid, 0) + 1
+        k = run.attempt  # the job's own submit counter: survives a restart of the orchestrator
         outcomes = _index_map(run.settings.get("outcome", {}), "outcome", _outcome).get(run.index, ["completed"])
         final = outcomes[min(k - 1, len(outcomes) - 1)]
         end = time.time() + float(run.settings.get("run_seconds", 0.1))
