@@ -91,9 +91,13 @@ def _timing(log: RunLog, seconds: float | None, limits: Limits) -> str:
     return EARLY if seconds < limits.early_seconds else "late"
 
 
-def classify(outcome: Outcome, log: RunLog, limits: Limits, seconds: float | None = None,
+def classify(outcome: Outcome, log: RunLog, limits: Limits, seconds: float | None = None, *, wrapper: bool = True,
              ) -> tuple[str, str, str, JobStatus | None, tuple[str, ...]]:
-    """``(level, verdict, reason, final status or None for retry, data)`` of one run."""
+    """``(level, verdict, reason, final status or None for retry, data)`` of one run.
+
+    ``wrapper=False``: the backend runs no job wrapper (``sim``, some third-party
+    drivers), so there is no log to read and its word is taken as the application's.
+    """
     if outcome.status == S.KILLED:
         return "backend", "killed", outcome.reason or "killed", S.KILLED, ()
     if outcome.backend_verdict == "lost":
@@ -102,6 +106,11 @@ def classify(outcome: Outcome, log: RunLog, limits: Limits, seconds: float | Non
         return "backend", "hold", outcome.reason or "cancelled by the system", S.HELD, ()
     if outcome.backend_verdict == "aborted":
         return "backend", LATE_UNHANDLED, outcome.reason or "aborted by the backend", None, ()
+    if not wrapper:
+        if outcome.status == S.COMPLETED:
+            return "application", "success", outcome.reason or "completed", S.COMPLETED, ()
+        verdict = EARLY if seconds is None or seconds < limits.early_seconds else LATE_UNHANDLED
+        return "application", verdict, outcome.reason or "failed", None, ()
     if log.started is None:
         return "batch", EARLY, outcome.reason or "the wrapper never started (no job log)", None, ()
     timing = _timing(log, seconds, limits)
@@ -132,21 +141,21 @@ def classify(outcome: Outcome, log: RunLog, limits: Limits, seconds: float | Non
 
 
 def decide(outcome: Outcome, log: RunLog, limits: Limits, counters: Mapping[str, int],
-           previous_args: Sequence[str], seconds: float | None = None) -> Decision:
+           previous_args: Sequence[str], seconds: float | None = None, *, wrapper: bool = True) -> Decision:
     """Classify the run and apply the retry limits to it."""
-    level, verdict, reason, status, data = classify(outcome, log, limits, seconds)
+    level, verdict, reason, status, data = classify(outcome, log, limits, seconds, wrapper=wrapper)
     new_counters = dict(counters)
     if status is not None:
         outputs = data if status == S.COMPLETED else ()
-        args = data if status == S.HELD else tuple(previous_args)
-        return Decision(status, level, verdict, reason, outputs=outputs, retry_args=args, counters=new_counters)
+        return Decision(status, level, verdict, reason, outputs=outputs, retry_args=tuple(previous_args),
+                        counters=new_counters)
     # A retry: the application's own args when it said RETRY, else the previous ones.
     args = data if level == "user" else tuple(previous_args)
     new_counters[verdict] = new_counters.get(verdict, 0) + 1
     limit_name = LIMIT_OF[verdict]
     limit = getattr(limits, limit_name)
     if new_counters[verdict] > limit:
-        why = f"{reason}; retry limit {limit_name}={limit} reached"
+        why = f"{reason}; retry limit {limit_name}={limit} reached" if limit else reason
         return Decision(S.FAILED, level, verdict, why, retry_args=args, limit_reached=limit_name,
                         counters=new_counters)
     return Decision(S.FAILED, level, verdict, reason, retry=True, retry_args=args, counters=new_counters)

@@ -46,6 +46,9 @@ class Capabilities:
     bulk_status: bool = False
     #: The backend can resubmit a run by its old id; else resubmission is a new submit.
     resubmit: bool = False
+    #: Runs go through the job wrapper, so the core reads ``orch.log`` in the output
+    #: dir to classify how each run ended; else the driver's word is final.
+    runs_wrapper: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +102,9 @@ class StatusUpdate:
     status: JobStatus
     exit_code: int | None = None
     reason: str | None = None
+    #: ``"aborted"`` (the backend gave up on the run), ``"cancelled"`` (the system
+    #: cancelled it: the job is held), ``"lost"``; ``None`` for an ordinary ending.
+    backend_verdict: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from .ids import FQID, fqid_str
 from .job import Job
 from .logs import get_logger
 from .plugins import driver_class
+from .recovery import ENDINGS, BackendHealth, judge
 from .repository import JobRow, Repository
 from .statemachine import StateMachine, Step
 from .status import ACTIVE, FINAL, MONITORED, JobStatus
@@ -59,6 +60,7 @@ class Engine:
         self._flush_lock = anyio.Lock()
         self._locks: dict[int, anyio.Lock] = {}
         self._tg: TaskGroup | None = None
+        self.health = BackendHealth(float(config.core["lost_after_seconds"]), float(config.core["poll_interval"]))
 
     # ---------------------------------------------------------------- life
     async def start(self, tg: TaskGroup) -> None:
@@ -266,48 +268,101 @@ class Engine:
         await self.poll_once(apply_now=True)
 
     async def poll_once(self, apply_now: bool = False) -> None:
-        """One tick: one status query per backend with active runs."""
+        """One tick: one status query per backend with active runs.
+
+        A query that raises, or a report that makes no sense, is the
+        backend's fault, never the job's: it is logged with the job's fqid,
+        the backend is asked again with backoff, and only a run that gets no
+        intelligible answer for ``lost_after_seconds`` is counted lost.
+        """
+        now = time.time()
         for name, runs in list(self.active.items()):
-            if not runs:
+            if not runs or not self.health.may_poll(name, now):
                 continue
             handles = [
                 h if h.status == self.sm.status(fq) else self.handle_of(self.lookup(fq)) for fq, h in runs.items()
             ]
             driver = await self.driver(name)
             try:
-                updates = await self.ops.bulk.status(driver, handles)
+                updates = list(await self.ops.bulk.status(driver, handles))
             except Exception as exc:  # a driver fault is the backend's, never the job's
                 self.log.warning("status query failed", backend=name, error=repr(exc), runs=len(handles))
-                continue
+                lost = self.health.silent(name, list(runs), now, whole_backend=True)
+                updates = [self._lost_update(fq, f"no answer from backend {name} ({exc!r})") for fq in lost]
+            else:
+                updates = self._sane(name, updates, now)
             if updates and apply_now:
-                self.apply_updates(updates)
+                self.apply_updates(updates, name)
             elif updates:
                 self.bus.report(StatusReport(ids=(), backend=name, updates=tuple(updates)))
+
+    def _lost_update(self, fq: FQID, reason: str) -> StatusUpdate:
+        self.log.warning("run lost: no intelligible answer", fqid=fqid_str(fq), reason=reason)
+        return StatusUpdate(fqid_str(fq), S.FAILED, reason=reason, backend_verdict="lost")
+
+    def _sane(self, name: str, updates: list[StatusUpdate], now: float) -> list[StatusUpdate]:
+        """Drop reports that make no sense (logged); runs without one count as silent."""
+        runs = self.active.get(name, {})
+        good, garbage = [], []
+        for u in updates:
+            fq = _parse(getattr(u, "fqid", None))
+            if fq is None or fq not in runs or not isinstance(u, StatusUpdate) or not isinstance(u.status, JobStatus):
+                self.log.warning("unintelligible status report", backend=name, fqid=str(getattr(u, "fqid", "?")),
+                                 report=repr(u)[:200])
+                if fq is not None and fq in runs:
+                    garbage.append(fq)
+                continue
+            good.append(u)
+        self.health.answered(name, [fq for fq in runs if fq not in garbage])
+        lost = self.health.silent(name, garbage, now, whole_backend=False) if garbage else []
+        return good + [self._lost_update(fq, f"unintelligible answers from backend {name}") for fq in lost]
 
     async def _consume_reports(self) -> None:
         async for event in self.bus.reports:
             if isinstance(event, StatusReport):
-                self.apply_updates(event.updates)
+                self.apply_updates(event.updates, event.backend)
 
-    def apply_updates(self, updates: Sequence[StatusUpdate]) -> None:
-        """Feed backend reports to the state machine, grouped by status (one step each)."""
+    def apply_updates(self, updates: Sequence[StatusUpdate], backend: str = "") -> None:
+        """Feed backend reports to the state machine, grouped by status (one step each).
+
+        A run that ended is judged by the analyser first: it may complete,
+        fail, be held, or fail and be resubmitted at once within its limits.
+        """
         by_status: dict[JobStatus, list[FQID]] = {}
+        retries: list[FQID] = []
         now = time.time()
+        driver = self.drivers.get(backend)
         for u in updates:
+            fq = _parse(u.fqid)
             try:
-                fq = tuple(int(p) for p in u.fqid.split("."))
-                job = self.lookup(fq)
-            except (KeyError, ValueError, IndexError):
+                job = self.lookup(fq) if fq is not None else None
+            except (KeyError, IndexError):
+                job = None
+            if job is None or fq is None:
                 self.log.warning("report for an unknown job", fqid=u.fqid, status=str(u.status))
                 continue
-            if u.status == job.status:
+            if u.status == job.status and u.backend_verdict is None:
                 continue
-            if u.status in FINAL and (u.exit_code is not None or u.reason):
-                job.info.reason = u.reason or (f"exit code {u.exit_code}" if u.exit_code else None)
-            by_status.setdefault(u.status, []).append(fq)
+            status = u.status
+            if status in ENDINGS or u.backend_verdict is not None:
+                wrapper = driver.capabilities_for(job.backend.settings).runs_wrapper if driver else False
+                decision = judge(job, u, self.config.retry, wrapper=wrapper, now=now)
+                status = decision.status
+                if decision.retry:
+                    retries.append(fq)
+                self._dirty[fq] = job
+                if decision.status != S.COMPLETED:
+                    self.log.info("run judged", fqid=job.fqid, level=decision.level, verdict=decision.verdict,
+                                  reason=decision.reason, retry=decision.retry)
+            by_status.setdefault(status, []).append(fq)
         for status in (S.RUNNING, S.COMPLETING, S.HELD, S.COMPLETED, S.FAILED, S.KILLED, S.SUBMITTED):
             if status in by_status:
                 self.move(by_status[status], status, now)
+        retries = [fq for fq in retries if self.sm.status(fq) == S.FAILED]
+        if retries:
+            self.move(retries, S.SUBMITTING, now)
+            assert self._tg is not None
+            self._tg.start_soon(self.ops.submit_prepared, retries)
 
     async def driver(self, name: str) -> Driver:
         driver = self.drivers.get(name)
@@ -401,3 +456,13 @@ class Engine:
         finally:
             self.postprocessing.discard(mid)
             self.notify()
+
+
+def _parse(value: object) -> FQID | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        fq = tuple(int(p) for p in value.split("."))
+    except ValueError:
+        return None
+    return fq if fq and all(p >= 0 for p in fq) else None

@@ -123,6 +123,10 @@ class Job:
                        keep_going: bool = False) -> None:
         await self.engine.ops.resubmit_job(self, only_failed=only_failed, backend=backend, keep_going=keep_going)
 
+    async def release(self, retry_args: Sequence[str] | None = None) -> None:
+        """Resume a held job; ``retry_args`` reach it as ``ORCH_RETRY_ARG_1..n``."""
+        await self.engine.ops.release(self, retry_args)
+
     async def copy(self) -> Job:
         return await self.engine.ops.copy(self)
 

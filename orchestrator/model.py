@@ -178,6 +178,8 @@ class JobInfo:
     history: list[dict[str, Any]] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
     retry_args: list[str] = field(default_factory=list)
+    #: The data of the application's SUCCEEDED line: the files it produced.
+    outputs: list[str] = field(default_factory=list)
     #: Transitions a backend asked for that the table refused, kept for the record.
     refused: list[str] = field(default_factory=list)
 

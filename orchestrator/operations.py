@@ -367,6 +367,40 @@ class Operations:
                                            on_reject=lambda j: S.NEW if j.fqid_tuple in was_new else S.FAILED)
         return [f"{f}: {r}" for f, r in failures]
 
+    async def submit_prepared(self, fqids: Sequence[FQID]) -> None:
+        """Send jobs the engine already moved to ``submitting`` (automatic retries)."""
+        jobs = [self.e.lookup(fq) for fq in fqids]
+        for top, members in _by_toplevel(jobs):
+            async with self.e.lock(top):
+                ready = [j for j in members if j.status == S.SUBMITTING]
+                await self._submit_runs(ready, keep_going=True, on_reject=lambda j: S.FAILED)
+                await self.e.flush()
+
+    async def release(self, job: Job, retry_args: Sequence[str] | None = None) -> None:
+        """Resume a held job (or a master's held subjobs), optionally with new retry arguments."""
+        async with self.e.lock(job):
+            fq = job.fqid_tuple
+            if len(fq) == 1 and self.e.sm.is_master(fq[0]):
+                indexes = self.e.sm.subjob_ids(fq[0], [S.HELD])
+                self.e.materialize(job, indexes)
+                targets = [job.subjobs._built[i] for i in indexes]
+            elif job.status == S.HELD:
+                targets = [job]
+            else:
+                raise JobError(f"cannot release a job that is {job.status.value} (only held jobs)", fqid=job.fqid)
+            if not targets:
+                raise JobError("has no held subjobs to release", fqid=job.fqid)
+            for t in targets:
+                if retry_args is not None:
+                    t.info.retry_args = [str(a) for a in retry_args]
+                t.info.reason = None
+            self.e.move([t.fqid_tuple for t in targets], S.SUBMITTING)
+            failures = await self._submit_runs(targets, keep_going=True, on_reject=lambda j: S.FAILED)
+            await self.e.flush()
+        if failures:
+            raise JobError(f"release: {len(failures)} submission(s) failed; first, {failures[0][0]}: {failures[0][1]}",
+                           fqid=job.fqid)
+
     # --------------------------------------------------------- copy, remove
     async def copy(self, job: Job) -> Job:
         twin = job.template()

@@ -93,7 +93,7 @@ def test_each_limit_is_enforced_on_its_own(text: str, verdict: str, limit: str) 
 def test_all_zero_limits_turn_retries_off() -> None:
     off = Limits(0, 0, 0, 60)
     d = decide(FAILED_RUN, parse_log(log("1 START 1", "2 EXIT 1", "2 END 1")), off, {}, [])
-    assert not d.retry and d.status == S.FAILED
+    assert not d.retry and d.status == S.FAILED and d.reason == "exit code 1 without a terminal keyword"
 
 
 def test_limits_resolve_from_policy_then_defaults() -> None:

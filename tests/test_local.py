@@ -95,7 +95,8 @@ async def test_nonzero_exit_is_failed_with_the_code(tmp_path: Path) -> None:
         j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", "exit 3"]), backend="local"))
         await j.submit()
         await j.wait(timeout=30)
-        assert j.status == "failed" and j.info.reason == "exit code 3"
+        assert j.status == "failed" and j.info.reason == "exit code 3 without a terminal keyword"
+        assert j.info.history[-1]["level"] == "application" and j.info.history[-1]["exit_code"] == 3
 
 
 async def test_unstartable_shell_fails_the_run(tmp_path: Path) -> None:

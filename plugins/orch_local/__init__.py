@@ -61,7 +61,7 @@ class _Run:
 
 class LocalDriver(Driver):
     name = "local"
-    capabilities = Capabilities(bulk_status=True)
+    capabilities = Capabilities(bulk_status=True, runs_wrapper=True)
 
     def __init__(self, context: DriverContext) -> None:
         super().__init__(context)
