@@ -340,6 +340,21 @@ def resubmit(job_id: str, all_: bool, keep_going: bool, home: Path | None) -> No
 
 @cli.command()
 @job_id_argument
+@click.option("--arg", "args", multiple=True, help="A retry argument (ORCH_RETRY_ARG_n), in order; repeatable.")
+@home_option
+def release(job_id: str, args: tuple[str, ...], home: Path | None) -> None:
+    """Resume a held job, or a master's held subjobs, optionally with new retry arguments."""
+
+    async def body(orch: Orchestrator) -> None:
+        job = _lookup(orch, job_id)
+        await job.release(retry_args=list(args) if args else None)
+        click.echo(f"job {job.fqid}: released; {job.status.value}")
+
+    _run(home, body)
+
+
+@cli.command()
+@job_id_argument
 @home_option
 def remove(job_id: str, home: Path | None) -> None:
     """Forget a final or new top-level job and delete its workspace."""

@@ -54,6 +54,8 @@ class Engine:
         self.active: dict[str, dict[FQID, RunHandle]] = {}
         self.drivers: dict[str, Driver] = {}
         self.postprocessing: set[int] = set()
+        #: Automatic resubmissions under way.
+        self.retrying = 0
         self._dirty: dict[FQID, Job] = {}
         self._spec_dirty: set[FQID] = set()
         self._changed = anyio.Event()
@@ -105,14 +107,19 @@ class Engine:
                 interrupted.append((job_id,))
             elif job.status in MONITORED:
                 self._watch(job)
-        if interrupted:
-            self.log.warning("submission interrupted by a restart; left new", jobs=[fqid_str(f) for f in interrupted])
-            self.apply(self.sm.move(interrupted, S.NEW, now))
+        # An automatic retry caught mid-way is carried on; any other submission is left new.
+        retrying = [fq for fq in interrupted if (h := self.lookup(fq).info.history) and h[-1].get("action") == "retry"]
+        rollback = [fq for fq in interrupted if fq not in retrying]
+        if rollback:
+            self.log.warning("submission interrupted by a restart; left new", jobs=[fqid_str(f) for f in rollback])
+            self.apply(self.sm.move(rollback, S.NEW, now))
+        if retrying:
+            self._start_retries(retrying)
         await self.flush()
 
     async def close(self) -> None:
-        with anyio.move_on_after(60):  # a merger under way finishes and is recorded
-            await self.wait_for(lambda: not self.postprocessing, None)
+        with anyio.move_on_after(60):  # retries and mergers under way finish and are recorded
+            await self.wait_for(lambda: not self.postprocessing and not self.retrying, None)
         await self.flush()
         for driver in self.drivers.values():
             await driver.aclose()
@@ -361,8 +368,21 @@ class Engine:
         retries = [fq for fq in retries if self.sm.status(fq) == S.FAILED]
         if retries:
             self.move(retries, S.SUBMITTING, now)
-            assert self._tg is not None
-            self._tg.start_soon(self.ops.submit_prepared, retries)
+            self._start_retries(retries)
+
+    def _start_retries(self, fqids: list[FQID]) -> None:
+        """Resubmit jobs already moved to ``submitting``; ``close()`` waits for it."""
+        assert self._tg is not None
+        self.retrying += 1
+
+        async def run() -> None:
+            try:
+                await self.ops.submit_prepared(fqids)
+            finally:
+                self.retrying -= 1
+                self.notify()
+
+        self._tg.start_soon(run)
 
     async def driver(self, name: str) -> Driver:
         driver = self.drivers.get(name)

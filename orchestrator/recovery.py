@@ -38,6 +38,10 @@ def judge(job: Job, update: StatusUpdate, defaults: dict[str, Any], *, wrapper: 
     decision = decide(outcome, log, limits, job.info.counters, job.info.retry_args, seconds, wrapper=wrapper)
     info = job.info
     info.counters = dict(decision.counters)
+    for _, word, data in log.keywords:
+        if word == "REFUSED":  # the wrapper refused a RETURN_FILE: kept on record
+            info.history = [*info.history, {"time": now, "level": "user", "verdict": "refused",
+                                            "reason": f"RETURN_FILE {data}", "attempt": info.submit_counter}]
     if decision.status == S.COMPLETED:
         info.outputs = list(decision.outputs)
         info.reason = None

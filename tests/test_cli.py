@@ -280,3 +280,21 @@ def test_examples_load() -> None:
     assert scan.backend.name == "local" and all(Path(f).is_file() for f in scan.inputfiles)
     sim = load_job(EXAMPLES / "sim.toml")
     assert sim.backend.name == "sim" and isinstance(sim.splitter, GenericSplitter)
+
+
+def test_release_resumes_a_held_job_with_new_args(tmp_path: Path) -> None:
+    job = tmp_path / "hold.toml"
+    job.write_text(
+        'name = "h"\n[application]\nexe = "/bin/sh"\n'
+        'args = ["-c", "if [ -z \\"$ORCH_RETRY_ARG_1\\" ]; then $ORCH_LOG HOLD wait; else echo $ORCH_RETRY_ARG_1; fi"]\n'
+        '[backend]\nname = "local"\n'
+    )
+    home = ["--home", str(tmp_path / "home")]
+    runner = CliRunner()
+    assert runner.invoke(cli, ["submit", str(job), "--wait", *home]).exit_code == 1  # ends held, not completed
+    shown = runner.invoke(cli, ["show", "0", *home])
+    assert "held" in shown.output and "HOLD wait" in shown.output
+    released = runner.invoke(cli, ["release", "0", "--arg", "go", *home])
+    assert released.exit_code == 0, released.output
+    assert runner.invoke(cli, ["wait", "0", *home]).exit_code == 0
+    assert (tmp_path / "home" / "workspace" / "0" / "output" / "stdout").read_text() == "go\n"

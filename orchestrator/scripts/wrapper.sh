@@ -17,7 +17,7 @@
 orch_ts() {
     # Sets $_ts to wall-clock seconds. /proc/uptime plus the boot time costs
     # neither a process nor a subshell; `date` is the portable fallback.
-    if [ -n "${ORCH_BOOT:-}" ] && read -r _up _idle < /proc/uptime 2>/dev/null; then
+    if [ -n "${ORCH_BOOT:-}" ] && IFS=" " read -r _up _idle < /proc/uptime 2>/dev/null; then
         _ts="$((ORCH_BOOT + ${_up%.*})).${_up#*.}"
     else
         _ts=$(date +%s)
@@ -63,6 +63,38 @@ if [ -n "${ORCH_OUTPUTFILES:-}" ]; then
         set -f
     done
     set +f
+    IFS=$_ifs
+fi
+
+# Files the application named with "$ORCH_LOG RETURN_FILE name": into the output
+# dir, unless the name leaves the job's working directory (or is a link).
+_returns=
+while IFS=" " read -r _t _w _d; do
+    if [ "$_w" = RETURN_FILE ]; then
+        _returns="$_returns$_d
+"
+    fi
+done < "$ORCH_JOBLOG"
+if [ -n "$_returns" ]; then
+    _ifs=$IFS
+    IFS='
+'
+    for _f in $_returns; do
+        case "$_f" in
+            "$ORCH_HOME"/*) _rel=${_f#"$ORCH_HOME"/} ;;
+            *) _rel=$_f ;;
+        esac
+        case "$_rel" in
+            ''|/*|..|../*|*/../*|*/..) orch_ts; echo "$_ts REFUSED $_f (outside the job directory)" >> "$ORCH_JOBLOG" ;;
+            *) if [ -L "$_rel" ]; then
+                   orch_ts; echo "$_ts REFUSED $_f (a symbolic link)" >> "$ORCH_JOBLOG"
+               elif [ -f "$_rel" ]; then
+                   mv -f -- "$_rel" "$ORCH_OUTDIR/"
+               else
+                   orch_ts; echo "$_ts INFO RETURN_FILE $_f not found" >> "$ORCH_JOBLOG"
+               fi ;;
+        esac
+    done
     IFS=$_ifs
 fi
 

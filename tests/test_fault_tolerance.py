@@ -1,0 +1,206 @@
+"""GBS fault tolerance on real scripted applications (local backend): every row of the table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from orchestrator import ArgSplitter, Backend, Executable, Job, JobError, Orchestrator, RetryPolicy
+from orchestrator.drivers import StatusUpdate
+
+pytestmark = pytest.mark.anyio
+FAST = {"core": {"poll_interval": 0.05}}
+
+
+def sh(script: str, **kw: Any) -> Job:
+    kw.setdefault("backend", "local")
+    return Job(application=Executable("/bin/sh", args=["-c", script]), **kw)
+
+
+def last(job: Job) -> dict[str, Any]:
+    return job.info.history[-1]
+
+
+async def run(orch: Orchestrator, job: Job, timeout: float = 30) -> Job:
+    job = await orch.jobs.add(job)
+    await job.submit()
+    await job.wait(timeout=timeout)
+    return job
+
+
+async def test_retry_twice_then_succeeded(tmp_path: Path) -> None:
+    script = ('echo "$ORCH_RETRY_COUNT ${ORCH_RETRY_ARG_1:-none}" >> ../../../seen; '
+              'if [ "$ORCH_RETRY_COUNT" -lt 2 ]; then $ORCH_LOG RETRY "$((ORCH_RETRY_COUNT + 7))"; '
+              'else echo data > out.txt; $ORCH_LOG RETURN_FILE out.txt; $ORCH_LOG SUCCEEDED out.txt; fi')
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = await run(orch, sh(script, retry=RetryPolicy(max_early=5)))
+        assert j.status == "completed" and j.info.submit_counter == 3
+        assert j.info.outputs == ["out.txt"] and (j.outputdir / "out.txt").read_text() == "data\n"
+        assert [h["verdict"] for h in j.info.history] == ["early", "early"]
+        assert [h["level"] for h in j.info.history] == ["user", "user"]
+        assert j.info.counters == {"early": 2}
+    assert (tmp_path / "seen").read_text().split("\n") == ["0 none", "1 7", "2 8", ""]
+
+
+async def test_failed_keyword_fails_without_retry(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = await run(orch, sh('$ORCH_LOG FAILED bad input file', retry=RetryPolicy(max_early=5)))
+        assert j.status == "failed" and j.info.submit_counter == 1
+        assert j.info.reason == "FAILED bad input file" and last(j)["level"] == "user"
+
+
+async def test_hold_then_release_with_new_args(tmp_path: Path) -> None:
+    script = 'if [ -z "$ORCH_RETRY_ARG_1" ]; then $ORCH_LOG HOLD need a human; else echo "$ORCH_RETRY_ARG_1"; fi'
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = await run(orch, sh(script, splitter=ArgSplitter([["-c", script]] * 3)))
+        assert [s.status.value for s in j.subjobs] == ["held"] * 3
+        assert j.status == "held"  # rule 3
+        with pytest.raises(JobError, match="only held"):
+            await (await orch.jobs.add(sh("true"))).release()
+        await j.subjobs[0].release(retry_args=["go"])
+        await j.wait(timeout=30)
+        assert j.subjobs[0].status == "completed" and j.status == "held"
+        await j.release(retry_args=["on"])
+        await j.wait(timeout=30)
+        assert j.status == "completed"
+        assert [(s.outputdir / "stdout").read_text() for s in j.subjobs] == ["go\n", "on\n", "on\n"]
+
+
+@pytest.mark.parametrize(("sleep", "verdict"), [("0", "early"), ("1", "late_unhandled")])
+async def test_nonzero_exit_without_keyword_early_and_late(tmp_path: Path, sleep: str, verdict: str) -> None:
+    policy = RetryPolicy(max_early=0, max_late_handled=0, max_late_unhandled=0, early_seconds=0.5)
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = await run(orch, sh(f"sleep {sleep}; exit 4", retry=policy))
+        assert j.status == "failed" and last(j)["level"] == "application" and last(j)["verdict"] == verdict
+        assert last(j)["exit_code"] == 4
+
+
+async def test_application_killed_by_a_signal(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = await run(orch, sh("kill -KILL $$", retry=RetryPolicy(max_early=1)))
+        assert j.status == "failed" and j.info.submit_counter == 2
+        assert last(j)["level"] == "application" and last(j)["exit_code"] == 137
+        assert "max_early" in last(j)["limit"]
+
+
+async def test_wrapper_killed_mid_run_is_worker_level(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = await run(orch, sh("kill -KILL $PPID; sleep 5"))
+        assert j.status == "failed" and last(j)["level"] == "worker" and last(j)["verdict"] == "early"
+
+
+async def test_wrapper_never_started_is_batch_level(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = await run(orch, sh("true", backend=Backend("local", shell="/no/such/sh"),
+                               retry=RetryPolicy(max_early=2)))
+        assert j.status == "failed" and j.info.submit_counter == 3
+        assert [h["level"] for h in j.info.history] == ["batch"] * 3 and last(j)["limit"] == "max_early"
+
+
+async def test_two_terminal_keywords_are_an_application_failure(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = await run(orch, sh("$ORCH_LOG SUCCEEDED a; $ORCH_LOG FAILED b"))
+        assert j.status == "failed" and last(j)["level"] == "application"
+        assert "more than one terminal keyword" in last(j)["reason"]
+        e = await run(orch, sh("$ORCH_LOG SUCCEEDED"))
+        assert e.status == "failed" and "without data" in last(e)["reason"]
+
+
+async def test_retry_args_round_trip_and_reuse_below_user_level(tmp_path: Path) -> None:
+    script = ('echo "$ORCH_RETRY_COUNT ${ORCH_RETRY_ARG_1:-none}" >> ../../../seen; '
+              'case "$ORCH_RETRY_COUNT" in 0) $ORCH_LOG RETRY 3 ;; 1) exit 1 ;; *) exit 0 ;; esac')
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = await run(orch, sh(script, retry=RetryPolicy(max_early=3)))
+        assert j.status == "completed"
+    assert (tmp_path / "seen").read_text().split("\n") == ["0 none", "1 3", "2 3", ""]
+
+
+@pytest.mark.parametrize(("script", "early", "limit"), [
+    ("exit 1", 60.0, "max_early"),
+    ("$ORCH_LOG RETRY again", 0.0, "max_late_handled"),
+    ("exit 1", 0.0, "max_late_unhandled"),
+])
+async def test_each_limit_on_its_own(tmp_path: Path, script: str, early: float, limit: str) -> None:
+    limits = {"max_early": 5, "max_late_handled": 5, "max_late_unhandled": 5, limit: 1}
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = await run(orch, sh(script, retry=RetryPolicy(early_seconds=early, **limits)))
+        assert j.status == "failed" and j.info.submit_counter == 2
+        assert last(j)["limit"] == limit and limit in (j.info.reason or "")
+
+
+async def test_return_file_outside_the_job_dir_is_refused(tmp_path: Path) -> None:
+    script = ('echo x > ../escape; echo y > /tmp/orch-abs-$$; ln -s /etc/hostname link; echo ok > good; '
+              '$ORCH_LOG RETURN_FILE ../escape; $ORCH_LOG RETURN_FILE /tmp/orch-abs-$$; '
+              '$ORCH_LOG RETURN_FILE link; $ORCH_LOG RETURN_FILE good; $ORCH_LOG SUCCEEDED good')
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = await run(orch, sh(script))
+        assert j.status == "completed"
+        out = j.outputdir
+        assert sorted(p.name for p in out.iterdir()) == ["good", "orch.log", "stderr", "stdout"]
+        refused = [h["reason"] for h in j.info.history if h["verdict"] == "refused"]
+        assert len(refused) == 3 and any("../escape" in r for r in refused)
+        assert not (out.parent / "escape").exists() or (out.parent / "escape").read_text() == "x\n"
+
+
+async def test_reopen_in_the_middle_of_a_retry_sequence(tmp_path: Path) -> None:
+    script = ('sleep 0.5; echo "$ORCH_RETRY_COUNT ${ORCH_RETRY_ARG_1:-none}" >> ../../../seen; '
+              'if [ "$ORCH_RETRY_COUNT" -lt 3 ]; then $ORCH_LOG RETRY "a$ORCH_RETRY_COUNT"; else exit 0; fi')
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = await orch.jobs.add(sh(script, retry=RetryPolicy(max_early=5)))
+        await j.submit()
+        with anyio.fail_after(30):
+            while j.info.submit_counter < 2:
+                await anyio.sleep(0.05)
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = orch.jobs[0]
+        assert j.info.counters["early"] >= 1 and j.info.retry_args
+        await j.wait(timeout=30)
+        assert j.status == "completed" and j.info.submit_counter == 4 and j.info.counters == {"early": 3}
+    assert (tmp_path / "seen").read_text().split("\n") == ["0 none", "1 a0", "2 a1", "3 a2", ""]
+
+
+async def test_a_driver_that_raises_or_babbles_for_a_while_fails_nothing(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/true"), splitter=ArgSplitter([["a"], ["b"]]),
+                                    backend=Backend("sim", run_seconds=0.5)))
+        await j.submit()
+        driver = await orch.engine.driver("sim")
+        real = driver.status_bulk
+        calls = {"n": 0}
+
+        async def flaky(handles: Any) -> list[Any]:
+            calls["n"] += 1
+            if calls["n"] % 2:
+                raise ConnectionError("backend down")
+            return [StatusUpdate("9.9", "weird"), "garbage", StatusUpdate(handles[0].fqid, "bogus")]  # type: ignore
+
+        driver.status_bulk = flaky  # type: ignore[method-assign]
+        await anyio.sleep(1.5)
+        assert [s.status.value for s in j.subjobs] == ["submitted", "submitted"] and calls["n"] >= 2
+        driver.status_bulk = real  # type: ignore[method-assign]
+        await j.wait(timeout=30)
+        assert j.status == "completed" and all(s.info.history == [] for s in j.subjobs)
+
+
+async def test_a_silent_backend_leads_to_a_late_unhandled_retry(tmp_path: Path) -> None:
+    config = {"core": {"poll_interval": 0.05, "lost_after_seconds": 0.5}}
+    async with Orchestrator(home=tmp_path, config=config) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/true"), backend=Backend("sim", run_seconds=30),
+                                    retry=RetryPolicy(max_late_unhandled=1)))
+        await j.submit()
+        driver = await orch.engine.driver("sim")
+        real = driver.status_bulk
+
+        async def down(handles: Any) -> list[Any]:
+            raise TimeoutError("no answer")
+
+        driver.status_bulk = down  # type: ignore[method-assign]
+        with anyio.fail_after(20):
+            while j.info.submit_counter < 2:
+                await anyio.sleep(0.05)
+        assert j.info.history[0]["level"] == "orchestrator" and j.info.history[0]["verdict"] == "late_unhandled"
+        driver.status_bulk = real  # type: ignore[method-assign]
+        await j.kill()
