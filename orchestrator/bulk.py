@@ -60,7 +60,8 @@ class Bulk:
             except Exception as exc:  # the whole call failed: nothing was submitted
                 return [SubmitOutcome(r.fqid, None, _describe(exc)) for r in runs], False
             if len(outcomes) != len(runs):
-                return [SubmitOutcome(r.fqid, None, "driver answered the wrong number of outcomes") for r in runs], False
+                wrong = "driver answered the wrong number of outcomes"
+                return [SubmitOutcome(r.fqid, None, wrong) for r in runs], False
             return list(outcomes), True
 
         async def one(run: RunSpec) -> SubmitOutcome:

@@ -183,8 +183,8 @@ class Driver(ABC):
         raise NotImplementedError
 
     # Lifecycle.
-    async def serve(self) -> None:
+    async def serve(self) -> None:  # noqa: B027 - an optional hook, empty by default
         """A background loop, run in the orchestrator's task group until close."""
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027 - an optional hook, empty by default
         """Release connections and files."""

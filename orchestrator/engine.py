@@ -127,6 +127,7 @@ class Engine:
 
     # ------------------------------------------------------------- objects
     def _job_from_row(self, row: JobRow, parent: Job | None) -> Job:
+        assert row.spec is not None, "a loaded row always has its definition"
         job = Job.from_spec(row.name, row.spec)
         job.id = row.idx if parent is not None else row.id
         job.parent = parent
@@ -198,7 +199,8 @@ class Engine:
                              reason=ref.reason)
             if ref.fqid[0] in self.jobs:
                 job = self._object(ref.fqid)
-                job.info.refused = [*job.info.refused, f"{ref.old.value}->{ref.new.value}: {ref.reason}"][-_REFUSED_KEPT:]
+                note = f"{ref.old.value}->{ref.new.value}: {ref.reason}"
+                job.info.refused = [*job.info.refused, note][-_REFUSED_KEPT:]
                 self._dirty[ref.fqid] = job
         for mc in step.masters:
             master = self.jobs[mc.master]

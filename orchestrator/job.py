@@ -218,7 +218,7 @@ class JobSlice:
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, (JobSlice, SubjobList, list, tuple)):
-            return len(self) == len(other) and all(a is b for a, b in zip(self, other))
+            return len(self) == len(other) and all(a is b for a, b in zip(self, other, strict=True))
         return NotImplemented
 
     def __repr__(self) -> str:
@@ -286,7 +286,7 @@ class SubjobList:
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, (JobSlice, SubjobList, list, tuple)):
-            return len(self) == len(other) and all(a is b for a, b in zip(self, other))
+            return len(self) == len(other) and all(a is b for a, b in zip(self, other, strict=True))
         return NotImplemented
 
     def __repr__(self) -> str:

@@ -84,6 +84,8 @@ class Backend:
     """
 
     __slots__ = ("name", "settings")
+    name: str
+    settings: dict[str, Any]
 
     def __init__(self, name: str, **settings: Any) -> None:
         object.__setattr__(self, "name", name)
@@ -104,7 +106,7 @@ class Backend:
     def __eq__(self, other: object) -> bool:
         if isinstance(other, str):
             return self.name == other
-        return isinstance(other, Backend) and (self.name, self.settings) == (other.name, other.settings)
+        return isinstance(other, Backend) and self.name == other.name and bool(self.settings == other.settings)
 
     def __hash__(self) -> int:
         return hash(self.name)

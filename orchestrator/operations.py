@@ -235,8 +235,10 @@ class Operations:
             for j in group:
                 j.backend_id = None
             outcomes, native = await self.bulk.submit(driver, [e.run_spec(j) for j in group], keep_going, previous)
-            ok, back_new, rejected = [], [], []
-            for job, outcome in zip(group, outcomes):
+            ok: list[FQID] = []
+            back_new: list[FQID] = []
+            rejected: list[FQID] = []
+            for job, outcome in zip(group, outcomes, strict=True):
                 if outcome is None:
                     back_new.append(job.fqid_tuple)
                 elif outcome.ok:
@@ -298,8 +300,8 @@ class Operations:
         for name, group in groups.items():
             driver = await e.driver(name)
             results = await self.bulk.kill(driver, [e.handle_of(j) for j in group], keep_going)
-            killed = [j.fqid_tuple for j, r in zip(group, results) if r is None]
-            errors += [f"{j.fqid}: {r}" for j, r in zip(group, results) if isinstance(r, str)]
+            killed = [j.fqid_tuple for j, r in zip(group, results, strict=True) if r is None]
+            errors += [f"{j.fqid}: {r}" for j, r in zip(group, results, strict=True) if isinstance(r, str)]
             e.move(killed, S.KILLED)  # a run that ended meanwhile is refused: it keeps its ending
             if errors and not keep_going:
                 break

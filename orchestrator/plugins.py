@@ -26,7 +26,7 @@ MERGERS = "orchestrator.mergers"
 
 @cache
 def _group(namespace: str) -> dict[str, Any]:
-    manager = ExtensionManager(namespace=namespace, invoke_on_load=False)
+    manager: ExtensionManager[Any] = ExtensionManager(namespace=namespace, invoke_on_load=False)
     return {ext.name: ext.plugin for ext in manager}
 
 

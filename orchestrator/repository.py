@@ -182,9 +182,9 @@ class Repository:
             try:
                 for sql, params, many in statements:
                     if many:
-                        await db.executemany(sql, params)  # type: ignore[arg-type]
+                        await db.executemany(sql, params)
                     else:
-                        await db.execute(sql, params)  # type: ignore[arg-type]
+                        await db.execute(sql, params)
                 await db.execute("COMMIT")
             except BaseException:
                 await db.execute("ROLLBACK")

@@ -38,7 +38,7 @@ class Splitter(ABC):
         return f"{type(self).__name__}({args})"
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other.params() == self.params()  # type: ignore[attr-defined]
+        return isinstance(other, Splitter) and type(other) is type(self) and other.params() == self.params()
 
 
 def set_path(job: Job, path: str, value: Any) -> None:

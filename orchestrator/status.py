@@ -10,7 +10,7 @@ import enum
 from collections.abc import Mapping
 
 
-class JobStatus(str, enum.Enum):
+class JobStatus(enum.StrEnum):
     """A job's status; a ``str`` so that ``job.status == "failed"`` holds."""
 
     NEW = "new"
@@ -22,9 +22,6 @@ class JobStatus(str, enum.Enum):
     FAILED = "failed"
     KILLED = "killed"
     HELD = "held"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def code(self) -> int:

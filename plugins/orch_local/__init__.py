@@ -16,6 +16,7 @@ public driver API only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -279,10 +280,8 @@ class LocalDriver(Driver):
             if now < deadline:
                 keep.append((deadline, pid))
                 continue
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self._kills = keep
 
     async def aclose(self) -> None:

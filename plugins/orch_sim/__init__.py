@@ -15,7 +15,7 @@ the orchestrator. Written against the public driver API only.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -37,6 +37,7 @@ FINALS = {"completed", "failed", "killed", "held"}
 
 
 def _index_map(value: Any, field: str, check: Any) -> dict[int, Any]:
+    items: Iterable[tuple[Any, Any]]
     if isinstance(value, Mapping):
         items = value.items()
     elif isinstance(value, (list, tuple)):
@@ -94,8 +95,10 @@ class SimDriver(Driver):
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
             raise SettingsError("run_seconds", f"run_seconds must be a number >= 0, not {seconds!r}")
         out = dict(settings)
-        out["fail_submit"] = {str(k): v for k, v in _index_map(settings.get("fail_submit", []), "fail_submit", _times).items()}
-        out["outcome"] = {str(k): v for k, v in _index_map(settings.get("outcome", {}), "outcome", _outcome).items()}
+        fails = _index_map(settings.get("fail_submit", []), "fail_submit", _times)
+        outcomes = _index_map(settings.get("outcome", {}), "outcome", _outcome)
+        out["fail_submit"] = {str(k): v for k, v in fails.items()}  # JSON keys: they are stored
+        out["outcome"] = {str(k): v for k, v in outcomes.items()}
         return out
 
     def capabilities_for(self, settings: Mapping[str, Any]) -> Capabilities:
