@@ -47,7 +47,7 @@ from .plugins import driver_class, merger_class, splitter_class
 TOP_KEYS = ("name", "inputfiles", "outputfiles", "mode", "application", "backend", "splitter", "merger", "retry")
 APPLICATION_KEYS = ("exe", "args", "env")
 MODES = ("test", "production")
-DEMO_SCRIPT = "echo subjob $1: $(( $1 * $1 ))"
+DEMO_SCRIPT = "sleep $(( $1 % 3 + 1 )); echo subjob $1: $(( $1 * $1 ))"  # a second or three: the progress shows
 
 
 class JobFileError(JobError):
@@ -85,7 +85,7 @@ def demo_job_text(n: int) -> str:
         return "[" + ", ".join(json.dumps(v) for v in values) + "]"  # a JSON string is a TOML basic string
 
     return "\n".join([
-        "# Written by `orchestrator demo`: each subjob squares its index; the merger concatenates their stdout.",
+        "# Written by `orchestrator demo`: each subjob sleeps a little and squares its index; the merger concatenates their stdout.",
         "# Run it again with: orchestrator submit <this file> --wait",
         'name = "demo"',
         "",
