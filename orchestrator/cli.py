@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import anyio
 import anyio.lowlevel
 import click
+from stevedore import ExtensionManager
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -458,6 +459,17 @@ def demo(subjobs: int, home: Path | None) -> None:
 
 def main() -> None:
     cli(prog_name="orchestrator")
+
+
+def _add_plugin_commands() -> None:
+    """Commands that plugins register under the entry-point group ``orchestrator.commands``."""
+    manager: ExtensionManager[Any] = ExtensionManager(namespace="orchestrator.commands", invoke_on_load=False)
+    for ext in manager:
+        if isinstance(ext.plugin, click.Command) and ext.name not in cli.commands:
+            cli.add_command(ext.plugin, ext.name)
+
+
+_add_plugin_commands()
 
 
 if __name__ == "__main__":
