@@ -318,12 +318,19 @@ def kill(job_id: str, keep_going: bool, home: Path | None) -> None:
 @job_id_argument
 @click.option("--all", "all_", is_flag=True, help="On a master: killed subjobs too, not only the failed ones.")
 @click.option("--keep-going", is_flag=True, help="Go on past a subjob that cannot be resubmitted.")
+@click.option("--from-state", "from_state", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="Start from this saved state (written by 'orchestrator checkpoint get -o').")
 @home_option
-def resubmit(job_id: str, all_: bool, keep_going: bool, home: Path | None) -> None:
+def resubmit(job_id: str, all_: bool, keep_going: bool, from_state: Path | None, home: Path | None) -> None:
     """Resubmit a master's failed subjobs (--all: and killed ones), or one job or subjob."""
+    state = from_state.read_text(encoding="utf-8") if from_state is not None else None
 
     async def body(orch: Orchestrator) -> None:
         job = _lookup(orch, job_id)
+        if state is not None:
+            await job.resubmit(keep_going=keep_going, from_state=state)
+            click.echo(f"job {job.fqid}: resubmitted from state {from_state}; {job.status.value}")
+            return
         what = ""
         if len(job.fqid_tuple) == 1 and orch.engine.sm.is_master(job.fqid_tuple[0]):
             counts = _counts(orch, job)

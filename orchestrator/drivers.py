@@ -49,6 +49,8 @@ class Capabilities:
     #: Runs go through the job wrapper, so the core reads ``orch.log`` in the output
     #: dir to classify how each run ended; else the driver's word is final.
     runs_wrapper: bool = False
+    #: Runs save checkpoint states on another machine: ``fetch_states`` copies them back each tick.
+    remote_states: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +183,10 @@ class Driver(ABC):
 
     async def resubmit(self, run: RunSpec, previous: RunHandle) -> str:
         raise NotImplementedError
+
+    async def fetch_states(self, handles: Sequence[RunHandle], targets: Sequence[Path]) -> None:
+        """Copy each running run's ``.orch-state`` dir into ``targets[i]`` (``remote_states`` drivers)."""
+        raise NotImplementedError(f"{type(self).__name__} declares remote_states but has no fetch_states()")
 
     # Lifecycle.
     async def serve(self) -> None:  # noqa: B027 - an optional hook, empty by default

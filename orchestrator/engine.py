@@ -38,7 +38,9 @@ _REFUSED_KEPT = 20
 
 class Engine:
     def __init__(self, home: Path, config: Config, repo: Repository, home_key: str) -> None:
+        from .checkpointing import Checkpoints
         from .operations import Operations
+        from .partition import Partitions
 
         self.home = home
         self.config = config
@@ -63,6 +65,10 @@ class Engine:
         self._locks: dict[int, anyio.Lock] = {}
         self._tg: TaskGroup | None = None
         self.health = BackendHealth(float(config.core["lost_after_seconds"]), float(config.core["poll_interval"]))
+        #: Saved states: harvest, restore, resume (DataGrid checkpointing).
+        self.checkpoints = Checkpoints(self)
+        #: Pre-jobs and aggregators of partitioned jobs.
+        self.partitions = Partitions(self)
 
     # ---------------------------------------------------------------- life
     async def start(self, tg: TaskGroup) -> None:
@@ -83,6 +89,7 @@ class Engine:
             else:
                 self.sm.add_job(row.id, S(row.status))
         await self._recover(now)
+        self.partitions.start()
         for master_id in due_merges:  # ended while no orchestrator was there to merge
             self._start_postprocess(master_id)
         tg.start_soon(self._monitor_loop)
@@ -119,7 +126,8 @@ class Engine:
 
     async def close(self) -> None:
         with anyio.move_on_after(60):  # retries and mergers under way finish and are recorded
-            await self.wait_for(lambda: not self.postprocessing and not self.retrying, None)
+            await self.wait_for(lambda: not self.postprocessing and not self.retrying and not self.partitions.busy,
+                                None)
         await self.flush()
         for driver in self.drivers.values():
             await driver.aclose()
@@ -213,6 +221,9 @@ class Engine:
             self.log.info("master status", fqid=str(mc.master), old=mc.old.value, new=mc.new.value)
         for master_id in step.ended:
             self._start_postprocess(master_id)
+            self.partitions.master_ended(master_id)
+        self.partitions.observe(step)
+        self.checkpoints.observe(step)
         if step.changes or step.masters:
             self.bus.publish(StatusChanged(
                 ids=tuple(c.fqid for c in step.changes) + tuple((m.master,) for m in step.masters),
@@ -245,7 +256,7 @@ class Engine:
             state = self.sm.master(fq[0])
             if state.pinned is not None and state.pinned in ACTIVE:
                 return True
-            if include_postprocess and fq[0] in self.postprocessing:
+            if include_postprocess and (fq[0] in self.postprocessing or self.partitions.is_busy(fq[0])):
                 return True
             return any(state.counts[s.code] for s in ACTIVE)
         return job.status in ACTIVE
@@ -300,6 +311,7 @@ class Engine:
                 updates = [self._lost_update(fq, f"no answer from backend {name} ({exc!r})") for fq in lost]
             else:
                 updates = self._sane(name, updates, now)
+            await self.checkpoints.tick(driver, runs)  # saved states reach the repository every tick
             if updates and apply_now:
                 self.apply_updates(updates, name)
             elif updates:
@@ -355,9 +367,14 @@ class Engine:
             status = u.status
             if status in ENDINGS or u.backend_verdict is not None:
                 wrapper = driver.capabilities_for(job.backend.settings).runs_wrapper if driver else False
+                if wrapper:
+                    self.checkpoints.harvest(job)  # the states it saved last, before judging the run
                 decision = judge(job, u, self.config.retry, wrapper=wrapper, now=now)
                 status = decision.status
-                if decision.retry:
+                retry = decision.retry
+                if status == S.FAILED and self.checkpoints.checkpointable(job):
+                    retry = self.checkpoints.resume(job, decision)
+                if retry:
                     retries.append(fq)
                 self._dirty[fq] = job
                 if decision.status != S.COMPLETED:
@@ -411,7 +428,8 @@ class Engine:
         return RunSpec(
             fqid=job.fqid, index=fq[-1] if len(fq) > 1 else 0, attempt=counter,
             key=f"orch-{self.home_key}-{job.fqid}-{counter}",
-            executable=app.exe, args=tuple(app.args), env=dict(app.env), settings=dict(job.backend.settings),
+            executable=app.exe, args=tuple(app.args), env={**self.checkpoints.env(), **app.env},
+            settings=dict(job.backend.settings),
             inputs=tuple(shared / Path(f).name for f in job.inputfiles), outputfiles=tuple(job.outputfiles),
             jobdir=jobdir, inputdir=jobdir / "input", outputdir=jobdir / "output", workdir=jobdir / "work",
             mode=job.mode, retry_count=max(counter - 1, 0), retry_args=tuple(job.info.retry_args),
@@ -421,18 +439,21 @@ class Engine:
     async def flush(self) -> None:
         """Write every changed job in one transaction."""
         async with self._flush_lock:
-            if not self._dirty:
+            if not self._dirty and not self.checkpoints.pending:
                 return
             dirty, self._dirty = self._dirty, {}
             spec_dirty, self._spec_dirty = self._spec_dirty, set()
+            states, self.checkpoints.pending = self.checkpoints.pending, []
             rows = [self.row(job, with_spec=len(fq) == 1 or fq in spec_dirty) for fq, job in dirty.items()
                     if fq[0] in self.jobs]
             try:
-                await self.repo.save(rows)
+                await self.repo.save(rows, [r for r in states if int(r.job.split(".")[0]) in self.jobs],
+                                     self.checkpoints.keep)
             except BaseException:
                 for fq, job in dirty.items():
                     self._dirty.setdefault(fq, job)
                 self._spec_dirty |= spec_dirty
+                self.checkpoints.pending[:0] = states
                 raise
 
     async def _flush_loop(self) -> None:
@@ -468,9 +489,11 @@ class Engine:
                 reason = master.merger.merge(self.workspace.outputdir((mid,)), subjobs)
             except OSError as exc:
                 reason = f"{type(master.merger).__name__}: {exc}"
-            master.info.reason = reason
+            if reason is not None or not master.info.partition.get("failed"):
+                master.info.reason = reason  # an aggregator's failure keeps its own reason
             master.info.timestamps["merged"] = time.time()
-            self.apply(self.sm.set_postprocess_failed(mid, reason is not None, time.time()))
+            failed = self.partitions.postprocess_failed(master, reason is not None)
+            self.apply(self.sm.set_postprocess_failed(mid, failed, time.time()))
             self.mark_dirty(master)
             if reason:
                 self.log.warning("merger failed", fqid=str(mid), reason=reason)

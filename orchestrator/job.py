@@ -39,6 +39,11 @@ class Job:
         backend: str | Backend = "local",
         retry: RetryPolicy | None = None,
         mode: str = "production",
+        steps: str | Sequence[str | int] | None = None,
+        step_weights: Sequence[float] | None = None,
+        prejob: Job | None = None,
+        aggregator: Job | None = None,
+        min_success: float = 1.0,
     ) -> None:
         self.name = name
         self.application = application
@@ -49,6 +54,13 @@ class Job:
         self.backend: Backend = backend if isinstance(backend, Backend) else Backend(backend)
         self.retry = retry or RetryPolicy()
         self.mode = mode
+        #: DataGrid's JobSteps: ``"1..1000000"`` or a list of labels; each run's State steps through them.
+        self.steps: str | list[Any] | None = steps if steps is None or isinstance(steps, str) else list(steps)
+        self.step_weights: list[float] | None = list(step_weights) if step_weights is not None else None
+        self._prejob = prejob
+        self._aggregator = aggregator
+        #: The fraction of subjobs that must reach a final state for the aggregator to start.
+        self.min_success = min_success
         self.id: int | None = None
         self.parent: Job | None = None
         self.backend_id: str | None = None
@@ -99,6 +111,28 @@ class Job:
         return self.parent
 
     @property
+    def prejob(self) -> Job | None:
+        """The pre-job: once submitted, the top-level job that runs it (else its definition)."""
+        return self._linked("prejob") or self._prejob
+
+    @prejob.setter
+    def prejob(self, value: Job | None) -> None:
+        self._prejob = value
+
+    @property
+    def aggregator(self) -> Job | None:
+        """The aggregator: once started, the top-level job that runs it (else its definition)."""
+        return self._linked("aggregator") or self._aggregator
+
+    @aggregator.setter
+    def aggregator(self, value: Job | None) -> None:
+        self._aggregator = value
+
+    def _linked(self, role: str) -> Job | None:
+        job_id = self.info.partition.get(role) if self._engine is not None and self.parent is None else None
+        return self._engine.jobs.get(job_id) if self._engine is not None and job_id is not None else None
+
+    @property
     def inputdir(self) -> Path:
         return self.engine.workspace.inputdir(self.fqid_tuple)
 
@@ -120,8 +154,10 @@ class Job:
         await self.engine.ops.kill([self], keep_going=keep_going)
 
     async def resubmit(self, only_failed: bool = True, backend: str | Backend | None = None,
-                       keep_going: bool = False) -> None:
-        await self.engine.ops.resubmit_job(self, only_failed=only_failed, backend=backend, keep_going=keep_going)
+                       keep_going: bool = False, from_state: str | None = None) -> None:
+        """Run again. ``from_state``: the text of a saved state (``orchestrator checkpoint get``) to start from."""
+        await self.engine.ops.resubmit_job(self, only_failed=only_failed, backend=backend, keep_going=keep_going,
+                                           from_state=from_state)
 
     async def release(self, retry_args: Sequence[str] | None = None) -> None:
         """Resume a held job; ``retry_args`` reach it as ``ORCH_RETRY_ARG_1..n``."""
@@ -147,6 +183,7 @@ class Job:
             backend=self.backend.copy(),
             retry=self.retry.copy(),
             mode=self.mode,
+            steps=self.steps,
         )
         return twin
 
@@ -163,7 +200,22 @@ class Job:
             "mode": self.mode,
             "splitter": dump_plugin(self.splitter),
             "merger": dump_plugin(self.merger),
+            **self._partition_spec(),
         }
+
+    def _partition_spec(self) -> dict[str, Any]:
+        """Steps, weights, pre-job and aggregator, stored only when set (most jobs have none)."""
+        spec: dict[str, Any] = {}
+        if self.steps is not None:
+            spec["steps"] = self.steps if isinstance(self.steps, str) else list(self.steps)
+        if self.step_weights is not None:
+            spec["step_weights"] = list(self.step_weights)
+        for role, job in (("prejob", self._prejob), ("aggregator", self._aggregator)):
+            if job is not None:
+                spec[role] = {"name": job.name, "spec": job.spec()}
+        if self.min_success != 1.0:
+            spec["min_success"] = self.min_success
+        return spec
 
     @classmethod
     def from_spec(cls, name: str, spec: dict[str, Any]) -> Job:
@@ -180,6 +232,12 @@ class Job:
             backend=Backend.from_dict(spec["backend"]),
             retry=RetryPolicy.from_dict(spec.get("retry")),
             mode=spec.get("mode", "production"),
+            steps=spec.get("steps"),
+            step_weights=spec.get("step_weights"),
+            prejob=cls.from_spec(spec["prejob"]["name"], spec["prejob"]["spec"]) if spec.get("prejob") else None,
+            aggregator=(cls.from_spec(spec["aggregator"]["name"], spec["aggregator"]["spec"])
+                        if spec.get("aggregator") else None),
+            min_success=spec.get("min_success", 1.0),
         )
 
     def __repr__(self) -> str:

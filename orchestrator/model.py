@@ -184,6 +184,12 @@ class JobInfo:
     outputs: list[str] = field(default_factory=list)
     #: Transitions a backend asked for that the table refused, kept for the record.
     refused: list[str] = field(default_factory=list)
+    #: The newest saved state (``seq``, ``label``, ``final``, ``time``) and the restart
+    #: counter (``restart_seq``, ``restarts``); see :mod:`orchestrator.checkpointing`.
+    checkpoint: dict[str, Any] = field(default_factory=dict)
+    #: Pre-job / aggregator links: on a master ``prejob``, ``aggregator`` (job ids) and
+    #: ``phase``; on those jobs ``master`` and ``role``. See :mod:`orchestrator.partition`.
+    partition: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {name: plain_copy(getattr(self, name)) for name in self.__dataclass_fields__}

@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .bulk import Bulk
-from .drivers import SettingsError
+from .drivers import SettingsError, SubmitOutcome
 from .errors import JobError
 from .ids import FQID
 from .job import Job
 from .mergers import Merger
 from .model import Backend, Executable, JobInfo
+from .partition import validate_partition
 from .plugins import driver_class
 from .splitters import Splitter
 from .status import FINAL, KILLABLE, RESUBMITTABLE, JobStatus
@@ -64,6 +65,8 @@ class Operations:
         job.retry.validate(fqid)
         if check_backend:
             job.backend = self.checked_backend(job.backend, fqid)
+        if job.steps is not None or job.step_weights is not None or job._prejob or job._aggregator:
+            validate_partition(job, fqid, self.validate)
 
     def checked_backend(self, backend: str | Backend | None, fqid: str) -> Backend:
         backend = Backend.coerce(backend, fqid)
@@ -186,6 +189,18 @@ class Operations:
                 raise JobError(f"could not split or configure: {type(exc).__name__}: {exc}", fqid=master.fqid) from exc
             raise
         ids = [s.fqid_tuple for s in subjobs]
+        if master._prejob is not None:  # the subjobs wait, new, for the pre-job to complete
+            try:
+                await e.partitions.start_prejob(master)
+            except BaseException as exc:
+                await self._unsplit(master, before, stored=True)
+                if isinstance(exc, JobError):
+                    raise JobError(f"the prejob could not be submitted: {exc}", fqid=master.fqid) from exc
+                raise
+            await e.flush()
+            return
+        if master._aggregator is not None:
+            master.info.partition["phase"] = "subjobs"
         e.move(ids, S.SUBMITTING)
         failures = await self._submit_runs(subjobs, keep_going=keep_going, on_reject=None)
         if all(s.status == S.NEW for s in subjobs):
@@ -234,7 +249,17 @@ class Operations:
             previous = {j.fqid: e.handle_of(j) for j in group if j.backend_id is not None}
             for j in group:
                 j.backend_id = None
-            outcomes, native = await self.bulk.submit(driver, [e.run_spec(j) for j in group], keep_going, previous)
+            prepared, unready = await e.checkpoints.prepare(group)  # the state each run starts from, in its work dir
+            if unready:  # its starting state could not be written: that run is refused, not started without it
+                ready = [j for j in group if j.fqid_tuple not in unready]
+                got, native = (await self.bulk.submit(driver, [e.run_spec(j) for j in ready], keep_going, previous)
+                               if ready else ([], False))
+                answers = dict(zip([j.fqid_tuple for j in ready], got, strict=True))
+                outcomes = [answers[j.fqid_tuple] if j.fqid_tuple in answers
+                            else SubmitOutcome(j.fqid, None, unready[j.fqid_tuple]) for j in group]
+            else:
+                outcomes, native = await self.bulk.submit(driver, [e.run_spec(j) for j in group], keep_going,
+                                                          previous)
             ok: list[FQID] = []
             back_new: list[FQID] = []
             rejected: list[FQID] = []
@@ -250,6 +275,7 @@ class Operations:
                     job.info.reason = f"submission failed: {reason}"
                     target = on_reject(job) if on_reject else (S.FAILED if native else S.NEW)
                     (rejected if target == S.FAILED else back_new).append(job.fqid_tuple)
+            e.checkpoints.commit(prepared, set(ok))
             e.move(ok, S.SUBMITTED)
             e.move(back_new, S.NEW)
             e.move(rejected, S.FAILED)
@@ -266,7 +292,7 @@ class Operations:
             mid = job.fqid_tuple[0]
             indexes = self.e.sm.subjob_ids(mid, KILLABLE)
             self.e.materialize(job, indexes)
-            return [job.subjobs._built[i] for i in indexes]
+            return [job.subjobs._built[i] for i in indexes] + self.e.partitions.active_linked(job)
         if status == S.NEW:
             raise JobError("cannot kill a job that was never submitted", fqid=job.fqid)
         if status in FINAL:
@@ -311,6 +337,7 @@ class Operations:
     def _resubmit_targets(self, job: Job, only_failed: bool) -> list[Job]:
         fq = job.fqid_tuple
         if len(fq) == 1 and self.e.sm.is_master(fq[0]):
+            self.e.partitions.check_resubmit(job)
             wanted = {S.FAILED, S.NEW} | (set() if only_failed else {S.KILLED})
             indexes = self.e.sm.subjob_ids(fq[0], wanted)
             self.e.materialize(job, indexes)
@@ -325,15 +352,25 @@ class Operations:
         return [job]
 
     async def resubmit_job(self, job: Job, only_failed: bool = True, backend: str | Backend | None = None,
-                           keep_going: bool = False) -> None:
-        await self._resubmit([job], only_failed=only_failed, backend=backend, keep_going=keep_going)
+                           keep_going: bool = False, from_state: str | None = None) -> None:
+        if from_state is not None:
+            fq = job.fqid_tuple
+            if len(fq) == 1 and self.e.sm.is_master(fq[0]):
+                raise JobError("a state belongs to one run: resubmit one subjob (ID.i) from it", fqid=job.fqid,
+                               field="from_state")
+            self.e.checkpoints.adopt(job, from_state)
+        try:
+            await self._resubmit([job], only_failed=only_failed, backend=backend, keep_going=keep_going,
+                                 fresh=from_state is None)
+        finally:
+            self.e.checkpoints.discard([job])
 
     async def resubmit(self, jobs: Sequence[Job], keep_going: bool = False,
                        backend: str | Backend | None = None) -> None:
         await self._resubmit(jobs, only_failed=True, backend=backend, keep_going=keep_going)
 
     async def _resubmit(self, jobs: Sequence[Job], *, only_failed: bool, backend: str | Backend | None,
-                        keep_going: bool) -> None:
+                        keep_going: bool, fresh: bool = True) -> None:
         errors: list[str] = []
         for top, members in _by_toplevel(jobs):
             async with self.e.lock(top):
@@ -341,7 +378,12 @@ class Operations:
                 errors += refused
                 if backend is not None:
                     self._change_backend(top, targets, backend)
-                errors += await self._resubmit_runs(targets, keep_going)
+                if fresh:  # a user's resubmission starts from the initial state; --from-state from its own
+                    self.e.checkpoints.mark_fresh(targets)
+                try:
+                    errors += await self._resubmit_runs(targets, keep_going)
+                finally:
+                    self.e.checkpoints.discard(targets)
                 await self.e.flush()
             if errors and not keep_going:
                 break
@@ -408,6 +450,10 @@ class Operations:
         twin = job.template()
         if job.parent is None:
             twin.splitter, twin.merger = job.splitter, job.merger
+            twin.step_weights = list(job.step_weights) if job.step_weights is not None else None
+            twin.prejob = job._prejob.template() if job._prejob is not None else None
+            twin.aggregator = job._aggregator.template() if job._aggregator is not None else None
+            twin.min_success = job.min_success
         return await self.add(twin)
 
     async def remove(self, job: Job) -> None:
@@ -421,6 +467,7 @@ class Operations:
             self.e.workspace.remove(job.fqid_tuple)
             self.e.sm.forget(job_id)
             self.e.jobs.pop(job_id, None)
+            self.e.partitions.forget(job_id)
             for fq in [f for f in self.e._dirty if f[0] == job_id]:
                 del self.e._dirty[fq]
             job._engine = None

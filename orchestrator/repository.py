@@ -30,7 +30,7 @@ import anyio
 from .errors import HomeLockedError
 from .status import JobStatus
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _MIGRATIONS: dict[int, list[str]] = {
     1: [
@@ -56,6 +56,17 @@ _MIGRATIONS: dict[int, list[str]] = {
             PRIMARY KEY (master, idx)
         ) WITHOUT ROWID""",
     ],
+    # Checkpoint states (DataGrid): the last few of each job, by job fqid ("3", "3.1") and sequence number.
+    2: [
+        """CREATE TABLE states (
+            job TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            time REAL NOT NULL,
+            final INTEGER NOT NULL,
+            data TEXT NOT NULL,
+            PRIMARY KEY (job, seq)
+        ) WITHOUT ROWID""",
+    ],
 }
 
 
@@ -73,6 +84,21 @@ class JobRow:
     info: dict[str, Any]
     n_subjobs: int = 0
     master: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StateRow:
+    """One saved state of one job; ``data`` is the state file's text (see :mod:`orchestrator.checkpoint`)."""
+
+    job: str
+    seq: int
+    time: float
+    final: bool
+    data: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.job}:{self.seq}"
 
 
 def _dumps(value: Any) -> str:
@@ -218,6 +244,7 @@ class Repository:
     async def remove_subjobs(self, master: JobRow) -> None:
         await self._transaction([
             ("DELETE FROM subjobs WHERE master = ?", (master.id,), False),
+            ("DELETE FROM states WHERE job LIKE ?", (f"{master.id}.%",), False),
             *self._master_update([master]),
         ])
 
@@ -225,6 +252,7 @@ class Repository:
         await self._transaction([
             ("DELETE FROM subjobs WHERE master = ?", (job_id,), False),
             ("DELETE FROM jobs WHERE id = ?", (job_id,), False),
+            ("DELETE FROM states WHERE job = ? OR job LIKE ?", (str(job_id), f"{job_id}.%"), False),
         ])
 
     def _master_update(self, rows: Sequence[JobRow]) -> list[tuple[str, Any, bool]]:
@@ -233,8 +261,12 @@ class Repository:
         return [("UPDATE jobs SET name=?, status=?, spec=?, backend_id=?, info=?, n_subjobs=?, master=? "
                  "WHERE id=?", params, True)]
 
-    async def save(self, rows: Sequence[JobRow]) -> None:
-        """Write many changed jobs and subjobs in one transaction."""
+    async def save(self, rows: Sequence[JobRow], states: Sequence[StateRow] = (), keep: int = 0) -> None:
+        """Write many changed jobs and subjobs, and new states, in one transaction.
+
+        Of each job's states only the newest ``keep`` stay (``keep=0``: all):
+        the oldest is overwritten first.
+        """
         top = [r for r in rows if r.idx is None]
         subs = [r for r in rows if r.idx is not None]
         with_spec = [(r.status, r.backend_id, _dumps(r.info), _dumps(r.spec), r.id, r.idx)
@@ -247,6 +279,14 @@ class Repository:
         if plain:
             statements.append(("UPDATE subjobs SET status=?, backend_id=?, info=? WHERE master=? AND idx=?",
                                plain, True))
+        if states:
+            statements.append(("INSERT OR REPLACE INTO states (job, seq, time, final, data) VALUES (?, ?, ?, ?, ?)",
+                               [(r.job, r.seq, r.time, int(r.final), r.data) for r in states], True))
+            if keep > 0:
+                jobs = sorted({r.job for r in states})
+                statements.append(("DELETE FROM states WHERE job = ? AND seq <= "
+                                   "(SELECT MAX(seq) FROM states WHERE job = ?) - ?",
+                                   [(j, j, keep) for j in jobs], True))
         if statements:
             await self._transaction(statements)
 
@@ -277,3 +317,22 @@ class Repository:
                 marks = ",".join("?" * len(chunk))
                 rows += self.reader.execute(f"{sql} AND idx IN ({marks})", (master, *chunk)).fetchall()
         return [JobRow(master, r[0], r[1], r[2], json.loads(r[3]), r[4], json.loads(r[5])) for r in rows]
+
+    async def states(self, job: str) -> list[StateRow]:
+        """A job's stored states, oldest first."""
+        async with self.db.execute("SELECT job, seq, time, final, data FROM states WHERE job = ? ORDER BY seq",
+                                   (job,)) as cur:
+            rows = await cur.fetchall()
+        return [StateRow(r[0], r[1], r[2], bool(r[3]), r[4]) for r in rows]
+
+    async def state(self, job: str, seq: int | None = None) -> StateRow | None:
+        """State ``seq`` of a job, or its newest."""
+        sql = "SELECT job, seq, time, final, data FROM states WHERE job = ?"
+        params: tuple[Any, ...] = (job,)
+        if seq is None:
+            sql += " ORDER BY seq DESC LIMIT 1"
+        else:
+            sql, params = sql + " AND seq = ?", (job, seq)
+        async with self.db.execute(sql, params) as cur:
+            r = await cur.fetchone()
+        return StateRow(r[0], r[1], r[2], bool(r[3]), r[4]) if r else None

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .drivers import RunSpec
 
-SCRIPTS = ("wrapper.sh", "orch-log")
+SCRIPTS = ("wrapper.sh", "orch-log", "orch-state")
 RUNFILE = "run.env"
 
 

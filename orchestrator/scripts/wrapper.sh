@@ -36,6 +36,9 @@ export ORCH_LOG="$ORCH_BIN/orch-log"
 export ORCH_STATE="$ORCH_BIN/orch-state"
 orch_ts; echo "$_ts START $$" > "$ORCH_JOBLOG"
 orch_notify START $$
+# A run resumes from the last *saved* state: drop the state helper's unsaved changes of an earlier run
+# (`[` is built in: no process unless there is something to remove).
+if [ -f "$ORCH_HOME/.orch-state/work" ]; then rm -f "$ORCH_HOME/.orch-state/work"; fi
 
 if cd "$ORCH_HOME" 2>>"$ORCH_JOBLOG"; then
     "$@" > "$ORCH_OUTDIR/stdout" 2> "$ORCH_OUTDIR/stderr" < /dev/null
