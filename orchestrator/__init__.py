@@ -16,7 +16,7 @@ from .job import Job, JobSlice, SubjobList
 from .mergers import Merger, TextMerger
 from .model import Backend, Executable, JobInfo, RetryPolicy
 from .orchestrator import Orchestrator
-from .splitters import ArgSplitter, FileSplitter, GenericSplitter, Splitter
+from .splitters import ArgSplitter, FileSplitter, GenericSplitter, Splitter, StepSplitter
 from .status import JobStatus
 
 __version__ = "0.1.0"
@@ -25,6 +25,6 @@ __all__ = [
     "ArgSplitter", "Backend", "Capabilities", "ConfigError", "Driver", "DriverContext", "Executable",
     "FileSplitter", "GenericSplitter", "HomeLockedError", "Job", "JobError", "JobInfo", "JobSlice",
     "JobStatus", "Merger", "Orchestrator", "OrchestratorError", "RetryPolicy", "RunHandle", "RunSpec",
-    "SettingsError", "Splitter", "StatusUpdate", "SubjobList", "SubmitError", "SubmitOutcome",
+    "SettingsError", "Splitter", "StepSplitter", "StatusUpdate", "SubjobList", "SubmitError", "SubmitOutcome",
     "TextMerger",
 ]

@@ -22,7 +22,7 @@ from .bus import EventBus
 from .config import Config
 from .drivers import Driver, DriverContext, RunHandle, RunSpec, StatusUpdate
 from .events import StatusChanged, StatusReport
-from .ids import FQID, fqid_str
+from .ids import FQID, fqid_str, parse_fqid_or_none
 from .job import Job
 from .logs import get_logger
 from .plugins import driver_class
@@ -326,7 +326,7 @@ class Engine:
         runs = self.active.get(name, {})
         good, garbage = [], []
         for u in updates:
-            fq = _parse(getattr(u, "fqid", None))
+            fq = parse_fqid_or_none(getattr(u, "fqid", None))
             if fq is None or fq not in runs or not isinstance(u, StatusUpdate) or not isinstance(u.status, JobStatus):
                 self.log.warning("unintelligible status report", backend=name, fqid=str(getattr(u, "fqid", "?")),
                                  report=repr(u)[:200])
@@ -354,7 +354,7 @@ class Engine:
         now = time.time()
         driver = self.drivers.get(backend)
         for u in updates:
-            fq = _parse(u.fqid)
+            fq = parse_fqid_or_none(u.fqid)
             try:
                 job = self.lookup(fq) if fq is not None else None
             except (KeyError, IndexError):
@@ -501,13 +501,3 @@ class Engine:
         finally:
             self.postprocessing.discard(mid)
             self.notify()
-
-
-def _parse(value: object) -> FQID | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        fq = tuple(int(p) for p in value.split("."))
-    except ValueError:
-        return None
-    return fq if fq and all(p >= 0 for p in fq) else None

@@ -29,3 +29,14 @@ def parse_fqid(value: int | str | tuple[int, ...] | list[int]) -> FQID:
 
 def fqid_str(fqid: FQID) -> str:
     return ".".join(str(p) for p in fqid)
+
+
+def parse_fqid_or_none(value: object) -> FQID | None:
+    """A backend's fqid string as a tuple, or ``None`` when it is not one (never raises)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        fq = tuple(int(p) for p in value.split("."))
+    except ValueError:
+        return None
+    return fq if fq and all(p >= 0 for p in fq) else None

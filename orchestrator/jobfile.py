@@ -85,7 +85,8 @@ def demo_job_text(n: int) -> str:
         return "[" + ", ".join(json.dumps(v) for v in values) + "]"  # a JSON string is a TOML basic string
 
     return "\n".join([
-        "# Written by `orchestrator demo`: each subjob sleeps a little and squares its index; the merger concatenates their stdout.",
+        "# Written by `orchestrator demo`: each subjob sleeps a little and squares its index;",
+        "# the merger concatenates their stdout.",
         "# Run it again with: orchestrator submit <this file> --wait",
         'name = "demo"',
         "",

@@ -9,14 +9,13 @@ operation leaves the repository as it was.
 
 from __future__ import annotations
 
-import gc
 import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .batches import by_toplevel, collect_targets, gc_paused
 from .bulk import Bulk
 from .drivers import SettingsError, SubmitOutcome
 from .errors import JobError
@@ -164,7 +163,7 @@ class Operations:
         return templates
 
     async def _submit_master(self, master: Job, keep_going: bool) -> None:
-        with _gc_paused():
+        with gc_paused():
             await self._submit_master_now(master, keep_going)
 
     async def _submit_master_now(self, master: Job, keep_going: bool) -> None:
@@ -303,9 +302,9 @@ class Operations:
 
     async def kill(self, jobs: Sequence[Job], keep_going: bool = False) -> None:
         errors: list[str] = []
-        for top, members in _by_toplevel(jobs):
+        for top, members in by_toplevel(jobs):
             async with self.e.lock(top):
-                targets, refused = _collect(members, self._kill_targets, keep_going)
+                targets, refused = collect_targets(members, self._kill_targets, keep_going)
                 errors += refused
                 errors += await self._kill_runs(targets, keep_going)
                 await self.e.flush()
@@ -372,9 +371,10 @@ class Operations:
     async def _resubmit(self, jobs: Sequence[Job], *, only_failed: bool, backend: str | Backend | None,
                         keep_going: bool, fresh: bool = True) -> None:
         errors: list[str] = []
-        for top, members in _by_toplevel(jobs):
+        for top, members in by_toplevel(jobs):
             async with self.e.lock(top):
-                targets, refused = _collect(members, lambda j: self._resubmit_targets(j, only_failed), keep_going)
+                targets, refused = collect_targets(
+                    members, lambda j: self._resubmit_targets(j, only_failed), keep_going)
                 errors += refused
                 if backend is not None:
                     self._change_backend(top, targets, backend)
@@ -414,7 +414,7 @@ class Operations:
     async def submit_prepared(self, fqids: Sequence[FQID]) -> None:
         """Send jobs the engine already moved to ``submitting`` (automatic retries)."""
         jobs = [self.e.lookup(fq) for fq in fqids]
-        for top, members in _by_toplevel(jobs):
+        for top, members in by_toplevel(jobs):
             async with self.e.lock(top):
                 ready = [j for j in members if j.status == S.SUBMITTING]
                 await self._submit_runs(ready, keep_going=True, on_reject=lambda j: S.FAILED)
@@ -472,45 +472,3 @@ class Operations:
                 del self.e._dirty[fq]
             job._engine = None
         self.e.notify()
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection while a split builds its (acyclic) objects.
-
-    A split of 100,000 subjobs allocates millions of objects; the collector's
-    passes over them took a third of the submission time, and found nothing.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _collect(members: Sequence[Job], targets_of: Callable[[Job], list[Job]],
-             keep_going: bool) -> tuple[list[Job], list[str]]:
-    """Targets of each member in order; with keep_going=False, stop at the first refusal."""
-    targets: list[Job] = []
-    refused: list[str] = []
-    for job in members:
-        try:
-            targets += targets_of(job)
-        except JobError as exc:
-            refused.append(str(exc))
-            if not keep_going:
-                break
-    return targets, refused
-
-
-def _by_toplevel(jobs: Sequence[Job]) -> list[tuple[Job, list[Job]]]:
-    """Group jobs by their top-level job, keeping first-seen order."""
-    groups: dict[FQID, tuple[Job, list[Job]]] = {}
-    for job in jobs:
-        top = job
-        while top.parent is not None:
-            top = top.parent
-        groups.setdefault(top.fqid_tuple, (top, []))[1].append(job)
-    return list(groups.values())

@@ -29,6 +29,11 @@ its nodes did while it was away by reading one file.
 SQLite is used synchronously from the event loop: each statement is short,
 state changes are written in one transaction per scheduler tick, and no
 thread is needed.
+
+Layout: the persistent state (collections, nodes, ``wms.sqlite``) is in
+:mod:`orch_glite.store`; launching nodes, reading the events file and the
+scheduler loop are in :mod:`orch_glite.launcher`; this module is the HTTP
+service, its ``serve`` entry point and ``python -m orch_glite.wms``.
 """
 
 from __future__ import annotations
@@ -41,9 +46,7 @@ import secrets
 import signal
 import sqlite3
 import time
-from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +55,14 @@ from anyio import CancelScope
 from anyio.abc import ByteStream, SocketAttribute
 
 from orchestrator import SettingsError
-from orchestrator.logs import get_logger
-from orchestrator.wrapper import clear_outputs, install_scripts, pid_alive, prepare_local
+from orchestrator.wrapper import clear_outputs, prepare_local
 
+# ``X as X``: re-exported, so that every name this module had before the split still imports from it.
+from .launcher import KILL_GRACE as KILL_GRACE
+from .launcher import LAUNCH_GRACE as LAUNCH_GRACE
+from .launcher import LIVENESS_EVERY as LIVENESS_EVERY
+from .launcher import TICK as TICK
+from .launcher import NodeLauncher
 from .protocol import (
     FINAL_STATES,
     PROTOCOL_VERSION,
@@ -67,152 +75,30 @@ from .protocol import (
     response,
     run_spec,
 )
+from .store import SCHEMA as SCHEMA
+from .store import Collection as Collection
+from .store import Node as Node
+from .store import Store as Store
+from .store import active_pids as active_pids
 
-#: Seconds a ``launching`` node may go without its wrapper's START line before it is aborted.
-LAUNCH_GRACE = 15.0
-#: Seconds between SIGTERM and SIGKILL of a cancelled or aborted node's process group.
-KILL_GRACE = 2.0
-#: Seconds between two scheduler ticks (reap, read events, abort, launch, persist).
-TICK = 0.02
-#: Seconds between two liveness checks of nodes that are not our children (after a restart).
-LIVENESS_EVERY = 0.5
 GARBAGE = b"\x00\xff<<this is not the WMS protocol>>\xfe"
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS collections (
-    id TEXT PRIMARY KEY, kind TEXT NOT NULL, request TEXT UNIQUE, created REAL NOT NULL,
-    faults TEXT NOT NULL, remaining TEXT NOT NULL, answer TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS nodes (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, collection TEXT NOT NULL,
-    key TEXT UNIQUE NOT NULL, idx INTEGER NOT NULL, fqid TEXT NOT NULL, spec TEXT NOT NULL,
-    runfile TEXT NOT NULL, outputdir TEXT NOT NULL, shell TEXT NOT NULL,
-    state TEXT NOT NULL, pid INTEGER, exit_code INTEGER, reason TEXT,
-    submitted REAL NOT NULL, intent REAL, started REAL, ended REAL, abort_at REAL
-);
-"""
-_NODE_FIELDS = ("state", "pid", "exit_code", "reason", "intent", "started", "ended")
-
-
-@dataclass
-class Node:
-    id: str
-    collection: str
-    key: str
-    index: int
-    fqid: str
-    spec: dict[str, Any]
-    runfile: Path
-    outputdir: Path
-    shell: str
-    state: str = "submitted"
-    pid: int | None = None
-    exit_code: int | None = None
-    reason: str | None = None
-    submitted: float = 0.0
-    intent: float | None = None
-    started: float | None = None
-    ended: float | None = None
-    abort_at: float | None = None
-
-    def public(self) -> dict[str, Any]:
-        return {"key": self.key, "index": self.index, "fqid": self.fqid, "state": self.state,
-                "exit_code": self.exit_code, "reason": self.reason, "pid": self.pid}
-
-
-@dataclass
-class Collection:
-    id: str
-    kind: str
-    request: str
-    created: float
-    faults: dict[str, Any]
-    #: ``drop`` / ``garbage`` counts not yet spent: ``{"drop": {"status": 2}, ...}``.
-    remaining: dict[str, dict[str, int]]
-    answer: dict[str, Any]
-    nodes: list[str] = field(default_factory=list)
-
-
-class Store:
-    """The service's state on disk: one SQLite file in the state directory."""
-
-    def __init__(self, path: Path) -> None:
-        self.db = sqlite3.connect(path, isolation_level=None)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: survives a killed process
-        self.db.executescript(SCHEMA)
-
-    def load(self) -> tuple[dict[str, Collection], dict[str, Node]]:
-        collections = {
-            row[0]: Collection(row[0], row[1], row[2], row[3], json.loads(row[4]), json.loads(row[5]),
-                               json.loads(row[6]))
-            for row in self.db.execute("SELECT id, kind, request, created, faults, remaining, answer FROM collections")
-        }
-        nodes: dict[str, Node] = {}
-        for row in self.db.execute(
-                "SELECT id, collection, key, idx, fqid, spec, runfile, outputdir, shell, state, pid, exit_code, "
-                "reason, submitted, intent, started, ended, abort_at FROM nodes ORDER BY seq"):
-            node = Node(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), Path(row[6]), Path(row[7]),
-                        row[8], *row[9:])
-            nodes[node.id] = node
-            if node.collection in collections:
-                collections[node.collection].nodes.append(node.id)
-        return collections, nodes
-
-    def add(self, collection: Collection, nodes: Iterable[Node]) -> None:
-        """A new collection and its nodes, in one transaction (before the answer is sent)."""
-        with self._transaction():
-            self._put_collection(collection)
-            self.db.executemany(
-                "INSERT INTO nodes (id, collection, key, idx, fqid, spec, runfile, outputdir, shell, state, "
-                "submitted, abort_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(n.id, n.collection, n.key, n.index, n.fqid, json.dumps(n.spec), str(n.runfile), str(n.outputdir),
-                  n.shell, n.state, n.submitted, n.abort_at) for n in nodes])
-
-    def _put_collection(self, c: Collection) -> None:
-        self.db.execute(
-            "INSERT OR REPLACE INTO collections (id, kind, request, created, faults, remaining, answer) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (c.id, c.kind, c.request, c.created, json.dumps(c.faults), json.dumps(c.remaining), json.dumps(c.answer)))
-
-    def save(self, nodes: Iterable[Node], collections: Iterable[Collection] = ()) -> None:
-        rows = [(*(getattr(n, f) for f in _NODE_FIELDS), n.id) for n in nodes]
-        cols = list(collections)
-        if not rows and not cols:
-            return
-        with self._transaction():
-            self.db.executemany(f"UPDATE nodes SET {', '.join(f'{f} = ?' for f in _NODE_FIELDS)} WHERE id = ?", rows)
-            for c in cols:
-                self._put_collection(c)
-
-    @contextlib.contextmanager
-    def _transaction(self) -> Any:
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        self.db.execute("COMMIT")
-
-    def close(self) -> None:
-        self.db.close()
 
 
 class StateLocked(RuntimeError):
     """Another service already uses this state directory."""
 
 
-class WMS:
+class WMS(NodeLauncher):
     """The service: an HTTP handler per connection and one scheduler loop, sharing in-memory state.
 
     Every mutation of that state is synchronous (no ``await`` in the middle),
     so handlers and the scheduler never see it half-changed and need no lock.
+    The state and the scheduler are :class:`~orch_glite.launcher.NodeLauncher`'s;
+    this class adds the state directory's lock, fault injection and the HTTP side.
     """
 
     def __init__(self, statedir: Path, *, max_running: int = 64, faults: Mapping[str, Any] | None = None,
                  launch_grace: float = LAUNCH_GRACE, kill_grace: float = KILL_GRACE) -> None:
-        self.statedir = statedir
         statedir.mkdir(parents=True, exist_ok=True)
         self._lockfile = open(statedir / "lock", "a+")  # noqa: SIM115 - held for the service's lifetime
         try:
@@ -222,39 +108,10 @@ class WMS:
             self._lockfile.close()
             raise StateLocked(f"{statedir} is in use by another WMS (pid {holder})") from None
         (statedir / "wms.pid").write_text(f"{os.getpid()}\n")
-        self.max_running = max(1, int(max_running))
         self.faults = check_faults(faults or {})
-        self.launch_grace = launch_grace
-        self.kill_grace = kill_grace
-        self.started = time.time()
-        self.log = get_logger(service=SERVICE)
-        self.bindir = statedir / "bin"
-        self.wrapper = install_scripts(self.bindir)
-        self.events = statedir / "events.log"
-        self.events.touch(exist_ok=True)
-        self.store = Store(statedir / "wms.sqlite")
-        self.collections, self.nodes = self.store.load()
-        self.by_key = {n.key: n for n in self.nodes.values()}
-        self.by_request = {c.request: c for c in self.collections.values()}
-        self.queue: deque[str] = deque(n.id for n in self.nodes.values() if n.state == "submitted")
-        self.active: set[str] = {n.id for n in self.nodes.values() if n.state in ("launching", "running")}
         #: Service-wide ``drop`` / ``garbage`` counts not yet spent.
         self.remaining = {k: dict(self.faults.get(k, {})) for k in ("drop", "garbage")}
-        self._children: set[int] = set()
-        #: Children reaped since the last liveness check.
-        self._reaped: set[int] = set()
-        self._kills: list[tuple[float, int]] = []
-        self._dirty: dict[str, Node] = {}
-        self._dirty_collections: dict[str, Collection] = {}
-        self._offset = 0
-        self._partial = b""
-        self._last_liveness = 0.0
-        self._wake = anyio.Event()
-        self._read_events()  # what the nodes did while no service watched them
-        self._flush()
-        if self.nodes:
-            self.log.info("state loaded", collections=len(self.collections), nodes=len(self.nodes),
-                          queued=len(self.queue), active=len(self.active))
+        super().__init__(statedir, max_running=max_running, launch_grace=launch_grace, kill_grace=kill_grace)
 
     # ----------------------------------------------------------------- HTTP
     async def handle(self, stream: ByteStream) -> None:
@@ -456,22 +313,6 @@ class WMS:
         self._flush()  # a cancel is on disk before it is acknowledged
         return self._faulty("cancel", touched.values(), json_response(200, {"nodes": result}), nodes=len(ids))
 
-    def _end(self, node: Node, state: str, reason: str | None) -> None:
-        """Move a node to a final state; stop its processes if it has any."""
-        node.state, node.reason, node.ended = state, reason, time.time()
-        self.active.discard(node.id)
-        if node.pid is not None:
-            self._signal(node.pid, signal.SIGTERM)
-            self._kills.append((time.time() + self.kill_grace, node.pid))
-        self._dirty[node.id] = node
-        if state == "aborted":
-            self.log.warning("node aborted", fqid=node.fqid, node=node.id, collection=node.collection, reason=reason)
-
-    @staticmethod
-    def _signal(pid: int, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)  # the wrapper leads its own session: the whole group
-
     # --------------------------------------------------------------- output
     def _output(self, nid: str, name: str | None) -> bytes:
         node = self.nodes.get(nid)
@@ -487,159 +328,6 @@ class WMS:
         if not path.is_file() or path.is_symlink():
             return json_response(404, {"error": f"node {nid} has no output file {name!r}"})
         return response(200, path.read_bytes(), "application/octet-stream")
-
-    # ------------------------------------------------------------ scheduler
-    async def run_scheduler(self) -> None:
-        """Reap, learn from the events file, abort, launch and persist, every tick."""
-        while True:
-            self.tick()
-            if self.queue or self.active or self._kills or self._children:
-                await anyio.sleep(TICK)
-            else:
-                self._wake = anyio.Event()
-                with anyio.move_on_after(1.0):
-                    await self._wake.wait()
-
-    def tick(self) -> None:
-        now = time.time()
-        dead = self._dead(now)
-        self._read_events()
-        for nid in dead:
-            node = self.nodes[nid]
-            if node.state in ("launching", "running"):
-                why = ("the wrapper ended without an END line (killed or crashed)" if node.state == "running"
-                       else "the wrapper exited before it started (see wrapper.out)")
-                self._end(node, "aborted", why)
-        for nid in list(self.active) + list(self.queue):
-            node = self.nodes[nid]
-            if node.abort_at is not None and now >= node.abort_at and node.state not in FINAL_STATES:
-                self._end(node, "aborted", f"aborted by the WMS after {now - node.submitted:.1f} s (fault injection)")
-            elif node.state == "launching" and node.pid is None and node.intent is not None \
-                    and now - node.intent > self.launch_grace:
-                self._end(node, "aborted", "the node was being started when the WMS stopped, and never started")
-        self._launch()
-        self._finish_kills(now)
-        self._flush()
-
-    def _dead(self, now: float) -> list[str]:
-        """Active nodes whose wrapper is gone (checked before the events file is read)."""
-        self._reap()
-        check_all = now - self._last_liveness >= LIVENESS_EVERY
-        if check_all:
-            self._last_liveness = now
-        dead = []
-        for nid in self.active:
-            node = self.nodes[nid]
-            if node.pid is None:
-                continue
-            if node.pid in self._children:
-                continue  # still ours and not reaped: alive
-            if node.pid in self._reaped or (check_all and not self._is_wrapper(node)):
-                dead.append(nid)
-        self._reaped.clear()
-        return dead
-
-    def _reap(self) -> None:
-        """Collect our exited children (no threads, no zombies)."""
-        for pid in list(self._children):
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                done = pid
-            if done:
-                self._children.discard(pid)
-                self._reaped.add(pid)
-
-    @staticmethod
-    def _is_wrapper(node: Node) -> bool:
-        """Is ``node.pid`` still this node's wrapper (and not a recycled pid)?"""
-        assert node.pid is not None
-        if not pid_alive(node.pid):
-            return False
-        try:
-            cmdline = Path(f"/proc/{node.pid}/cmdline").read_bytes()
-        except OSError:
-            return True
-        return str(node.runfile).encode() in cmdline
-
-    def _read_events(self) -> None:
-        with open(self.events, "rb") as f:
-            f.seek(self._offset)
-            chunk = f.read()
-        self._offset += len(chunk)
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()
-        for raw in lines:
-            parts = raw.decode(errors="replace").split()
-            if len(parts) < 3:
-                continue
-            node = self.by_key.get(parts[0])
-            if node is None:
-                continue
-            word, value = parts[1], parts[2]
-            ts = _float(parts[3]) if len(parts) > 3 else None
-            if word == "START" and value.isdigit():
-                if node.state in ("submitted", "launching"):
-                    node.state, node.pid, node.started = "running", int(value), ts or time.time()
-                    self.active.add(node.id)
-                    self._dirty[node.id] = node
-                elif node.state in ("cancelled", "aborted") and node.pid is None:
-                    node.pid = int(value)  # started after all (service restarted mid-launch): stop it
-                    self._signal(node.pid, signal.SIGKILL)
-                    self._dirty[node.id] = node
-            elif word == "END" and node.state in ("submitted", "launching", "running"):
-                node.state, node.exit_code, node.ended = "done", _int(value), ts or time.time()
-                self.active.discard(node.id)
-                self._dirty[node.id] = node
-
-    def _launch(self) -> None:
-        """Start queued nodes while slots are free: intent committed first, so none ever starts twice."""
-        free = self.max_running - len(self.active)
-        batch: list[Node] = []
-        while self.queue and len(batch) < free:
-            node = self.nodes[self.queue.popleft()]
-            if node.state == "submitted":
-                batch.append(node)
-        if not batch:
-            return
-        now = time.time()
-        for node in batch:
-            node.state, node.intent = "launching", now
-            self.active.add(node.id)
-            self._dirty[node.id] = node
-        self._flush()
-        for node in batch:
-            out = os.open(node.runfile.parent / "wrapper.out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                pid = os.posix_spawn(
-                    node.shell, [node.shell, str(self.wrapper), str(node.runfile)], os.environ,
-                    file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                                  (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, out, 2)],
-                    setsid=True,
-                )
-            except OSError as exc:
-                self._end(node, "aborted", f"could not start the wrapper with {node.shell}: {exc.strerror}")
-                continue
-            finally:
-                os.close(out)
-            node.pid = pid
-            self._children.add(pid)
-        self._flush()
-
-    def _finish_kills(self, now: float) -> None:
-        keep = []
-        for deadline, pid in self._kills:
-            if now < deadline:
-                keep.append((deadline, pid))
-            else:
-                self._signal(pid, signal.SIGKILL)
-        self._kills = keep
-
-    def _flush(self) -> None:
-        if self._dirty or self._dirty_collections:
-            self.store.save(self._dirty.values(), self._dirty_collections.values())
-            self._dirty.clear()
-            self._dirty_collections.clear()
 
     # ------------------------------------------------------------------ life
     async def serve(self, host: str, port: int) -> None:
@@ -683,45 +371,6 @@ def _json_body(req: Request) -> Any:
         return json.loads(req.body or b"{}")
     except (UnicodeDecodeError, json.JSONDecodeError):
         return None
-
-
-def _int(text: str) -> int | None:
-    try:
-        return int(text)
-    except ValueError:
-        return None
-
-
-def _float(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def active_pids(statedir: Path) -> list[int]:
-    """Pids of node wrappers a WMS in ``statedir`` started that still run (for cleaning up after tests).
-
-    A pid counts only while its command line still names the node's run file, so a recycled pid is
-    never mistaken for a node.
-    """
-    path = statedir / "wms.sqlite"
-    if not path.exists():
-        return []
-    db = sqlite3.connect(path)
-    try:
-        rows = db.execute("SELECT pid, runfile FROM nodes WHERE pid IS NOT NULL").fetchall()
-    finally:
-        db.close()
-    out = []
-    for pid, runfile in rows:
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if str(runfile).encode() in cmdline and pid_alive(pid):
-            out.append(pid)
-    return out
 
 
 async def serve(listen: str, statedir: Path, *, max_running: int = 64, faults: Mapping[str, Any] | None = None,
