@@ -21,11 +21,11 @@ from typing import Any, TypeVar
 import anyio
 import anyio.lowlevel
 import click
-from stevedore import ExtensionManager
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
+from stevedore import ExtensionManager
 
 from .errors import OrchestratorError
 from .ids import fqid_str, parse_fqid
