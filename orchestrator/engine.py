@@ -296,26 +296,30 @@ class Engine:
         intelligible answer for ``lost_after_seconds`` is counted lost.
         """
         now = time.time()
-        for name, runs in list(self.active.items()):
-            if not runs or not self.health.may_poll(name, now):
-                continue
-            handles = [
-                h if h.status == self.sm.status(fq) else self.handle_of(self.lookup(fq)) for fq, h in runs.items()
-            ]
-            driver = await self.driver(name)
-            try:
-                updates = list(await self.ops.bulk.status(driver, handles))
-            except Exception as exc:  # a driver fault is the backend's, never the job's
-                self.log.warning("status query failed", backend=name, error=repr(exc), runs=len(handles))
-                lost = self.health.silent(name, list(runs), now, whole_backend=True)
-                updates = [self._lost_update(fq, f"no answer from backend {name} ({exc!r})") for fq in lost]
-            else:
-                updates = self._sane(name, updates, now)
-            await self.checkpoints.tick(driver, runs)  # saved states reach the repository every tick
-            if updates and apply_now:
-                self.apply_updates(updates, name)
-            elif updates:
-                self.bus.report(StatusReport(ids=(), backend=name, updates=tuple(updates)))
+        async with anyio.create_task_group() as tg:  # a slow backend does not hold up the others
+            for name, runs in list(self.active.items()):
+                if runs and self.health.may_poll(name, now):
+                    tg.start_soon(self._poll_backend, name, runs, now, apply_now)
+
+    async def _poll_backend(self, name: str, runs: dict[FQID, RunHandle], now: float, apply_now: bool) -> None:
+        handles = [
+            h if h.status == self.sm.status(fq) else self.handle_of(self.lookup(fq)) for fq, h in runs.items()
+        ]
+        driver = await self.driver(name)
+        try:
+            updates = list(await self.ops.bulk.status(driver, handles))
+        except Exception as exc:  # a driver fault is the backend's, never the job's
+            self.log.warning("status query failed", backend=name, error=repr(exc),
+                             fqid=",".join(sorted({str(fq[0]) for fq in runs})), runs=len(handles))
+            lost = self.health.silent(name, list(runs), now, whole_backend=True)
+            updates = [self._lost_update(fq, f"no answer from backend {name} ({exc!r})") for fq in lost]
+        else:
+            updates = self._sane(name, updates, now)
+        await self.checkpoints.tick(driver, runs)  # saved states reach the repository every tick
+        if updates and apply_now:
+            self.apply_updates(updates, name)
+        elif updates:
+            self.bus.report(StatusReport(ids=(), backend=name, updates=tuple(updates)))
 
     def _lost_update(self, fq: FQID, reason: str) -> StatusUpdate:
         self.log.warning("run lost: no intelligible answer", fqid=fqid_str(fq), reason=reason)
