@@ -33,7 +33,6 @@ import difflib
 import inspect
 import json
 import os
-import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from .errors import JobError
 from .job import Job
 from .model import Backend, Executable, RetryPolicy
 from .plugins import driver_class, merger_class, splitter_class
+from .tomlfile import read_toml
 
 TOP_KEYS = ("name", "inputfiles", "outputfiles", "mode", "application", "backend", "splitter", "merger", "retry")
 APPLICATION_KEYS = ("exe", "args", "env")
@@ -61,16 +61,7 @@ class JobFileError(JobError):
 def load_job(path: str | os.PathLike[str]) -> Job:
     """Read and check the job file at ``path``; the job is new, not yet added to an orchestrator."""
     path = Path(path).expanduser()
-    try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
-    except OSError as exc:
-        raise JobFileError(path, f"cannot read it: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise JobFileError(path, f"is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise JobFileError(path, f"TOML syntax error: {exc}") from None
-    return job_from_dict(data, path)
+    return job_from_dict(read_toml(path, JobFileError), path)
 
 
 def job_from_dict(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Job:

@@ -27,6 +27,7 @@ from typing import Any
 import aiosqlite
 import anyio
 
+from . import sqlite
 from .errors import HomeLockedError
 from .status import JobStatus
 
@@ -147,11 +148,7 @@ class Repository:
 
     # ------------------------------------------------------------ life
     async def open(self) -> None:
-        db = await aiosqlite.connect(self.path, isolation_level=None)
-        await db.execute("PRAGMA journal_mode=WAL")
-        await db.execute("PRAGMA synchronous=NORMAL")
-        await db.execute("PRAGMA busy_timeout=10000")
-        self._db = db
+        self._db = await sqlite.connect(self.path)
         await self._migrate()
         reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         reader.execute("PRAGMA query_only=1")
@@ -177,44 +174,25 @@ class Repository:
 
     async def _migrate(self) -> None:
         """Bring the schema forward, one version per transaction."""
-        await self.db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        async with self.db.execute("SELECT value FROM meta WHERE key='schema_version'") as cur:
-            row = await cur.fetchone()
-        version = int(row[0]) if row else 0
-        if version > SCHEMA_VERSION:
-            raise RuntimeError(f"{self.path} has schema version {version}, newer than this "
-                               f"orchestrator's {SCHEMA_VERSION}: upgrade the orchestrator")
+        version = await sqlite.checked_version(self.db, self.path, SCHEMA_VERSION)
         for target in range(version + 1, SCHEMA_VERSION + 1):
-            await self.db.execute("BEGIN IMMEDIATE")
-            try:
+            async with sqlite.immediate(self.db):
                 for statement in _MIGRATIONS[target]:
                     await self.db.execute(statement)
                 await self.db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(target),))
-                await self.db.execute("COMMIT")
-            except BaseException:
-                await self.db.execute("ROLLBACK")
-                raise
 
     async def schema_version(self) -> int:
-        async with self.db.execute("SELECT value FROM meta WHERE key='schema_version'") as cur:
-            row = await cur.fetchone()
-        return int(row[0]) if row else 0
+        return await sqlite.schema_version(self.db)
 
     # ------------------------------------------------------------ writes
     async def _transaction(self, statements: Iterable[tuple[str, Sequence[Any] | list[Sequence[Any]], bool]]) -> None:
         db = self.db
-        async with self._tx_lock:
-            await db.execute("BEGIN IMMEDIATE")
-            try:
-                for sql, params, many in statements:
-                    if many:
-                        await db.executemany(sql, params)
-                    else:
-                        await db.execute(sql, params)
-                await db.execute("COMMIT")
-            except BaseException:
-                await db.execute("ROLLBACK")
-                raise
+        async with self._tx_lock, sqlite.immediate(db):
+            for sql, params, many in statements:
+                if many:
+                    await db.executemany(sql, params)
+                else:
+                    await db.execute(sql, params)
 
     async def next_id(self) -> int:
         async with self.db.execute("SELECT value FROM meta WHERE key='next_id'") as cur:

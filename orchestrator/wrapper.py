@@ -1,8 +1,11 @@
-"""The job wrapper's Python side: install it, write a run's file, read its log.
+"""The job wrapper's Python side: install it, write a run's file, start it, watch it, read its log.
 
 Every backend runs ``sh wrapper.sh RUNFILE`` on the worker. The run file is
 a shell fragment in which every value is quoted with :func:`shlex.quote`:
-no shell string is ever built from user data without quoting.
+no shell string is ever built from user data without quoting. Backends that
+start wrappers on this machine share :func:`spawn_wrapper` and
+:func:`reap_children`; every backend that follows an events file (the
+wrappers' ``ORCH_NOTIFY`` lines) shares :class:`EventLines`.
 """
 
 from __future__ import annotations
@@ -168,3 +171,77 @@ def pid_alive(pid: int) -> bool:
         except PermissionError:
             return True
         return True
+
+
+class SpawnError(Exception):
+    """The wrapper's shell could not be started; the message is ready to serve as the run's reason."""
+
+
+def spawn_wrapper(shell: str, wrapper: Path, runfile: Path) -> int:
+    """Start ``shell wrapper RUNFILE`` on this machine, detached, and return its pid.
+
+    The wrapper leads a session of its own (``posix_spawn(setsid=True)``), so that killing its process
+    group ends the application and all its children, and so that it outlives the process that started
+    it. Its stdin is ``/dev/null``; stdout and stderr go to ``wrapper.out`` next to the run file, where
+    a wrapper that dies before it writes ``orch.log`` leaves its last words. The caller reaps the pid
+    (:func:`reap_children`). Raises :class:`SpawnError` if the shell cannot be started; an
+    unwritable ``wrapper.out`` raises its ``OSError`` as it is.
+    """
+    out = os.open(runfile.parent / "wrapper.out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        return os.posix_spawn(
+            shell, [shell, str(wrapper), str(runfile)], os.environ,
+            file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                          (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, out, 2)],
+            setsid=True,
+        )
+    except OSError as exc:
+        raise SpawnError(f"could not start the wrapper with {shell}: {exc.strerror}") from exc
+    finally:
+        os.close(out)
+
+
+def reap_children(children: set[int]) -> set[int]:
+    """Collect those of ``children`` that exited; they leave the set and are returned.
+
+    ``WNOHANG``, so it never blocks: a driver calls it each tick instead of keeping a thread per
+    child, and no exited wrapper stays a zombie. A pid that is no longer our child counts as exited.
+    """
+    exited = set()
+    for pid in list(children):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            children.discard(pid)
+            exited.add(pid)
+    return exited
+
+
+class EventLines:
+    """The events in an append-only events file, read on from where the last read stopped.
+
+    Wrappers (and drivers) append one line ``KEY WORD VALUE... TIME`` per event; a driver may read
+    while one is half-written, so a partial last line waits for its rest. Each event comes back as
+    its words; a line of fewer than three words is no event and is skipped. ``offset`` counts the
+    bytes consumed, for a driver that fetches the file's new bytes itself (``tail -c +N`` remotely)
+    and passes them to :meth:`feed`.
+    """
+
+    def __init__(self) -> None:
+        self.offset = 0
+        self._partial = b""
+
+    def feed(self, data: bytes) -> list[list[str]]:
+        """The whole events in ``data``, the bytes of the file that follow ``offset``."""
+        self.offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        return [parts for parts in (raw.decode(errors="replace").split() for raw in lines) if len(parts) >= 3]
+
+    def read(self, path: Path) -> list[list[str]]:
+        """The events appended to the local file at ``path`` since the last read."""
+        with open(path, "rb") as f:
+            f.seek(self.offset)
+            return self.feed(f.read())

@@ -15,18 +15,17 @@ Wired into the main command by ``cli.add_command(workflow_group)``.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
-import anyio
 import click
 from rich.console import Console
 from rich.text import Text
 from rich.tree import Tree
 
-from ..errors import OrchestratorError
+from ..cli import CliError, _console, _Group, home_option
+from ..cli import _run as run_orchestrator
 from ..orchestrator import Orchestrator
 from .handle import PackageView, WorkflowRun
 from .runner import Workflows
@@ -38,53 +37,22 @@ STYLES = {"waiting": "dim", "ready": "cyan", "submitting": "cyan", "submitted": 
           "blocked": "red"}
 
 
-class WorkflowCliError(click.ClickException):
-    exit_code = 2
-
-    def show(self, file: Any = None) -> None:
-        Console(stderr=True).print(Text(f"error: {self.message}", style="red"), soft_wrap=True, highlight=False)
-
-
-class _Group(click.Group):
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except OSError as exc:
-            raise WorkflowCliError(f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc)) from exc
-        except OrchestratorError as exc:
-            raise WorkflowCliError(str(exc)) from exc
-
-
-def _home_option(f: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None,
-                        help="Orchestrator home (default: $ORCHESTRATOR_HOME or ~/.orchestrator).")(f)
-
-
 def _run(home: Path | None, body: Callable[[Workflows], Awaitable[T]], *, autorun: bool = False) -> T:
-    """Open the home and its workflows, run ``body``, close them."""
-    if home is None:
-        home = click.get_current_context().find_root().params.get("home")
+    """Open the home (as every ``orchestrator`` command does) and its workflows, run ``body``, close them."""
 
-    async def main() -> T:
-        async with Orchestrator(home=home) as orch, Workflows(orch, autorun=autorun) as wfs:
+    async def with_workflows(orch: Orchestrator) -> T:
+        async with Workflows(orch, autorun=autorun) as wfs:
             await orch.engine.refresh()  # the backends' news first: statuses are current
             return await body(wfs)
 
-    return anyio.run(main)
+    return run_orchestrator(home, with_workflows)
 
 
 def _lookup(wfs: Workflows, wf_id: str) -> WorkflowRun:
     run = wfs.get(wf_id)
     if run is None:
-        raise WorkflowCliError(f"no workflow {wf_id!r} in this home")
+        raise CliError(f"no workflow {wf_id!r} in this home")
     return run
-
-
-def _console() -> Console:
-    console = Console(highlight=False)
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(highlight=False, width=160)
-    return console
 
 
 def _state(state: str) -> Text:
@@ -100,7 +68,7 @@ def workflow_group() -> None:
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--wait", "wait_", is_flag=True, help="Then drive the workflow until it needs the user (as 'wait').")
 @click.option("--timeout", type=float, default=None, help="With --wait: give up after this many seconds.")
-@_home_option
+@home_option
 def submit(file: Path, wait_: bool, timeout: float | None, home: Path | None) -> None:
     """Submit the workflow described by FILE (TOML); print its id."""
     workflow = load_workflow(file)  # before the home is opened: a bad file leaves nothing behind
@@ -114,7 +82,7 @@ def submit(file: Path, wait_: bool, timeout: float | None, home: Path | None) ->
 
 
 @workflow_group.command("list")
-@_home_option
+@home_option
 def list_(home: Path | None) -> None:
     """List the workflows with their status and package counts."""
 
@@ -135,7 +103,7 @@ def list_(home: Path | None) -> None:
 
 @workflow_group.command()
 @click.argument("wf_id", metavar="ID")
-@_home_option
+@home_option
 def show(wf_id: str, home: Path | None) -> None:
     """Show a workflow as a tree: stages, lines, packages with their status, job and waits."""
 
@@ -189,7 +157,7 @@ def _package_row(p: PackageView) -> Text:
 @workflow_group.command()
 @click.argument("wf_id", metavar="ID")
 @click.option("--timeout", type=float, default=None, help="Give up after this many seconds (exit code 1).")
-@_home_option
+@home_option
 def wait(wf_id: str, timeout: float | None, home: Path | None) -> None:
     """Drive a workflow until it needs the user; exit 0 if it completed, else 1."""
     click.get_current_context().exit(_run(home, lambda wfs: _follow(_lookup(wfs, wf_id), timeout), autorun=True))
@@ -211,7 +179,7 @@ async def _follow(run: WorkflowRun, timeout: float | None) -> int:
 @click.argument("line", metavar="STAGE.LINE")
 @click.option("--drop-outputs", is_flag=True,
               help="Remove the line's future outputs from downstream inputs: consumers may start without them.")
-@_home_option
+@home_option
 def kill_line(wf_id: str, line: str, drop_outputs: bool, home: Path | None) -> None:
     """Kill the packages of a line that have not completed."""
     stage, sep, line_id = line.partition(".")
@@ -229,7 +197,7 @@ def kill_line(wf_id: str, line: str, drop_outputs: bool, home: Path | None) -> N
 @workflow_group.command()
 @click.argument("wf_id", metavar="ID")
 @click.argument("package", required=False)
-@_home_option
+@home_option
 def release(wf_id: str, package: str | None, home: Path | None) -> None:
     """Release a held workflow (and its held packages), or one PACKAGE (STAGE.LINE.PACKAGE)."""
 
@@ -244,7 +212,7 @@ def release(wf_id: str, package: str | None, home: Path | None) -> None:
 @workflow_group.command()
 @click.argument("wf_id", metavar="ID")
 @click.argument("package", required=False)
-@_home_option
+@home_option
 def hold(wf_id: str, package: str | None, home: Path | None) -> None:
     """Hold a workflow, or one PACKAGE: nothing more of it starts until released."""
 
@@ -258,7 +226,7 @@ def hold(wf_id: str, package: str | None, home: Path | None) -> None:
 @workflow_group.command()
 @click.argument("wf_id", metavar="ID")
 @click.argument("package")
-@_home_option
+@home_option
 def restart(wf_id: str, package: str, home: Path | None) -> None:
     """Restart a failed or killed PACKAGE; it resumes at its first unfinished binary."""
 
@@ -274,7 +242,7 @@ def restart(wf_id: str, package: str, home: Path | None) -> None:
 @click.argument("wf_id", metavar="ID")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the DAG here, with a submit file and a script per package next to it.")
-@_home_option
+@home_option
 def dagman(wf_id: str, output: Path | None, home: Path | None) -> None:
     """Export the implied DAG as an HTCondor DAGMan file (stdout without -o)."""
 

@@ -26,6 +26,8 @@ from typing import Any
 import aiosqlite
 import anyio
 
+from .. import sqlite
+
 SCHEMA_VERSION = 1
 _SCHEMA = [
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -73,12 +75,8 @@ class WorkflowStore:
         self._lock = anyio.Lock()
 
     async def open(self) -> None:
-        db = await aiosqlite.connect(self.path, isolation_level=None)
+        db = self._db = await sqlite.connect(self.path)
         try:
-            await db.execute("PRAGMA journal_mode=WAL")
-            await db.execute("PRAGMA synchronous=NORMAL")
-            await db.execute("PRAGMA busy_timeout=10000")
-            self._db = db
             await self._migrate()
         except BaseException:
             self._db = None
@@ -96,28 +94,16 @@ class WorkflowStore:
         return self._db
 
     async def _migrate(self) -> None:
-        await self.db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        async with self.db.execute("SELECT value FROM meta WHERE key='schema_version'") as cur:
-            row = await cur.fetchone()
-        version = int(row[0]) if row else 0
-        if version > SCHEMA_VERSION:
-            raise RuntimeError(f"{self.path} has schema version {version}, newer than this orchestrator's "
-                               f"{SCHEMA_VERSION}: upgrade the orchestrator")
-        if version < 1:
+        if await sqlite.checked_version(self.db, self.path, SCHEMA_VERSION) < 1:
             await self._transaction([(sql, ()) for sql in _SCHEMA]
                                     + [("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", ("1",))])
 
     async def _transaction(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
         async with self._lock:
             with anyio.CancelScope(shield=True):  # a half-written change is worse than a late close
-                await self.db.execute("BEGIN IMMEDIATE")
-                try:
+                async with sqlite.immediate(self.db):
                     for sql, params in statements:
                         await self.db.execute(sql, params)
-                    await self.db.execute("COMMIT")
-                except BaseException:
-                    await self.db.execute("ROLLBACK")
-                    raise
 
     # ------------------------------------------------------------ writes
     async def add(self, wf_id: str, spec: dict[str, Any], state: dict[str, Any],

@@ -34,10 +34,10 @@ or the data file for a cycle or a missing producer.
 from __future__ import annotations
 
 import os
-import tomllib
 from pathlib import Path
 from typing import Any
 
+from ..tomlfile import read_toml
 from .model import Workflow
 from .values import WorkflowError
 
@@ -54,16 +54,7 @@ class WorkflowFileError(WorkflowError):
 def load_workflow(path: str | os.PathLike[str]) -> Workflow:
     """Read and check the workflow file at ``path``; the result is normalized (ids set), not yet submitted."""
     path = Path(path).expanduser()
-    try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
-    except OSError as exc:
-        raise WorkflowFileError(path, f"cannot read it: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise WorkflowFileError(path, f"is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise WorkflowFileError(path, f"TOML syntax error: {exc}") from None
-    return workflow_from_dict(data, path)
+    return workflow_from_dict(read_toml(path, WorkflowFileError), path)
 
 
 def workflow_from_dict(data: dict[str, Any], path: str | os.PathLike[str]) -> Workflow:

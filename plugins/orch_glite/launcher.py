@@ -20,7 +20,7 @@ from pathlib import Path
 import anyio
 
 from orchestrator.logs import get_logger
-from orchestrator.wrapper import install_scripts, pid_alive
+from orchestrator.wrapper import EventLines, SpawnError, install_scripts, pid_alive, reap_children, spawn_wrapper
 
 from .protocol import FINAL_STATES, SERVICE
 from .store import Collection, Node, Store
@@ -66,8 +66,7 @@ class NodeLauncher:
         self._kills: list[tuple[float, int]] = []
         self._dirty: dict[str, Node] = {}
         self._dirty_collections: dict[str, Collection] = {}
-        self._offset = 0
-        self._partial = b""
+        self._event_lines = EventLines()
         self._last_liveness = 0.0
         self._wake = anyio.Event()
         self._read_events()  # what the nodes did while no service watched them
@@ -128,7 +127,7 @@ class NodeLauncher:
 
     def _dead(self, now: float) -> list[str]:
         """Active nodes whose wrapper is gone (checked before the events file is read)."""
-        self._reap()
+        self._reaped |= reap_children(self._children)
         check_all = now - self._last_liveness >= LIVENESS_EVERY
         if check_all:
             self._last_liveness = now
@@ -144,17 +143,6 @@ class NodeLauncher:
         self._reaped.clear()
         return dead
 
-    def _reap(self) -> None:
-        """Collect our exited children (no threads, no zombies)."""
-        for pid in list(self._children):
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                done = pid
-            if done:
-                self._children.discard(pid)
-                self._reaped.add(pid)
-
     @staticmethod
     def _is_wrapper(node: Node) -> bool:
         """Is ``node.pid`` still this node's wrapper (and not a recycled pid)?"""
@@ -168,16 +156,7 @@ class NodeLauncher:
         return str(node.runfile).encode() in cmdline
 
     def _read_events(self) -> None:
-        with open(self.events, "rb") as f:
-            f.seek(self._offset)
-            chunk = f.read()
-        self._offset += len(chunk)
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()
-        for raw in lines:
-            parts = raw.decode(errors="replace").split()
-            if len(parts) < 3:
-                continue
+        for parts in self._event_lines.read(self.events):
             node = self.by_key.get(parts[0])
             if node is None:
                 continue
@@ -214,19 +193,11 @@ class NodeLauncher:
             self._dirty[node.id] = node
         self._flush()
         for node in batch:
-            out = os.open(node.runfile.parent / "wrapper.out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                pid = os.posix_spawn(
-                    node.shell, [node.shell, str(self.wrapper), str(node.runfile)], os.environ,
-                    file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                                  (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, out, 2)],
-                    setsid=True,
-                )
-            except OSError as exc:
-                self._end(node, "aborted", f"could not start the wrapper with {node.shell}: {exc.strerror}")
+                pid = spawn_wrapper(node.shell, self.wrapper, node.runfile)
+            except SpawnError as exc:
+                self._end(node, "aborted", str(exc))
                 continue
-            finally:
-                os.close(out)
             node.pid = pid
             self._children.add(pid)
         self._flush()

@@ -39,7 +39,18 @@ from orchestrator import (
     StatusUpdate,
     SubmitError,
 )
-from orchestrator.wrapper import RUNFILE, clear_outputs, install_scripts, pid_alive, prepare_local, read_log
+from orchestrator.wrapper import (
+    RUNFILE,
+    EventLines,
+    SpawnError,
+    clear_outputs,
+    install_scripts,
+    pid_alive,
+    prepare_local,
+    read_log,
+    reap_children,
+    spawn_wrapper,
+)
 
 #: Seconds a run may sit between INTENT and its wrapper's START before it counts as lost.
 LAUNCH_GRACE = 15.0
@@ -75,8 +86,7 @@ class LocalDriver(Driver):
         self._runs: dict[str, _Run] = {}
         self._queue: deque[_Run] = deque()
         self._children: set[int] = set()
-        self._offset = 0
-        self._partial = b""
+        self._event_lines = EventLines()
         self._kills: list[tuple[float, int]] = []
         self._wake = anyio.Event()
         self._last_liveness = 0.0
@@ -98,17 +108,7 @@ class LocalDriver(Driver):
             f.write(f"{key} {word} {data} {time.time():.3f}\n")
 
     def _read_events(self) -> None:
-        with open(self.events, "rb") as f:
-            f.seek(self._offset)
-            chunk = f.read()
-        self._offset += len(chunk)
-        data = self._partial + chunk
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        for raw in lines:
-            parts = raw.decode(errors="replace").split()
-            if len(parts) < 3:
-                continue
+        for parts in self._event_lines.read(self.events):
             key, word, value = parts[0], parts[1], parts[2]
             run = self._runs.get(key)
             if run is None:
@@ -144,20 +144,12 @@ class LocalDriver(Driver):
     def _launch(self, run: _Run) -> None:
         self._append(run.key, "INTENT", "-")
         run.intent_at = time.time()
-        out = os.open(run.runfile.parent / "wrapper.out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            pid = os.posix_spawn(
-                run.shell, [run.shell, str(self.wrapper), str(run.runfile)], os.environ,
-                file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                              (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, out, 2)],
-                setsid=True,
-            )
-        except OSError as exc:
-            run.ended, run.reason = True, f"could not start the wrapper with {run.shell}: {exc.strerror}"
+            pid = spawn_wrapper(run.shell, self.wrapper, run.runfile)
+        except SpawnError as exc:
+            run.ended, run.reason = True, str(exc)
             self._append(run.key, "LOST", run.reason)
             return
-        finally:
-            os.close(out)
         run.pid = pid
         self._children.add(pid)
         self._append(run.key, "LAUNCH", pid)
@@ -165,7 +157,7 @@ class LocalDriver(Driver):
     async def serve(self) -> None:
         """Start queued runs as slots free up; end killed process groups that linger."""
         while True:
-            self._reap()
+            reap_children(self._children)
             free = self.max_running - self._running()
             launched = 0
             while self._queue and free > 0:
@@ -187,19 +179,9 @@ class LocalDriver(Driver):
                 self._wake = anyio.Event()
                 await self._wake.wait()
 
-    def _reap(self) -> None:
-        """Collect our exited children (no threads, no zombies)."""
-        for pid in list(self._children):
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                done = pid
-            if done:
-                self._children.discard(pid)
-
     # -------------------------------------------------------------- status
     async def status_bulk(self, handles: Sequence[RunHandle]) -> list[StatusUpdate]:
-        self._reap()
+        reap_children(self._children)
         self._read_events()
         now = time.time()
         check_alive = now - self._last_liveness >= LIVENESS_EVERY
@@ -285,4 +267,4 @@ class LocalDriver(Driver):
         self._kills = keep
 
     async def aclose(self) -> None:
-        self._reap()
+        reap_children(self._children)

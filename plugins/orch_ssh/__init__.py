@@ -495,8 +495,8 @@ class SshDriver(Driver):
         pairs = [(h, host.run(_split_id(h.backend_id)[0])) for h in handles]
         pids = sorted({e.pid for _, e in pairs if e.state in (LAUNCHED, STARTED) and e.pid})
         unverified = [e.key for _, e in pairs if e.state == UNVERIFIED]
-        out = await host.command("monitor", scripts.monitor(host.base, pids, unverified, host.offset), tally,
-                                 timeout=self.status_timeout)
+        script = scripts.monitor(host.base, pids, unverified, host.event_lines.offset)
+        out = await host.command("monitor", script, tally, timeout=self.status_timeout)
         head, mark, events = out.partition(_MARK)
         if not mark:
             raise RemoteFailed(f"monitor on {host.label} answered without its events mark: {out[-200:]!r}")

@@ -30,7 +30,7 @@ from typing import Any
 import anyio
 import asyncssh
 
-from orchestrator.wrapper import SCRIPTS, script_text
+from orchestrator.wrapper import SCRIPTS, EventLines, script_text
 
 from . import scripts
 from .settings import HostSpec
@@ -144,8 +144,8 @@ class Host:
         #: ``time.monotonic()`` since which the host has not answered (``None``: it answers).
         self.down_since: float | None = None
         self.last_error = ""
-        self.offset = 0
-        self._partial = b""
+        #: The host's events file: ``event_lines.offset`` is where the next tick's ``tail`` starts.
+        self.event_lines = EventLines()
         self.runs: dict[str, Run] = {}
         #: Runs this driver answers for, key -> since when (``inf`` while their submission is under way).
         #: Only these count against ``slots``: the events file also tells of runs nobody watches any more
@@ -399,14 +399,8 @@ class Host:
 
     # ------------------------------------------------------------------ events
     def feed(self, data: bytes) -> None:
-        """Apply the events file's bytes that follow ``offset`` (a partial last line waits for the rest)."""
-        self.offset += len(data)
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()
-        for raw in lines:
-            parts = raw.decode(errors="replace").split()
-            if len(parts) < 3:
-                continue
+        """Apply the events file's bytes that follow ``event_lines.offset`` (a partial last line waits for the rest)."""
+        for parts in self.event_lines.feed(data):
             key, word, value = parts[0], parts[1], parts[2]
             run = self.run(key)
             if word == "INTENT":
