@@ -7,13 +7,13 @@
 # need a missing service skip themselves.
 #
 #   openssh-server   a real sshd for the ssh backend's tests
-#
-# LATER: the Slurm backend's issue adds Slurm here (e.g. slurmctld, slurmd,
-# slurm-client, munge) together with its single-node setup; add those
-# packages to PACKAGES below and the setup after the install step.
+#   slurmctld slurmd slurm-client munge
+#                    a real one-node Slurm cluster for the slurm backend's tests;
+#                    its setup (munged, slurm.conf, the daemons) is private to
+#                    the tests and made by tests/slurmd.py, not here
 set -euo pipefail
 
-PACKAGES=(openssh-server)
+PACKAGES=(openssh-server slurmctld slurmd slurm-client munge)
 
 installed() {
     if command -v dpkg-query >/dev/null 2>&1; then
