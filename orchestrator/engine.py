@@ -20,7 +20,7 @@ from anyio.abc import TaskGroup
 
 from .bus import EventBus
 from .config import Config
-from .drivers import Driver, DriverContext, RunHandle, RunSpec, StatusUpdate
+from .drivers import Driver, DriverContext, RunHandle, StatusUpdate
 from .events import StatusChanged, StatusReport
 from .ids import FQID, fqid_str, parse_fqid_or_none
 from .job import Job
@@ -188,7 +188,7 @@ class Engine:
     def apply(self, step: Step) -> None:
         """Carry a step out on the objects; persistence follows at the next flush."""
         for ch in step.changes:
-            job = self._object(ch.fqid)
+            job = self.lookup(ch.fqid)
             ts = job.info.timestamps
             ts[ch.new.value] = ch.time
             if ch.new in FINAL:
@@ -206,7 +206,7 @@ class Engine:
             self.log.warning("transition refused", fqid=fqid_str(ref.fqid), old=ref.old.value, new=ref.new.value,
                              reason=ref.reason)
             if ref.fqid[0] in self.jobs:
-                job = self._object(ref.fqid)
+                job = self.lookup(ref.fqid)
                 note = f"{ref.old.value}->{ref.new.value}: {ref.reason}"
                 job.info.refused = [*job.info.refused, note][-_REFUSED_KEPT:]
                 self._dirty[ref.fqid] = job
@@ -232,9 +232,6 @@ class Engine:
                 time=time.time(),
             ))
             self.notify()
-
-    def _object(self, fqid: FQID) -> Job:
-        return self.lookup(fqid)
 
     def mark_dirty(self, job: Job, *, spec: bool = False) -> None:
         self._dirty[job.fqid_tuple] = job
@@ -420,24 +417,6 @@ class Engine:
             assert self._tg is not None
             self._tg.start_soon(driver.serve)
         return driver
-
-    def run_spec(self, job: Job) -> RunSpec:
-        """What a driver needs to run ``job`` once more."""
-        fq = job.fqid_tuple
-        jobdir = self.workspace.jobdir(fq)
-        shared = jobdir / "input" if len(fq) == 1 else jobdir.parent / "input"
-        app = job.application
-        assert app is not None
-        counter = job.info.submit_counter
-        return RunSpec(
-            fqid=job.fqid, index=fq[-1] if len(fq) > 1 else 0, attempt=counter,
-            key=f"orch-{self.home_key}-{job.fqid}-{counter}",
-            executable=app.exe, args=tuple(app.args), env={**self.checkpoints.env(), **app.env},
-            settings=dict(job.backend.settings),
-            inputs=tuple(shared / Path(f).name for f in job.inputfiles), outputfiles=tuple(job.outputfiles),
-            jobdir=jobdir, inputdir=jobdir / "input", outputdir=jobdir / "output", workdir=jobdir / "work",
-            mode=job.mode, retry_count=max(counter - 1, 0), retry_args=tuple(job.info.retry_args),
-        )
 
     # ---------------------------------------------------------- persistence
     async def flush(self) -> None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from .batches import by_toplevel, collect_targets, gc_paused
 from .bulk import Bulk
-from .drivers import SettingsError, SubmitOutcome
+from .drivers import RunSpec, SettingsError, SubmitOutcome
 from .errors import JobError
 from .ids import FQID
 from .job import Job
@@ -25,6 +25,7 @@ from .mergers import Merger
 from .model import Backend, Executable, JobInfo
 from .partition import validate_partition
 from .plugins import driver_class
+from .runspec import build_run_spec
 from .splitters import Splitter
 from .status import FINAL, KILLABLE, RESUBMITTABLE, JobStatus
 
@@ -78,6 +79,9 @@ class Operations:
         except SettingsError as exc:
             raise JobError(str(exc), fqid=fqid, field=f"backend.{exc.field}") from None
         return Backend(backend.name, **settings)
+
+    def _run_spec(self, job: Job) -> RunSpec:
+        return build_run_spec(job, self.e.workspace, self.e.home_key, self.e.checkpoints.env())
 
     # --------------------------------------------------------------- add
     async def add(self, job: Job) -> Job:
@@ -251,13 +255,13 @@ class Operations:
             prepared, unready = await e.checkpoints.prepare(group)  # the state each run starts from, in its work dir
             if unready:  # its starting state could not be written: that run is refused, not started without it
                 ready = [j for j in group if j.fqid_tuple not in unready]
-                got, native = (await self.bulk.submit(driver, [e.run_spec(j) for j in ready], keep_going, previous)
+                got, native = (await self.bulk.submit(driver, [self._run_spec(j) for j in ready], keep_going, previous)
                                if ready else ([], False))
                 answers = dict(zip([j.fqid_tuple for j in ready], got, strict=True))
                 outcomes = [answers[j.fqid_tuple] if j.fqid_tuple in answers
                             else SubmitOutcome(j.fqid, None, unready[j.fqid_tuple]) for j in group]
             else:
-                outcomes, native = await self.bulk.submit(driver, [e.run_spec(j) for j in group], keep_going,
+                outcomes, native = await self.bulk.submit(driver, [self._run_spec(j) for j in group], keep_going,
                                                           previous)
             ok: list[FQID] = []
             back_new: list[FQID] = []
