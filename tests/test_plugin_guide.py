@@ -10,16 +10,12 @@ example does not install or run fails here, not in a reader's hands.
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
-import importlib.util
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from plugin_install import installed
 
 from orchestrator import ArgSplitter, Backend, Executable, Job, JobError, Orchestrator, plugins
 
@@ -36,28 +32,6 @@ def guide_files() -> dict[str, str]:
     return {m["path"]: m["code"] + "\n" for m in BLOCK.finditer(GUIDE.read_text())}
 
 
-def _pip(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, check=False)
-
-
-def _builds_without_isolation() -> bool:
-    """setuptools >= 70.1 builds wheels alone, >= 61 with ``wheel``; otherwise pip needs an isolated build."""
-    try:
-        found = re.match(r"(\d+)\.(\d+)", importlib.metadata.version("setuptools"))
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    if found is None:
-        return False
-    version = (int(found[1]), int(found[2]))
-    return version >= (70, 1) or (version >= (61, 0) and importlib.util.find_spec("wheel") is not None)
-
-
-def _forget_plugins() -> None:
-    importlib.invalidate_caches()
-    sys.modules.pop(MODULE, None)
-    plugins.refresh()
-
-
 def test_guide_has_a_complete_minimal_plugin_under_60_lines() -> None:
     files = guide_files()
     assert set(files) == {f"{MODULE}/__init__.py", "pyproject.toml"}
@@ -71,27 +45,13 @@ def test_guide_has_a_complete_minimal_plugin_under_60_lines() -> None:
 @pytest.fixture(scope="module")
 def minimal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The guide's plugin, installed from the guide's own text for this module's tests."""
-    if _pip("--version").returncode != 0:
-        pytest.skip(f"pip is not available to {sys.executable}")
     src = tmp_path_factory.mktemp("guide") / "orchestrator-minimal-backend"
     for path, text in guide_files().items():
         target = src / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
-    args = ["install", "--no-deps", "--no-input"]
-    if _builds_without_isolation():
-        args.append("--no-build-isolation")
-    result = _pip(*args, str(src))
-    if result.returncode != 0:
-        pytest.fail(f"pip {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
-    _forget_plugins()
-    try:
+    with installed(src, DIST, MODULE):
         yield
-    finally:
-        result = _pip("uninstall", "-y", DIST)
-        _forget_plugins()
-        if result.returncode != 0:
-            pytest.fail(f"pip uninstall -y {DIST} failed:\n{result.stdout}\n{result.stderr}")
 
 
 @pytest.mark.parametrize("keep_going", [True, False])

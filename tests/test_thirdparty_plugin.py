@@ -15,15 +15,14 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
-import re
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 import pytest
+from plugin_install import installed
 
 from orchestrator import ArgSplitter, Backend, Executable, Job, JobError, Orchestrator, TextMerger, plugins
 
@@ -37,56 +36,14 @@ SAY = 'echo "$GREETING $1"'
 pytestmark = pytest.mark.anyio
 
 
-def _pip(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, check=False)
-
-
-def _builds_without_isolation() -> bool:
-    """Can this environment build the plugin's wheel with what it already has?
-
-    setuptools >= 70.1 builds wheels alone; older ones (>= 61, for
-    ``[project]`` metadata) need the ``wheel`` package. Otherwise pip must
-    fetch setuptools into an isolated build environment.
-    """
-    try:
-        found = re.match(r"(\d+)\.(\d+)", importlib.metadata.version("setuptools"))
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    if found is None:
-        return False
-    version = (int(found[1]), int(found[2]))
-    return version >= (70, 1) or (version >= (61, 0) and importlib.util.find_spec("wheel") is not None)
-
-
-def _forget_plugins() -> None:
-    """Make a plugin (un)installed by this process visible to it."""
-    importlib.invalidate_caches()  # path finders cache directory listings
-    sys.modules.pop(MODULE, None)
-    plugins.refresh()  # forget what stevedore found before the install
-
-
 @pytest.fixture(scope="module")
 def thirdparty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The plugin distribution, installed for this module's tests only."""
-    if _pip("--version").returncode != 0:
-        pytest.skip(f"pip is not available to {sys.executable}: cannot install the third-party plugin")
     # Build from a copy, so that the build leaves nothing in the source tree.
     src = tmp_path_factory.mktemp("thirdparty") / "orchestrator-echo-backend"
     shutil.copytree(PLUGIN_SRC, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    args = ["install", "--no-deps", "--no-input"]
-    if _builds_without_isolation():
-        args.append("--no-build-isolation")
-    result = _pip(*args, str(src))
-    if result.returncode != 0:
-        pytest.fail(f"pip {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
-    _forget_plugins()
-    try:
+    with installed(src, DIST, MODULE):
         yield
-    finally:
-        result = _pip("uninstall", "-y", DIST)
-        _forget_plugins()
-        if result.returncode != 0:
-            pytest.fail(f"pip uninstall -y {DIST} failed:\n{result.stdout}\n{result.stderr}")
 
 
 def _say(words: list[str]) -> ArgSplitter:
