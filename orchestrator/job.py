@@ -19,7 +19,7 @@ from .ids import FQID, fqid_str
 from .mergers import Merger
 from .model import Backend, Executable, JobInfo, RetryPolicy
 from .splitters import Splitter
-from .status import ACTIVE, JobStatus, parse_status
+from .status import JobStatus, parse_status
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -131,6 +131,11 @@ class Job:
     def _linked(self, role: str) -> Job | None:
         job_id = self.info.partition.get(role) if self._engine is not None and self.parent is None else None
         return self._engine.jobs.get(job_id) if self._engine is not None and job_id is not None else None
+
+    @property
+    def workspace(self) -> Path:
+        """This job's directory under the home: ``workspace/<id>`` or ``workspace/<id>/<i>``."""
+        return self.engine.workspace.jobdir(self.fqid_tuple)
 
     @property
     def inputdir(self) -> Path:
@@ -326,7 +331,11 @@ class SubjobList:
 
     def __getitem__(self, index: int | slice) -> Any:
         if isinstance(index, slice):
-            return JobSlice([self._get(i) for i in range(len(self))[index]])
+            wanted = range(len(self))[index]
+            missing = [i for i in wanted if i not in self._built]
+            if missing:  # one repository query for the whole slice
+                self._master.engine.materialize(self._master, missing)
+            return JobSlice([self._built[i] for i in wanted])
         return self._get(index)
 
     def __call__(self, index: int) -> Job:
@@ -369,5 +378,3 @@ class SubjobList:
     async def resubmit(self, keep_going: bool = False, backend: str | Backend | None = None) -> None:
         await JobSlice(list(self)).resubmit(keep_going=keep_going, backend=backend)
 
-
-ACTIVE_STATUSES = ACTIVE

@@ -11,7 +11,6 @@ level, late unhandled) and the retry policy decides.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +19,7 @@ from .drivers import StatusUpdate
 from .ids import FQID
 from .job import Job
 from .status import JobStatus
-from .wrapper import read_log
+from .wrapper import RunLog, read_log
 
 S = JobStatus
 #: Reports that end a run (or ask the analyser to look at it).
@@ -33,7 +32,7 @@ def judge(job: Job, update: StatusUpdate, defaults: dict[str, Any], *, wrapper: 
     limits = Limits.resolve(job.retry.to_dict(), defaults)
     started = job.info.timestamps.get("running") or job.info.timestamps.get("submitted")
     seconds = now - started if started else None
-    log = read_log(job.outputdir) if wrapper and update.backend_verdict is None else read_log(job.outputdir / "-")
+    log = read_log(job.outputdir) if wrapper and update.backend_verdict is None else RunLog()
     outcome = Outcome(update.status, update.exit_code, update.reason, update.backend_verdict)
     decision = decide(outcome, log, limits, job.info.counters, job.info.retry_args, seconds, wrapper=wrapper)
     info = job.info
@@ -86,7 +85,3 @@ class BackendHealth:
                 lost.append(fq)
                 del self.runs[fq]
         return lost
-
-
-def now() -> float:
-    return time.time()

@@ -212,3 +212,14 @@ async def test_text_merger_fails_the_master_unless_ignorefailed(tmp_path: Path) 
         await strict.subjobs[1].resubmit(backend=None)
         await strict.wait(timeout=30)
         assert strict.subjobs[1].status == "failed"
+
+
+async def test_workspace_attribute_is_the_jobs_directory(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/true"), backend="sim",
+                                    splitter=ArgSplitter([["a"], ["b"]])))
+        await j.submit()
+        assert j.workspace == tmp_path / "workspace" / str(j.id)
+        assert j.subjobs[1].workspace == j.workspace / "1"
+        assert j.subjobs[1].outputdir == j.subjobs[1].workspace / "output"
+        await j.wait(timeout=10)
