@@ -146,8 +146,9 @@ class Checkpoints:
 
     async def tick(self, driver: Driver, runs: Mapping[FQID, RunHandle]) -> None:
         """Harvest the running runs of one backend (after a remote driver fetched their states)."""
-        if not driver.capabilities.runs_wrapper and type(driver).capabilities_for is Driver.capabilities_for:
-            return  # no wrapper, no states (sim)
+        first = next(iter(runs.values()), None)
+        if first is None or not driver.capabilities_for(first.settings).runs_wrapper:
+            return  # no wrapper, no states (sim): and no look at 100,000 runs per tick
         if not self._primed:  # after a reopen: runs already running made no step
             self._primed = True
             self._running |= {fq for backend in self.e.active.values() for fq in backend
