@@ -103,9 +103,7 @@ class Engine:
             if self.sm.is_master(job_id):
                 busy = self.sm.subjob_ids(job_id, MONITORED | {S.SUBMITTING})
                 if busy:
-                    self.materialize(job, busy)
-                    for i in busy:
-                        sub = job.subjobs._built[i]
+                    for sub in self.materialize(job, busy):
                         if sub.status == S.SUBMITTING:
                             interrupted.append(sub.fqid_tuple)
                         else:
@@ -146,14 +144,23 @@ class Engine:
         job._engine = self
         return job
 
-    def materialize(self, master: Job, indexes: Sequence[int]) -> None:
-        """Build subjob objects from the repository (one query for many)."""
+    def materialize(self, master: Job, indexes: Sequence[int]) -> list[Job]:
+        """The subjobs at ``indexes``, built from the repository where needed (one query for many)."""
         assert master.id is not None
         built = master.subjobs._built
         missing = [i for i in indexes if i not in built]
         for row in self.repo.load_subjobs(master.id, missing):
             assert row.idx is not None
             built[row.idx] = self._job_from_row(row, parent=master)
+        return [built[i] for i in indexes]
+
+    def forget(self, fqids: Iterable[FQID]) -> None:
+        """Jobs that are going away (a rollback, a removal): no monitoring, no pending write."""
+        for fq in fqids:
+            self._dirty.pop(fq, None)
+            self._spec_dirty.discard(fq)
+            for runs in self.active.values():
+                runs.pop(fq, None)
 
     def lookup(self, fqid: FQID) -> Job:
         job = self.jobs[fqid[0]]

@@ -221,9 +221,7 @@ class Operations:
         """Put a master back exactly as it was before ``submit()``."""
         e = self.e
         mid = master.fqid_tuple[0]
-        for sub in master.subjobs._built.values():
-            e.active.get(sub.backend.name, {}).pop(sub.fqid_tuple, None)
-            e._dirty.pop(sub.fqid_tuple, None)
+        e.forget(sub.fqid_tuple for sub in master.subjobs._built.values())
         master.subjobs._built = {}
         e.sm.unsplit(mid)
         master.info = before
@@ -294,8 +292,7 @@ class Operations:
         if len(job.fqid_tuple) == 1 and self.e.sm.is_master(job.fqid_tuple[0]):
             mid = job.fqid_tuple[0]
             indexes = self.e.sm.subjob_ids(mid, KILLABLE)
-            self.e.materialize(job, indexes)
-            return [job.subjobs._built[i] for i in indexes] + self.e.partitions.active_linked(job)
+            return self.e.materialize(job, indexes) + self.e.partitions.active_linked(job)
         if status == S.NEW:
             raise JobError("cannot kill a job that was never submitted", fqid=job.fqid)
         if status in FINAL:
@@ -343,8 +340,7 @@ class Operations:
             self.e.partitions.check_resubmit(job)
             wanted = {S.FAILED, S.NEW} | (set() if only_failed else {S.KILLED})
             indexes = self.e.sm.subjob_ids(fq[0], wanted)
-            self.e.materialize(job, indexes)
-            return [job.subjobs._built[i] for i in indexes]
+            return self.e.materialize(job, indexes)
         status = job.status
         if status == S.NEW and len(fq) == 1:
             raise JobError("was never submitted (use submit())", fqid=job.fqid)
@@ -430,8 +426,7 @@ class Operations:
             fq = job.fqid_tuple
             if len(fq) == 1 and self.e.sm.is_master(fq[0]):
                 indexes = self.e.sm.subjob_ids(fq[0], [S.HELD])
-                self.e.materialize(job, indexes)
-                targets = [job.subjobs._built[i] for i in indexes]
+                targets = self.e.materialize(job, indexes)
             elif job.status == S.HELD:
                 targets = [job]
             else:
@@ -472,7 +467,6 @@ class Operations:
             self.e.sm.forget(job_id)
             self.e.jobs.pop(job_id, None)
             self.e.partitions.forget(job_id)
-            for fq in [f for f in self.e._dirty if f[0] == job_id]:
-                del self.e._dirty[fq]
+            self.e.forget([job.fqid_tuple, *(s.fqid_tuple for s in job.subjobs._built.values())])
             job._engine = None
         self.e.notify()

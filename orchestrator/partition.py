@@ -180,8 +180,7 @@ class Partitions:
         if prejob.status == S.COMPLETED:
             p["phase"] = "subjobs"
             indexes = self.e.sm.subjob_ids(master.id, [S.NEW])
-            self.e.materialize(master, indexes)
-            subjobs = [master.subjobs._built[i] for i in indexes]
+            subjobs = self.e.materialize(master, indexes)
             self.e.move([s.fqid_tuple for s in subjobs], S.SUBMITTING)
             failures = await self.e.ops._submit_runs(subjobs, keep_going=True, on_reject=None)
             if failures and all(s.status == S.NEW for s in subjobs):
@@ -212,8 +211,7 @@ class Partitions:
             p = master.info.partition
             p.update(aggregated=time.time(), failed=False)
             n = len(self.e.sm.master(mid).statuses)
-            self.e.materialize(master, range(n))
-            subjobs = [master.subjobs._built[i] for i in range(n)]
+            subjobs = self.e.materialize(master, range(n))
             labels = [s.info.checkpoint["label"] for s in subjobs if s.info.checkpoint.get("final")]
             self.e.mark_dirty(master)
             if len(labels) < master.min_success * n - 1e-9:
