@@ -51,6 +51,10 @@ class Capabilities:
     runs_wrapper: bool = False
     #: Runs save checkpoint states on another machine: ``fetch_states`` copies them back each tick.
     remote_states: bool = False
+    #: The backend can be asked, by ``RunSpec.key``, whether it got a run (``lookup``). After a crash
+    #: the core uses it to adopt or send again each run caught mid-submission; without it such runs
+    #: go back to ``new`` for the user to decide, never submitted twice behind their back.
+    lookup: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +191,12 @@ class Driver(ABC):
     async def fetch_states(self, handles: Sequence[RunHandle], targets: Sequence[Path]) -> None:
         """Copy each running run's ``.orch-state`` dir into ``targets[i]`` (``remote_states`` drivers)."""
         raise NotImplementedError(f"{type(self).__name__} declares remote_states but has no fetch_states()")
+
+    async def lookup(self, runs: Sequence[RunSpec]) -> list[str | None]:
+        """Runs the core asked for just before it stopped: for each, the backend id of the run the
+        backend got under ``run.key``, or ``None`` when it never got one (so sending it is no
+        duplicate). Raise when the backend cannot be asked now: the core asks again later."""
+        raise NotImplementedError(f"{type(self).__name__} declares lookup but has no lookup()")
 
     # Lifecycle.
     async def serve(self) -> None:  # noqa: B027 - an optional hook, empty by default

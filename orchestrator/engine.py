@@ -26,6 +26,7 @@ from .ids import FQID, fqid_str, parse_fqid_or_none
 from .job import Job
 from .logs import get_logger
 from .plugins import driver_class
+from .reconcile import Reconciler
 from .recovery import ENDINGS, BackendHealth, judge
 from .repository import JobRow, Repository
 from .statemachine import StateMachine, Step
@@ -69,6 +70,8 @@ class Engine:
         self.checkpoints = Checkpoints(self)
         #: Pre-jobs and aggregators of partitioned jobs.
         self.partitions = Partitions(self)
+        #: Runs caught mid-submission by a crash, settled by key at their backends.
+        self.reconciler = Reconciler(self)
 
     # ---------------------------------------------------------------- life
     async def start(self, tg: TaskGroup) -> None:
@@ -95,9 +98,10 @@ class Engine:
         tg.start_soon(self._monitor_loop)
         tg.start_soon(self._consume_reports)
         tg.start_soon(self._flush_loop)
+        tg.start_soon(self.reconciler.run)
 
     async def _recover(self, now: float) -> None:
-        """After a restart: runs caught mid-submission go back to ``new``; the rest are monitored."""
+        """After a restart: runs caught mid-submission are reconciled by key; the rest are monitored."""
         interrupted: list[FQID] = []
         for job_id, job in self.jobs.items():
             if self.sm.is_master(job_id):
@@ -112,14 +116,7 @@ class Engine:
                 interrupted.append((job_id,))
             elif job.status in MONITORED:
                 self._watch(job)
-        # An automatic retry caught mid-way is carried on; any other submission is left new.
-        retrying = [fq for fq in interrupted if (h := self.lookup(fq).info.history) and h[-1].get("action") == "retry"]
-        rollback = [fq for fq in interrupted if fq not in retrying]
-        if rollback:
-            self.log.warning("submission interrupted by a restart; left new", jobs=[fqid_str(f) for f in rollback])
-            self.apply(self.sm.move(rollback, S.NEW, now))
-        if retrying:
-            self._start_retries(retrying)
+        await self.reconciler.start(interrupted)
         await self.flush()
 
     async def close(self) -> None:

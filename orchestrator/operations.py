@@ -182,6 +182,10 @@ class Operations:
             self._configure_shared(master)
             e.sm.split(mid, len(subjobs))
             master.subjobs._built = dict(enumerate(subjobs))
+            if master._prejob is None:  # stored as submitting: the write-ahead record of this submission
+                if master._aggregator is not None:
+                    master.info.partition["phase"] = "subjobs"
+                e.move([s.fqid_tuple for s in subjobs], S.SUBMITTING)
             await e.repo.add_subjobs(e.row(master), [e.row(s) for s in subjobs])
             stored = True
         except BaseException as exc:
@@ -191,7 +195,6 @@ class Operations:
             if isinstance(exc, Exception):
                 raise JobError(f"could not split or configure: {type(exc).__name__}: {exc}", fqid=master.fqid) from exc
             raise
-        ids = [s.fqid_tuple for s in subjobs]
         if master._prejob is not None:  # the subjobs wait, new, for the pre-job to complete
             try:
                 await e.partitions.start_prejob(master)
@@ -202,9 +205,6 @@ class Operations:
                 raise
             await e.flush()
             return
-        if master._aggregator is not None:
-            master.info.partition["phase"] = "subjobs"
-        e.move(ids, S.SUBMITTING)
         failures = await self._submit_runs(subjobs, keep_going=keep_going, on_reject=None)
         if all(s.status == S.NEW for s in subjobs):
             await self._unsplit(master, before, stored=True)
@@ -241,6 +241,9 @@ class Operations:
         bulk (DESIGN.md). Runs never attempted go back to ``new``.
         """
         e = self.e
+        # Write-ahead: each run is on disk as submitting, with the attempt counter that makes its key,
+        # before any backend hears of it; after a crash the key finds it again (reconcile.py).
+        await e.flush()
         failures: list[tuple[str, str]] = []
         groups: dict[str, list[Job]] = {}
         for job in jobs:

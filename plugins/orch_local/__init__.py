@@ -73,7 +73,7 @@ class _Run:
 
 class LocalDriver(Driver):
     name = "local"
-    capabilities = Capabilities(bulk_status=True, runs_wrapper=True)
+    capabilities = Capabilities(bulk_status=True, runs_wrapper=True, lookup=True)
 
     def __init__(self, context: DriverContext) -> None:
         super().__init__(context)
@@ -137,6 +137,13 @@ class LocalDriver(Driver):
         self._wake.set()
         await anyio.lowlevel.checkpoint()
         return run.key
+
+    async def lookup(self, runs: Sequence[RunSpec]) -> list[str | None]:
+        """A run was got if its launch began (an INTENT line); one only queued in a dead process never ran."""
+        self._read_events()
+        await anyio.lowlevel.checkpoint()
+        return [r.key if (got := self._runs.get(r.key)) is not None and got.intent_at is not None else None
+                for r in runs]
 
     def _running(self) -> int:
         return sum(1 for r in self._runs.values() if r.pid is not None and not r.ended)

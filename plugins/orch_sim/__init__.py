@@ -9,7 +9,11 @@ to how many of its first submissions fail; ``outcome`` maps an index to a
 final status, or to a list of them, one per attempt (the job's submit counter). ``bulk`` picks native
 (default) or emulated bulk. A run's whole fate is written into its backend
 id when it is submitted, so status needs no memory and survives a restart of
-the orchestrator. Written against the public driver API only.
+the orchestrator. Every accepted run is also appended to a ledger,
+``submissions.log`` in the driver's state dir (one write per call), the way a
+real backend keeps its queue: ``lookup`` finds runs there by key, and tests
+read it to prove that nothing was submitted twice. Written against the
+public driver API only.
 """
 
 from __future__ import annotations
@@ -72,8 +76,8 @@ def _times(v: Any) -> int | None:
 
 class SimDriver(Driver):
     name = "sim"
-    capabilities = Capabilities(bulk_submit=True, bulk_kill=True, bulk_status=True)
-    _EMULATED = Capabilities(bulk_status=True)
+    capabilities = Capabilities(bulk_submit=True, bulk_kill=True, bulk_status=True, lookup=True)
+    _EMULATED = Capabilities(bulk_status=True, lookup=True)
 
     def __init__(self, context: DriverContext) -> None:
         super().__init__(context)
@@ -81,6 +85,31 @@ class SimDriver(Driver):
         #: submission does not count as an attempt of the job, so it is kept here).
         self._submits: dict[str, int] = {}
         self.calls: dict[str, int] = {"submit": 0, "submit_bulk": 0, "kill": 0, "kill_bulk": 0, "status_bulk": 0}
+        self.ledger = context.statedir / "submissions.log"
+
+    def _record(self, accepted: Sequence[tuple[str, str]]) -> None:
+        """Append ``key backend_id`` lines, flushed to disk before the ids are returned."""
+        if accepted:
+            with open(self.ledger, "a", encoding="utf-8") as f:
+                f.write("".join(f"{key} {backend_id}\n" for key, backend_id in accepted))
+
+    def submissions(self) -> dict[str, list[str]]:
+        """The ledger: backend ids accepted under each key, in order."""
+        out: dict[str, list[str]] = {}
+        try:
+            text = self.ledger.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return out
+        for line in text.splitlines():
+            key, _, backend_id = line.partition(" ")
+            if backend_id:
+                out.setdefault(key, []).append(backend_id)
+        return out
+
+    async def lookup(self, runs: Sequence[RunSpec]) -> list[str | None]:
+        got = self.submissions()
+        await anyio.lowlevel.checkpoint()
+        return [got[r.key][-1] if r.key in got else None for r in runs]
 
     @classmethod
     def validate_settings(cls, settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -121,7 +150,9 @@ class SimDriver(Driver):
     async def submit(self, run: RunSpec) -> str:
         self.calls["submit"] += 1
         await anyio.lowlevel.checkpoint()
-        return self._start(run)
+        backend_id = self._start(run)
+        self._record([(run.key, backend_id)])
+        return backend_id
 
     async def submit_bulk(self, runs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         self.calls["submit_bulk"] += 1
@@ -131,6 +162,7 @@ class SimDriver(Driver):
                 outcomes.append(SubmitOutcome(run.fqid, self._start(run)))
             except SubmitError as exc:
                 outcomes.append(SubmitOutcome(run.fqid, None, str(exc)))
+        self._record([(run.key, o.backend_id) for run, o in zip(runs, outcomes, strict=True) if o.backend_id])
         await anyio.lowlevel.checkpoint()
         return outcomes
 
