@@ -1,8 +1,10 @@
-"""The ``orchestrator`` command: submit, list, show, kill, resubmit, remove and wait for jobs.
+"""The ``orchestrator`` command: submit, list, show, kill, resubmit, remove and wait for jobs; serve a home.
 
-Each command opens the orchestrator home (``--home``; default
-``$ORCHESTRATOR_HOME`` or ``~/.orchestrator``) for as long as it runs, and
-closes it; runs already at a backend carry on in between. Refused
+When a service (``orchestrator serve``) holds the home, each command is a
+request to it over its Unix socket; otherwise the command opens the home
+itself for as long as it runs, and closes it (runs already at a backend
+carry on in between). Both ways go through the same control interface
+(:mod:`orchestrator.control`), so the output is the same. Refused
 operations, bad job files, a busy home and unknown ids end with a one-line
 message on stderr and exit code 2. ``wait`` (and ``submit --wait``, ``demo``)
 exits 0 when the job ended completed, 1 otherwise.
@@ -10,39 +12,32 @@ exits 0 when the job ended completed, 1 otherwise.
 
 from __future__ import annotations
 
-import datetime as dt
 import math
-import os
-import shlex
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
-import anyio.lowlevel
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from rich.text import Text
 from stevedore import ExtensionManager
 
+from . import cli_render as render
+from .control import Control
 from .errors import OrchestratorError
 from .ids import fqid_str, parse_fqid
 from .job import Job
 from .jobfile import demo_job_text, load_job
 from .logs import configure as configure_logs
-from .orchestrator import Orchestrator
-from .status import ALL_STATUSES, FINAL, JobStatus
+from .orchestrator import Orchestrator, default_home
+from .status import ALL_STATUSES, JobStatus
 
 T = TypeVar("T")
 S = JobStatus
 #: Seconds between two refreshes of the live display.
 POLL = 0.2
-#: Subjobs listed by ``show`` on a master.
-SHOW_SUBJOBS = 50
-STYLES = {S.NEW: "dim", S.SUBMITTING: "cyan", S.SUBMITTED: "cyan", S.RUNNING: "yellow", S.COMPLETING: "yellow",
-          S.COMPLETED: "green", S.FAILED: "red", S.KILLED: "magenta", S.HELD: "bright_red"}
 
 
 # ------------------------------------------------------------------ plumbing
@@ -84,22 +79,40 @@ def home_option(f: Callable[..., Any]) -> Callable[..., Any]:
                         help="Orchestrator home (default: $ORCHESTRATOR_HOME or ~/.orchestrator).")(f)
 
 
-def _console() -> Console:
-    """Standard output; wide tables when it is not a terminal, so that a pipe gets whole lines."""
-    console = Console(highlight=False)
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(highlight=False, width=160)
-    return console
+_console = render.console
+_short = render.short
+
+
+def _home(home: Path | None) -> Path:
+    if home is None:
+        home = click.get_current_context().find_root().params.get("home")
+    return Path(home).expanduser().resolve() if home is not None else default_home()
 
 
 def _run(home: Path | None, body: Callable[[Orchestrator], Awaitable[T]]) -> T:
-    """Open the home, run ``body``, close the home."""
-    if home is None:
-        home = click.get_current_context().find_root().params.get("home")
+    """Open the home embedded, run ``body``, close the home (commands that need the objects themselves)."""
+    path = _home(home)
 
     async def main() -> T:
-        async with Orchestrator(home=home) as orch:
+        async with Orchestrator(home=path) as orch:
             return await body(orch)
+
+    return anyio.run(main)
+
+
+def _control(home: Path | None, body: Callable[[Any, Path], Awaitable[T]]) -> T:
+    """Run ``body(control, home)`` through the home's service if one holds it, else on the home opened here."""
+    from .service.client import connect
+
+    path = _home(home)
+
+    async def main() -> T:
+        client = await connect(path)
+        if client is not None:
+            async with client:
+                return await body(client, path)
+        async with Orchestrator(home=path) as orch:
+            return await body(Control(orch), path)
 
     return anyio.run(main)
 
@@ -109,54 +122,6 @@ def _lookup(orch: Orchestrator, ident: str) -> Job:
         return orch.jobs(ident)
     except KeyError:
         raise CliError(f"no job {ident}") from None
-
-
-async def _refresh(orch: Orchestrator) -> None:
-    """Ask each backend once for news before a listing, and let mergers this starts finish."""
-    await orch.engine.poll_once()
-    for _ in range(5):  # the engine applies the reports in its own task
-        await anyio.lowlevel.checkpoint()
-    await _settle(orch)
-
-
-async def _settle(orch: Orchestrator) -> None:
-    """Let mergers due on jobs that just ended run before the home is closed (else they would be lost)."""
-    for job in orch.jobs:
-        if not job.is_active():
-            with anyio.move_on_after(30):
-                await job.wait()
-
-
-def _counts(orch: Orchestrator, job: Job) -> dict[JobStatus, int]:
-    """Per-status subjob counts of a master (from the counters), or ``{status: 1}`` for a runnable job."""
-    fq = job.fqid_tuple
-    sm = orch.engine.sm
-    if len(fq) == 1 and sm.is_master(fq[0]):
-        return sm.master(fq[0]).count_map()
-    return {job.status: 1}
-
-
-def _counts_text(counts: Mapping[JobStatus, int]) -> Text:
-    text = Text()
-    for status in ALL_STATUSES:
-        if counts.get(status):
-            if text:
-                text.append("  ")
-            text.append(f"{status.value} {counts[status]}", style=STYLES[status])
-    return text
-
-
-def _status(status: JobStatus) -> Text:
-    return Text(status.value, style=STYLES[status])
-
-
-def _iso(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts).astimezone().isoformat(timespec="milliseconds")
-
-
-def _short(value: Any, limit: int = 200) -> str:
-    text = value if isinstance(value, str) else repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # ------------------------------------------------------------------ commands
@@ -179,13 +144,13 @@ def submit(jobfile: Path, keep_going: bool, wait_: bool, timeout: float | None, 
     """Add the job described by JOBFILE (TOML) and submit it; print its id."""
     job = load_job(jobfile)  # before the home is opened: a bad file leaves nothing behind
 
-    async def body(orch: Orchestrator) -> int:
-        added = await orch.jobs.add(job)
-        click.echo(added.id)  # before submit(): if that fails, the job still exists, and the error names it
-        await added.submit(keep_going=keep_going)
-        return await _follow(orch, added, timeout) if wait_ else 0
+    async def body(ctl: Any, _home: Path) -> int:
+        added = await ctl.add(name=job.name, spec=job.spec())
+        click.echo(added["fqid"])  # before submit(): if that fails, the job still exists, and the error names it
+        await ctl.submit(fqid=added["fqid"], keep_going=keep_going)
+        return await _follow(ctl, added["fqid"], timeout) if wait_ else 0
 
-    click.get_current_context().exit(_run(home, body))
+    click.get_current_context().exit(_control(home, body))
 
 
 @cli.command()
@@ -196,27 +161,15 @@ def submit(jobfile: Path, keep_going: bool, wait_: bool, timeout: float | None, 
 def jobs(statuses: tuple[str, ...], name: str | None, home: Path | None) -> None:
     """List the top-level jobs with their subjob counts per status."""
 
-    async def body(orch: Orchestrator) -> None:
-        await _refresh(orch)
-        selected = list(orch.jobs.select(status=list(statuses) or None, name=name))
+    async def body(ctl: Any, _home: Path) -> None:
+        selected = await ctl.jobs(status=list(statuses) or None, name=name)
         console = _console()
         if not selected:
             console.print("no jobs")
             return
-        counts = {j.fqid: _counts(orch, j) if orch.engine.sm.is_master(j.fqid_tuple[0]) else {} for j in selected}
-        shown = [s for s in ALL_STATUSES if any(c.get(s) for c in counts.values())]
-        table = Table(box=None, header_style="bold")
-        for col in ("id", "name", "status", "backend", "subjobs", *(s.value for s in shown)):
-            numeric = col in ("id", "subjobs") or col in {s.value for s in shown}
-            table.add_column(col, justify="right" if numeric else "left", no_wrap=col != "name")
-        for j in selected:
-            c = counts[j.fqid]
-            cells = [Text(str(c.get(s, "")), style=STYLES[s]) for s in shown]
-            table.add_row(j.fqid, Text(j.name), _status(j.status), Text(j.backend.name),
-                          str(sum(c.values())) if c else "", *cells)
-        console.print(table)
+        console.print(render.jobs_table(selected))
 
-    _run(home, body)
+    _control(home, body)
 
 
 @cli.command()
@@ -225,77 +178,10 @@ def jobs(statuses: tuple[str, ...], name: str | None, home: Path | None) -> None
 def show(job_id: str, home: Path | None) -> None:
     """Show a job (ID: 3) or a subjob (ID: 3.1) in full."""
 
-    async def body(orch: Orchestrator) -> None:
-        await _refresh(orch)
-        _show(orch, _lookup(orch, job_id), _console())
+    async def body(ctl: Any, _home: Path) -> None:
+        render.show(await ctl.show(fqid=job_id), _console())
 
-    _run(home, body)
-
-
-def _show(orch: Orchestrator, job: Job, console: Console) -> None:
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold", no_wrap=True)
-    grid.add_column()
-
-    def row(key: str, value: Any) -> None:
-        grid.add_row(key, value if isinstance(value, Text) else Text(str(value)))
-
-    row("job", Text(job.fqid, style="bold"))
-    if job.parent is not None:
-        row("master", job.parent.fqid)
-    row("name", job.name)
-    row("status", _status(job.status))
-    settings = ", ".join(f"{k}={_short(v, 60)}" for k, v in job.backend.settings.items())
-    row("backend", job.backend.name + (f" ({settings})" if settings else ""))
-    app = job.application
-    if app is not None:
-        row("application", shlex.join([app.exe, *app.args]))
-        if app.env:
-            row("env", " ".join(f"{k}={v}" for k, v in app.env.items()))
-    row("inputfiles", "\n".join(job.inputfiles) or "-")
-    row("outputfiles", "\n".join(job.outputfiles) or "-")
-    row("mode", job.mode)
-    if job.splitter is not None:
-        row("splitter", _short(job.splitter))
-    if job.merger is not None:
-        row("merger", _short(job.merger))
-    row("backend_id", job.backend_id or "-")
-    info = job.info
-    row("submit_counter", info.submit_counter)
-    stamps = sorted(info.timestamps.items(), key=lambda kv: kv[1])
-    row("timestamps", "\n".join(f"{k:<11}{_iso(t)}" for k, t in stamps) or "-")
-    if info.reason:
-        row("reason", Text(info.reason, style="red"))
-    for i, entry in enumerate(info.history):
-        row("history" if i == 0 else "", ", ".join(f"{k}={_short(v, 80)}" for k, v in entry.items()))
-    if info.retry_args:
-        row("retry_args", " ".join(info.retry_args))
-    row("outputdir", str(job.outputdir))
-    counts = _counts(orch, job)
-    master = job.parent is None and orch.engine.sm.is_master(job.fqid_tuple[0])
-    if master:
-        row("subjobs", Text(f"{sum(counts.values())}: ") + _counts_text(counts))
-    console.print(grid)
-    if master:
-        _show_subjobs(orch, job, console)
-
-
-def _show_subjobs(orch: Orchestrator, job: Job, console: Console) -> None:
-    n = len(job.subjobs)
-    first = list(range(min(n, SHOW_SUBJOBS)))
-    orch.engine.materialize(job, first)  # one query for the page, not one per subjob
-    table = Table(box=None, header_style="bold", title=None)
-    for col in ("id", "status", "args", "submits", "backend_id", "reason"):
-        table.add_column(col, no_wrap=col in ("id", "status", "submits"), overflow="fold")
-    for i in first:
-        sub = job.subjobs[i]
-        args = " ".join(sub.application.args) if sub.application else ""
-        table.add_row(sub.fqid, _status(sub.status), Text(_short(args, 60)), str(sub.info.submit_counter),
-                      Text(sub.backend_id or "-"), Text(sub.info.reason or "", style="red"))
-    console.print()
-    console.print(table)
-    if n > len(first):
-        console.print(Text(f"... and {n - len(first)} more subjobs (orchestrator show {job.fqid}.N)", style="dim"))
+    _control(home, body)
 
 
 @cli.command()
@@ -305,13 +191,11 @@ def _show_subjobs(orch: Orchestrator, job: Job, console: Console) -> None:
 def kill(job_id: str, keep_going: bool, home: Path | None) -> None:
     """Kill a job (every active subjob of a master) or one subjob."""
 
-    async def body(orch: Orchestrator) -> None:
-        job = _lookup(orch, job_id)
-        await job.kill(keep_going=keep_going)
-        await _settle(orch)
-        click.echo(f"job {job.fqid}: {job.status.value}")
+    async def body(ctl: Any, _home: Path) -> None:
+        job = await ctl.kill(fqid=job_id, keep_going=keep_going)
+        click.echo(f"job {job['fqid']}: {job['status']}")
 
-    _run(home, body)
+    _control(home, body)
 
 
 @cli.command()
@@ -325,25 +209,24 @@ def resubmit(job_id: str, all_: bool, keep_going: bool, from_state: Path | None,
     """Resubmit a master's failed subjobs (--all: and killed ones), or one job or subjob."""
     state = from_state.read_text(encoding="utf-8") if from_state is not None else None
 
-    async def body(orch: Orchestrator) -> None:
-        job = _lookup(orch, job_id)
+    async def body(ctl: Any, _home: Path) -> None:
         if state is not None:
-            await job.resubmit(keep_going=keep_going, from_state=state)
-            click.echo(f"job {job.fqid}: resubmitted from state {from_state}; {job.status.value}")
+            job = await ctl.resubmit(fqid=job_id, keep_going=keep_going, from_state=state)
+            click.echo(f"job {job['fqid']}: resubmitted from state {from_state}; {job['status']}")
             return
         what = ""
-        if len(job.fqid_tuple) == 1 and orch.engine.sm.is_master(job.fqid_tuple[0]):
-            counts = _counts(orch, job)
-            n = sum(counts.get(s, 0) for s in (S.FAILED, S.NEW, *((S.KILLED,) if all_ else ())))
+        counts = (await ctl.show(fqid=job_id, subjobs=0))["counts"]
+        if counts:
+            n = sum(counts.get(s.value, 0) for s in (S.FAILED, S.NEW, *((S.KILLED,) if all_ else ())))
             if not n:
-                hint = " (--all takes the killed ones too)" if counts.get(S.KILLED) and not all_ else ""
-                click.echo(f"job {job.fqid}: no subjob to resubmit{hint}")
+                hint = " (--all takes the killed ones too)" if counts.get("killed") and not all_ else ""
+                click.echo(f"job {job_id}: no subjob to resubmit{hint}")
                 return
             what = f" {n} subjob(s)"
-        await job.resubmit(only_failed=not all_, keep_going=keep_going)
-        click.echo(f"job {job.fqid}: resubmitted{what}; {job.status.value}")
+        job = await ctl.resubmit(fqid=job_id, only_failed=not all_, keep_going=keep_going)
+        click.echo(f"job {job['fqid']}: resubmitted{what}; {job['status']}")
 
-    _run(home, body)
+    _control(home, body)
 
 
 @cli.command()
@@ -353,12 +236,11 @@ def resubmit(job_id: str, all_: bool, keep_going: bool, from_state: Path | None,
 def release(job_id: str, args: tuple[str, ...], home: Path | None) -> None:
     """Resume a held job, or a master's held subjobs, optionally with new retry arguments."""
 
-    async def body(orch: Orchestrator) -> None:
-        job = _lookup(orch, job_id)
-        await job.release(retry_args=list(args) if args else None)
-        click.echo(f"job {job.fqid}: released; {job.status.value}")
+    async def body(ctl: Any, _home: Path) -> None:
+        job = await ctl.release(fqid=job_id, retry_args=list(args) if args else None)
+        click.echo(f"job {job['fqid']}: released; {job['status']}")
 
-    _run(home, body)
+    _control(home, body)
 
 
 @cli.command()
@@ -367,13 +249,11 @@ def release(job_id: str, args: tuple[str, ...], home: Path | None) -> None:
 def remove(job_id: str, home: Path | None) -> None:
     """Forget a final or new top-level job and delete its workspace."""
 
-    async def body(orch: Orchestrator) -> None:
-        job = _lookup(orch, job_id)
-        fqid = job.fqid
-        await job.remove()
-        click.echo(f"job {fqid}: removed")
+    async def body(ctl: Any, _home: Path) -> None:
+        gone = await ctl.remove(fqid=job_id)
+        click.echo(f"job {gone['fqid']}: removed")
 
-    _run(home, body)
+    _control(home, body)
 
 
 @cli.command()
@@ -382,58 +262,52 @@ def remove(job_id: str, home: Path | None) -> None:
 @home_option
 def wait(job_id: str, timeout: float | None, home: Path | None) -> None:
     """Follow a job until nothing of it is active; exit 0 if it ended completed, else 1."""
-    click.get_current_context().exit(_run(home, lambda orch: _follow(orch, _lookup(orch, job_id), timeout)))
+    click.get_current_context().exit(_control(home, lambda ctl, _home: _follow(ctl, job_id, timeout)))
 
 
-async def _follow(orch: Orchestrator, job: Job, timeout: float | None) -> int:
-    """Show the job's progress until ``job.wait()`` returns: live on a terminal, else one line at the end."""
+async def _follow(ctl: Any, fqid: str, timeout: float | None) -> int:
+    """Show the job's progress until it is no longer active: live on a terminal, else one line at the end."""
     console = _console()
+    job: dict[str, Any] = await ctl.wait(fqid=fqid, timeout=0)
 
-    def snapshot() -> tuple[int, int, dict[JobStatus, int]]:
-        counts = _counts(orch, job)
-        return sum(counts.get(s, 0) for s in FINAL), sum(counts.values()), counts
-
-    async def until_done(render: Callable[[], None]) -> bool:
+    async def until_done(render_now: Callable[[], None]) -> bool:
+        nonlocal job
         with anyio.move_on_after(math.inf if timeout is None else timeout) as scope:
-            while True:
-                render()
-                with anyio.move_on_after(POLL) as tick:
-                    await job.wait()
-                if not tick.cancelled_caught:
-                    break
-        render()
+            while job["timed_out"]:
+                render_now()
+                job = await ctl.wait(fqid=fqid, timeout=POLL)
+        render_now()
         return scope.cancelled_caught
 
     if console.is_terminal:
         columns = (TextColumn("job {task.fields[fqid]} {task.fields[status]}"), BarColumn(),
                    MofNCompleteColumn(), TextColumn("{task.fields[counts]}"), TimeElapsedColumn())
-        with Progress(*columns, console=console, auto_refresh=False) as progress:
-            task = progress.add_task("", total=1, fqid=job.fqid, status=_status(job.status).markup, counts="")
+        with Progress(*columns, console=console, auto_refresh=False) as bar:
+            task = bar.add_task("", total=1, fqid=fqid, status=render.status_text(job["status"]).markup, counts="")
 
-            def render() -> None:
-                final, total, counts = snapshot()
-                progress.update(task, completed=final, total=max(total, 1), status=_status(job.status).markup,
-                                counts=_counts_text(counts).markup)
-                progress.refresh()
+            def render_now() -> None:
+                final, total = render.progress(job)
+                bar.update(task, completed=final, total=max(total, 1), counts=render.counts_text(job["counts"]).markup,
+                           status=render.status_text(job["status"]).markup)
+                bar.refresh()
 
-            timed_out = await until_done(render)
+            timed_out = await until_done(render_now)
     else:
         timed_out = await until_done(lambda: None)
-    final, total, counts = snapshot()
-    status = job.status
-    line = Text(f"job {job.fqid} ")
-    line.append(status.value, style=STYLES[status])
+    final, total = render.progress(job)
+    line = Text(f"job {job['fqid']} ")
+    line.append(job["status"], style=render.STYLES[JobStatus(job["status"])])
     line.append(f": {final}/{total} final")
-    if counts:
-        line.append(" (").append_text(_counts_text(counts)).append(")")
-    if job.info.reason:
-        line.append(f"; {job.info.reason}", style="red")
+    if job["counts"]:
+        line.append(" (").append_text(render.counts_text(job["counts"])).append(")")
+    if job["reason"]:
+        line.append(f"; {job['reason']}", style="red")
     console.print(line, soft_wrap=True)
     if timed_out:
-        Console(stderr=True).print(Text(f"timed out after {timeout:g} s; job {job.fqid} goes on", style="yellow"),
+        Console(stderr=True).print(Text(f"timed out after {timeout:g} s; job {fqid} goes on", style="yellow"),
                                    soft_wrap=True)
         return 1
-    return 0 if status == S.COMPLETED else 1
+    return 0 if job["status"] == S.COMPLETED else 1
 
 
 @cli.command()
@@ -443,25 +317,43 @@ async def _follow(orch: Orchestrator, job: Job, timeout: float | None) -> int:
 def demo(subjobs: int, home: Path | None) -> None:
     """Run a small job on this machine: N subjobs square their index; print the merged output."""
 
-    async def body(orch: Orchestrator) -> int:
-        path = orch.home / "demo" / "demo.toml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(demo_job_text(subjobs))
-        job = await orch.jobs.add(load_job(path))
+    async def body(ctl: Any, path: Path) -> int:
+        jobfile = path / "demo" / "demo.toml"
+        jobfile.parent.mkdir(parents=True, exist_ok=True)
+        jobfile.write_text(demo_job_text(subjobs))
+        job = load_job(jobfile)
+        added = await ctl.add(name=job.name, spec=job.spec())
         console = _console()
-        console.print(Text(f"demo: job {job.id}, {subjobs} subjobs on the local backend (job file {path})"),
+        console.print(Text(f"demo: job {added['fqid']}, {subjobs} subjobs on the local backend (job file {jobfile})"),
                       soft_wrap=True)
-        await job.submit(keep_going=True)
-        code = await _follow(orch, job, None)
-        merged = job.outputdir / "stdout"
+        await ctl.submit(fqid=added["fqid"], keep_going=True)
+        code = await _follow(ctl, added["fqid"], None)
+        detail = await ctl.show(fqid=added["fqid"], subjobs=0)
+        merged = Path(detail["outputdir"]) / "stdout"
         console.print(Text(f"merged output ({merged}):", style="bold"), soft_wrap=True)
         try:
             click.echo(merged.read_text(), nl=False)
         except FileNotFoundError:
-            raise CliError(f"job {job.fqid}: no merged output at {merged} ({job.info.reason or job.status})") from None
+            raise CliError(f"job {added['fqid']}: no merged output at {merged} "
+                           f"({detail['reason'] or detail['status']})") from None
         return code
 
-    click.get_current_context().exit(_run(home, body))
+    click.get_current_context().exit(_control(home, body))
+
+
+@cli.command()
+@click.option("--tcp-port", type=int, default=None,
+              help="Also listen on 127.0.0.1:PORT (0: any free port), bearer token required. Default: [service].")
+@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The bearer token for TCP clients (created, mode 0600, if missing). "
+                   "Default: [service] token_file, else <home>/service/token.")
+@home_option
+def serve(tcp_port: int | None, token_file: Path | None, home: Path | None) -> None:
+    """Run the service on a home until SIGTERM: monitoring, control API on a Unix socket, status page."""
+    from .service.daemon import run_service
+
+    path = _home(home)
+    click.get_current_context().exit(anyio.run(lambda: run_service(path, tcp_port=tcp_port, token_file=token_file)))
 
 
 def main() -> None:

@@ -70,5 +70,9 @@ class Config:
     def retry(self) -> dict[str, Any]:
         return self.data["retry"]  # type: ignore[no-any-return]
 
+    def section(self, name: str) -> dict[str, Any]:
+        """One table (``service``, ``workflow``...) with the defaults filled in."""
+        return dict(self.data.get(name, {}))
+
     def backend(self, name: str) -> dict[str, Any]:
         return dict(self.data.get("backends", {}).get(name, {}))

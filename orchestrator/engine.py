@@ -63,6 +63,7 @@ class Engine:
         self._spec_dirty: set[FQID] = set()
         self._changed = anyio.Event()
         self._flush_lock = anyio.Lock()
+        self._tick_lock = anyio.Lock()
         self._locks: dict[int, anyio.Lock] = {}
         self._tg: TaskGroup | None = None
         self.health = BackendHealth(float(config.core["lost_after_seconds"]), float(config.core["poll_interval"]))
@@ -120,7 +121,7 @@ class Engine:
         await self.flush()
 
     async def close(self) -> None:
-        with anyio.move_on_after(60):  # retries and mergers under way finish and are recorded
+        with anyio.move_on_after(float(self.config.core["close_grace"])):  # retries, mergers under way finish
             await self.wait_for(lambda: not self.postprocessing and not self.retrying and not self.partitions.busy,
                                 None)
         await self.flush()
@@ -282,7 +283,15 @@ class Engine:
         interval = float(self.config.core["poll_interval"])
         while True:
             await anyio.sleep(interval)
-            await self.poll_once()
+            async with self._tick_lock:
+                await self.poll_once()
+
+    async def stop_ticking(self, timeout: float) -> None:
+        """Let the tick under way finish and apply its reports; start no other (a graceful stop)."""
+        with anyio.move_on_after(timeout):
+            await self._tick_lock.acquire()  # held until the loop is cancelled: no new tick begins
+            while self.bus.reports.statistics().current_buffer_used:
+                await anyio.sleep(0.01)
 
     async def refresh(self) -> None:
         """Ask every backend now and apply its answers before returning."""

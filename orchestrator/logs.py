@@ -13,10 +13,12 @@ from typing import Any
 import structlog
 
 
-def configure(*, json: bool | None = None, level: str = "WARNING") -> None:
-    """Configure structlog once per process; ``json=None`` picks by terminal."""
+def configure(*, json: bool | None = None, level: str = "WARNING", stream: Any = None) -> None:
+    """Configure structlog once per process; ``json=None`` picks by terminal. Lines go to ``stream``
+    (default stderr; the service logs to stdout, for supervisord to keep)."""
+    out = sys.stderr if stream is None else stream
     if json is None:
-        json = not sys.stderr.isatty()
+        json = not out.isatty()
     renderer: Any = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
         processors=[
@@ -28,7 +30,7 @@ def configure(*, json: bool | None = None, level: str = "WARNING") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=out),
         cache_logger_on_first_use=False,
     )
 

@@ -27,7 +27,7 @@ from .errors import JobError
 from .ids import parse_fqid
 from .job import Job, JobSlice, _status_set
 from .logs import configure as configure_logs
-from .repository import HomeLock, Repository
+from .repository import SERVICE_ROLE, HomeLock, Repository
 from .status import JobStatus
 
 
@@ -91,9 +91,12 @@ class Orchestrator:
     ``config`` overrides settings of ``orchestrator.toml`` (same tables).
     """
 
-    def __init__(self, home: str | os.PathLike[str] | None = None, config: dict[str, Any] | None = None) -> None:
+    def __init__(self, home: str | os.PathLike[str] | None = None, config: dict[str, Any] | None = None, *,
+                 role: str = "") -> None:
         self.home = Path(home).expanduser().resolve() if home is not None else default_home()
         self._overrides = config
+        #: ``"service"`` when ``orchestrator serve`` holds the home (named to whoever else tries to open it).
+        self._role = SERVICE_ROLE if role == "service" else role
         self._stack: AsyncExitStack | None = None
         self._engine: Engine | None = None
 
@@ -119,7 +122,7 @@ class Orchestrator:
         stack = AsyncExitStack()
         await stack.__aenter__()
         try:
-            lock = HomeLock(self.home / "lock")
+            lock = HomeLock(self.home / "lock", self._role)
             lock.acquire()
             stack.callback(lock.release)
             repo = Repository(self.home / "repository.sqlite")

@@ -106,11 +106,17 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
+#: The lock holder's name for ``orchestrator serve``.
+SERVICE_ROLE = "the orchestrator service"
+
+
 class HomeLock:
     """An exclusive, advisory lock on a home, released when the process exits."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, role: str = "") -> None:
         self.path = path
+        #: Written in the lock file, for the message another process gets ("the orchestrator service").
+        self.role = role
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -121,11 +127,14 @@ class HomeLock:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
             raise HomeLockedError(
-                f"orchestrator home {self.path.parent} is in use by {holder}; "
-                "close that orchestrator (or talk to its service) first"
+                f"orchestrator home {self.path.parent} is in use by {holder}; " + (
+                    "the CLI goes through it, and Python code through orchestrator.service.ServiceClient; "
+                    "or stop the service first" if holder.startswith(SERVICE_ROLE) else
+                    "close that orchestrator (or talk to its service) first")
             ) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        who = f"{self.role}, " if self.role else ""
+        os.pwrite(fd, f"{who}pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         self._fd = fd
 
     def release(self) -> None:

@@ -1,0 +1,130 @@
+"""What the CLI prints, built from the control interface's plain dicts (the same from a service or embedded)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from .status import ALL_STATUSES, FINAL, JobStatus
+
+S = JobStatus
+STYLES = {S.NEW: "dim", S.SUBMITTING: "cyan", S.SUBMITTED: "cyan", S.RUNNING: "yellow", S.COMPLETING: "yellow",
+          S.COMPLETED: "green", S.FAILED: "red", S.KILLED: "magenta", S.HELD: "bright_red"}
+
+
+def console() -> Console:
+    """Standard output; wide tables when it is not a terminal, so that a pipe gets whole lines."""
+    out = Console(highlight=False)
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out = Console(highlight=False, width=160)
+    return out
+
+
+def counts_text(counts: Mapping[str, int]) -> Text:
+    text = Text()
+    for status in ALL_STATUSES:
+        if counts.get(status.value):
+            if text:
+                text.append("  ")
+            text.append(f"{status.value} {counts[status.value]}", style=STYLES[status])
+    return text
+
+
+def status_text(status: str) -> Text:
+    return Text(status, style=STYLES[JobStatus(status)])
+
+
+def iso(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts).astimezone().isoformat(timespec="milliseconds")
+
+
+def short(value: Any, limit: int = 200) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def progress(summary: Mapping[str, Any]) -> tuple[int, int]:
+    """(final, total) subjobs of a master; a runnable job counts as one."""
+    counts: Mapping[str, int] = summary["counts"] or {summary["status"]: 1}
+    return sum(counts.get(s.value, 0) for s in FINAL), sum(counts.values())
+
+
+def jobs_table(summaries: list[dict[str, Any]]) -> Table:
+    shown = [s for s in ALL_STATUSES if any(j["counts"].get(s.value) for j in summaries)]
+    table = Table(box=None, header_style="bold")
+    for col in ("id", "name", "status", "backend", "subjobs", *(s.value for s in shown)):
+        numeric = col in ("id", "subjobs") or col in {s.value for s in shown}
+        table.add_column(col, justify="right" if numeric else "left", no_wrap=col != "name")
+    for j in summaries:
+        c = j["counts"]
+        cells = [Text(str(c.get(s.value, "")), style=STYLES[s]) for s in shown]
+        table.add_row(j["fqid"], Text(j["name"]), status_text(j["status"]), Text(j["backend"]),
+                      str(j["subjobs"]) if c else "", *cells)
+    return table
+
+
+def show(detail: dict[str, Any], out: Console) -> None:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+
+    def row(key: str, value: Any) -> None:
+        grid.add_row(key, value if isinstance(value, Text) else Text(str(value)))
+
+    row("job", Text(detail["fqid"], style="bold"))
+    if detail["master"] is not None:
+        row("master", detail["master"])
+    row("name", detail["name"])
+    row("status", status_text(detail["status"]))
+    settings = ", ".join(f"{k}={short(v, 60)}" for k, v in detail["backend_settings"].items())
+    row("backend", detail["backend"] + (f" ({settings})" if settings else ""))
+    app = detail["application"]
+    if app is not None:
+        row("application", shlex.join([app["exe"], *app.get("args", [])]))
+        if app.get("env"):
+            row("env", " ".join(f"{k}={v}" for k, v in app["env"].items()))
+    row("inputfiles", "\n".join(detail["inputfiles"]) or "-")
+    row("outputfiles", "\n".join(detail["outputfiles"]) or "-")
+    row("mode", detail["mode"])
+    for key in ("splitter", "merger"):
+        if detail[key] is not None:
+            row(key, short(detail[key]))
+    row("backend_id", detail["backend_id"] or "-")
+    info = detail["info"]
+    row("submit_counter", info.get("submit_counter", 0))
+    stamps = sorted(info.get("timestamps", {}).items(), key=lambda kv: kv[1])
+    row("timestamps", "\n".join(f"{k:<11}{iso(t)}" for k, t in stamps) or "-")
+    if info.get("reason"):
+        row("reason", Text(info["reason"], style="red"))
+    for i, entry in enumerate(info.get("history", [])):
+        row("history" if i == 0 else "", ", ".join(f"{k}={short(v, 80)}" for k, v in entry.items()))
+    if info.get("retry_args"):
+        row("retry_args", " ".join(info["retry_args"]))
+    row("outputdir", detail["outputdir"])
+    if detail["counts"]:
+        row("subjobs", Text(f"{detail['subjobs']}: ") + counts_text(detail["counts"]))
+    out.print(grid)
+    if detail["counts"]:
+        _subjobs(detail, out)
+
+
+def _subjobs(detail: dict[str, Any], out: Console) -> None:
+    table = Table(box=None, header_style="bold", title=None)
+    for col in ("id", "status", "args", "submits", "backend_id", "reason"):
+        table.add_column(col, no_wrap=col in ("id", "status", "submits"), overflow="fold")
+    rows = detail["subjob_rows"]
+    for sub in rows:
+        table.add_row(sub["fqid"], status_text(sub["status"]), Text(short(" ".join(sub["args"]), 60)),
+                      str(sub["submits"]), Text(sub["backend_id"] or "-"), Text(sub["reason"] or "", style="red"))
+    out.print()
+    out.print(table)
+    n = detail["subjobs"]
+    if n > len(rows):
+        out.print(Text(f"... and {n - len(rows)} more subjobs (orchestrator show {detail['fqid']}.N)", style="dim"))

@@ -1,0 +1,156 @@
+"""The service's HTTP routes: the control methods, the status stream, the status page, the health check.
+
+- ``POST /api/<method>`` with the keyword arguments as a JSON object calls
+  :class:`~orchestrator.control.Control` (``GET`` with query parameters for
+  the read-only ones); errors come back as ``{"error", "message", "fqid",
+  "field"}`` with 404 (unknown job), 409 (refused), 400 (bad request).
+- ``GET /api/events``: server-sent events, one per batch of status changes.
+- ``GET /health``: 200 while the service runs.
+- ``GET /``: the live status page.
+
+Who may call: on the Unix socket only the owner's uid (checked with
+``SO_PEERCRED``, besides the 0600 socket in a 0700 directory); on TCP only a
+client that shows the token (``Authorization: Bearer``, or the cookie the
+page sets after ``/?token=...``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import AsyncIterator
+from importlib import resources
+from typing import Any
+
+import anyio
+
+from ..bus import EventBus
+from ..control import METHODS, Control, UnknownJobError
+from ..errors import JobError, OrchestratorError
+from ..ids import fqid_str
+from .http import Request, Response
+
+#: Methods a ``GET`` may call: they change nothing.
+READ_ONLY = frozenset({"health", "jobs", "select", "state", "show"})
+#: Parameters that are lists when passed in a query string.
+LIST_PARAMS = frozenset({"status", "retry_args"})
+COOKIE = "orch_token"
+#: Seconds between two keep-alive comments on an idle event stream.
+HEARTBEAT = 15.0
+
+
+class Api:
+    def __init__(self, control: Control, bus: EventBus, *, token: str | None, owner_uid: int | None = None) -> None:
+        self.control = control
+        self.bus = bus
+        self.token = token
+        self.owner_uid = os.getuid() if owner_uid is None else owner_uid
+
+    async def __call__(self, req: Request) -> Response:
+        if req.method == "GET" and req.path == "/" and "token" in req.query and req.via == "tcp":
+            return self._login(req.query["token"][0])
+        refused = self._refuse(req)
+        if refused is not None:
+            return refused
+        if req.path in ("/", "/index.html") and req.method in ("GET", "HEAD"):
+            return Response(200, _page(), "text/html; charset=utf-8")
+        if req.path == "/health" and req.method in ("GET", "HEAD"):
+            return Response.json(await self.control.health())
+        if req.path == "/api/events" and req.method == "GET":
+            return Response(200, content_type="text/event-stream", stream=self._events())
+        if req.path.startswith("/api/"):
+            return await self._call(req, req.path.removeprefix("/api/"))
+        return _error(404, "not found", f"no route {req.method} {req.path}")
+
+    # ------------------------------------------------------------ access
+    def _refuse(self, req: Request) -> Response | None:
+        if req.via == "unix":
+            if req.peer_uid != self.owner_uid:
+                return _error(403, "forbidden", "only the service's owner may use its socket")
+            return None
+        shown = _bearer(req.headers.get("authorization", "")) or _cookie(req.headers.get("cookie", ""), COOKIE)
+        if self.token is None or shown is None or not secrets.compare_digest(shown.encode(), self.token.encode()):
+            response = _error(401, "unauthorized", "a bearer token is required (see the service's token file)")
+            response.headers.append(("www-authenticate", 'Bearer realm="orchestrator"'))
+            return response
+        return None
+
+    def _login(self, shown: str) -> Response:
+        """``/?token=...`` from a browser: keep the token in a cookie and drop it from the address bar."""
+        if self.token is None or not secrets.compare_digest(shown.encode(), self.token.encode()):
+            return _error(401, "unauthorized", "wrong token")
+        cookie = f"{COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/"
+        return Response(303, b"", "text/plain", headers=[("location", "/"), ("set-cookie", cookie)])
+
+    # ------------------------------------------------------------ methods
+    async def _call(self, req: Request, method: str) -> Response:
+        if method not in METHODS:
+            return _error(404, "not found", f"no method {method!r}")
+        if req.method == "GET" and method in READ_ONLY:
+            kwargs: Any = {k: (v if k in LIST_PARAMS else v[-1]) for k, v in req.query.items()}
+        elif req.method == "POST":
+            try:
+                kwargs = req.json()
+            except (ValueError, UnicodeDecodeError) as exc:
+                return _error(400, "bad request", f"the body is not JSON: {exc}")
+            if not isinstance(kwargs, dict):
+                return _error(400, "bad request", "the body must be a JSON object of arguments")
+        else:
+            return _error(405, "method not allowed", f"{req.method} /api/{method}")
+        try:
+            result = await getattr(self.control, method)(**kwargs)
+        except UnknownJobError as exc:
+            return _error(404, "unknown job", str(exc), fqid=_fqid(kwargs))
+        except JobError as exc:
+            return _error(409, "refused", str(exc), fqid=exc.fqid, field=exc.field)
+        except OrchestratorError as exc:
+            return _error(409, "refused", str(exc))
+        except TypeError as exc:  # arguments that do not fit the method
+            return _error(400, "bad request", f"{method}: {exc}")
+        return Response.json(result)
+
+    async def _events(self) -> AsyncIterator[bytes]:
+        """Status changes as server-sent events until the client or the service goes."""
+        receive = self.bus.subscribe()
+        with receive:
+            yield b": status changes follow\n\n"
+            while True:
+                with anyio.move_on_after(HEARTBEAT) as idle:
+                    try:
+                        event = await receive.receive()
+                    except anyio.EndOfStream:
+                        return
+                if idle.cancelled_caught:
+                    yield b": idle\n\n"
+                    continue
+                changes = [[fqid_str(f), o.value, n.value] for f, o, n in zip(event.ids, event.old, event.new,
+                                                                             strict=True)]
+                data = json.dumps({"time": event.time, "changes": changes}, separators=(",", ":"))
+                yield f"data: {data}\n\n".encode()
+
+
+def _page() -> bytes:
+    return resources.files(__package__).joinpath("page.html").read_bytes()
+
+
+def _error(status: int, error: str, message: str, *, fqid: str | None = None, field: str | None = None) -> Response:
+    return Response.json({"error": error, "message": message, "fqid": fqid, "field": field}, status)
+
+
+def _fqid(kwargs: Any) -> str | None:
+    value = kwargs.get("fqid") if isinstance(kwargs, dict) else None
+    return str(value) if value is not None else None
+
+
+def _bearer(value: str) -> str | None:
+    scheme, _, token = value.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def _cookie(header: str, name: str) -> str | None:
+    for part in header.split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == name and value:
+            return value
+    return None

@@ -1,0 +1,140 @@
+"""A client of the service's control API (httpx, over the Unix socket or TCP with a token).
+
+``ServiceClient`` has the methods of :class:`~orchestrator.control.Control`
+(``await client.jobs()``, ``await client.submit("3")``...) with the same
+arguments and results, and raises the same errors: an unknown job is an
+:class:`~orchestrator.control.UnknownJobError`, a refused operation a
+:class:`~orchestrator.errors.JobError` naming the job and the field.
+``events()`` follows the stream of status changes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import anyio
+import httpx
+
+from ..control import METHODS, UnknownJobError
+from ..errors import JobError, OrchestratorError
+from ..repository import SERVICE_ROLE
+from .daemon import ServicePaths
+
+
+class ServiceUnavailable(OrchestratorError):
+    """No service answers on this home."""
+
+
+class ServiceClient:
+    """``ServiceClient(socket=...)`` on this machine, or ``ServiceClient(url=..., token=...)`` over TCP."""
+
+    def __init__(self, *, socket: str | os.PathLike[str] | None = None, url: str | None = None,
+                 token: str | None = None) -> None:
+        if (socket is None) == (url is None):
+            raise ValueError("give either socket= or url=")
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        transport = httpx.AsyncHTTPTransport(uds=os.fspath(socket)) if socket is not None else None
+        self.where = os.fspath(socket) if socket is not None else str(url)
+        self._http = httpx.AsyncClient(transport=transport, base_url=url or "http://orchestrator", headers=headers,
+                                       timeout=httpx.Timeout(None, connect=5.0))
+
+    @classmethod
+    def for_home(cls, home: str | os.PathLike[str]) -> ServiceClient:
+        return cls(socket=ServicePaths(Path(home)).socket)
+
+    async def __aenter__(self) -> ServiceClient:
+        await self._http.__aenter__()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self._http.__aexit__(exc_type, exc, tb)
+
+    async def call(self, method: str, **kwargs: Any) -> Any:
+        try:
+            response = await self._http.post(f"/api/{method}", json=kwargs)
+        except httpx.TransportError as exc:
+            raise ServiceUnavailable(f"the orchestrator service at {self.where} does not answer: {exc}") from exc
+        if response.status_code == 200:
+            return response.json()
+        try:
+            error = response.json()
+        except ValueError:
+            error = {"message": response.text}
+        message = str(error.get("message") or response.reason_phrase)
+        if response.status_code == 404 and error.get("error") == "unknown job":
+            raise UnknownJobError(message)
+        if response.status_code == 409:
+            raise _job_error(message, error.get("fqid"), error.get("field"))
+        raise OrchestratorError(f"service: {response.status_code} {message}")
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        if name not in METHODS:
+            raise AttributeError(name)
+
+        async def method(**kwargs: Any) -> Any:
+            return await self.call(name, **kwargs)
+
+        return method
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        """Each batch of status changes: ``{"time": t, "changes": [[fqid, old, new], ...]}``."""
+        async with self._http.stream("GET", "/api/events") as response:
+            if response.status_code != 200:
+                raise OrchestratorError(f"service: {response.status_code} on /api/events")
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    yield json.loads(line[6:])
+
+
+def _job_error(message: str, fqid: Any, field: Any) -> JobError:
+    """Rebuild the service's JobError: same text, same ``fqid`` and ``field`` attributes."""
+    error = JobError("", fqid=None)
+    error.args = (message,)
+    error.fqid, error.field = fqid, field
+    return error
+
+
+def service_holds(home: Path) -> bool:
+    """Whether ``orchestrator serve`` holds this home's lock now (alive, perhaps still starting)."""
+    path = home / "lock"
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 200, 0).decode(errors="replace").startswith(SERVICE_ROLE)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+async def connect(home: Path, *, wait: float = 30.0) -> ServiceClient | None:
+    """A client (to open with ``async with``) of the service on ``home``, or ``None`` when no service holds it.
+
+    A service that holds the home but does not answer yet (starting, or being
+    restarted by supervisord) is waited for, up to ``wait`` seconds.
+    """
+    if not service_holds(home) and not ServicePaths(home).socket.exists():
+        return None
+    with anyio.move_on_after(wait):
+        while True:
+            try:
+                async with ServiceClient.for_home(home) as probe:
+                    await probe.call("health")
+                return ServiceClient.for_home(home)
+            except ServiceUnavailable:
+                if not service_holds(home):
+                    return None
+            await anyio.sleep(0.1)
+    raise ServiceUnavailable(f"the orchestrator service holds {home} but has not answered for {wait:g} s")

@@ -1,0 +1,148 @@
+"""``orchestrator serve``: one long-running process owning a home.
+
+It holds the home's lock (so no embedded orchestrator opens it meanwhile),
+runs the monitoring loop for every active job on every backend, keeps the
+event bus, advances workflows, and answers the control API on a Unix socket
+(and, when asked, on 127.0.0.1 with a token). Logs are structlog JSON on
+stdout, for supervisord to keep.
+
+It is built to be killed. Every submission is written ahead (``submitting``
+with its key) before a backend hears of it, and reconciled by key at the
+next start; runs at the backends outlive the process and are reattached.
+SIGTERM is the polite form: the tick under way finishes, everything is
+written, and the process exits 0 well within 10 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import Listener, TaskGroup
+
+from ..control import Control
+from ..errors import ConfigError
+from ..logs import configure as configure_logs
+from ..logs import get_logger
+from ..orchestrator import Orchestrator
+from .api import Api
+from .http import serve_connection
+
+
+@dataclass(frozen=True)
+class ServicePaths:
+    """Where a home's service keeps its socket and its description."""
+
+    home: Path
+
+    @property
+    def dir(self) -> Path:
+        return self.home / "service"
+
+    @property
+    def socket(self) -> Path:
+        return self.dir / "api.sock"
+
+    @property
+    def info(self) -> Path:
+        return self.dir / "service.json"
+
+    def read_info(self) -> dict[str, Any] | None:
+        try:
+            value = json.loads(self.info.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return value if isinstance(value, dict) else None
+
+
+def read_token(path: Path, *, create: bool) -> str:
+    """The bearer token in ``path``; a new random one (file mode 0600) when it is missing and ``create``."""
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        if not create:
+            raise ConfigError(f"token file {path} does not exist") from None
+        token = secrets.token_urlsafe(32)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+    if len(token) < 16:
+        raise ConfigError(f"token file {path}: the token must have at least 16 characters")
+    return token
+
+
+async def run_service(home: Path | None, *, tcp_port: int | None = None, token_file: Path | None = None,
+                      config: dict[str, Any] | None = None) -> int:
+    """Serve ``home`` until SIGTERM or SIGINT; returns the exit code."""
+    configure_logs(json=True, level="INFO", stream=sys.stdout)
+    log = get_logger(component="service")
+    started = time.time()
+    orch = Orchestrator(home=home, config=config, role="service")
+    async with orch:
+        settings = orch.config.section("service")
+        grace = float(settings["stop_timeout"])
+        port = tcp_port if tcp_port is not None else int(settings["tcp_port"])
+        tokens = token_file or (Path(settings["token_file"]).expanduser() if settings["token_file"] else None)
+        token = None
+        if port >= 0:
+            token = read_token(tokens or ServicePaths(orch.home).dir / "token", create=True)
+        paths = ServicePaths(orch.home)
+        paths.dir.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(paths.dir, 0o700)
+        paths.socket.unlink(missing_ok=True)  # left by a killed service: we hold the home's lock, it is ours
+        api = Api(Control(orch, refresh=False), orch.engine.bus, token=token)
+        async with anyio.create_task_group() as tg:
+            unix = await anyio.create_unix_listener(paths.socket, mode=0o600)
+            tg.start_soon(_accept, unix, api, "unix", tg)
+            bound: int | None = None
+            if port >= 0:
+                tcp = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port, family=socket.AF_INET)
+                bound = int(tcp.extra(anyio.abc.SocketAttribute.local_port))
+                tg.start_soon(_accept, tcp, api, "tcp", tg)
+            tg.start_soon(_host_workflows, orch)
+            _write_info(paths, {"pid": os.getpid(), "socket": str(paths.socket), "tcp_port": bound,
+                                "host": "127.0.0.1", "started": started})
+            log.info("service ready", home=str(orch.home), socket=str(paths.socket), tcp_port=bound,
+                     jobs=len(orch.engine.jobs), start_seconds=round(time.time() - started, 3))
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("stopping", signal=signal.Signals(signum).name)
+                    break
+            await orch.engine.stop_ticking(grace)
+            tg.cancel_scope.cancel()
+        paths.info.unlink(missing_ok=True)
+        paths.socket.unlink(missing_ok=True)
+    log.info("stopped", seconds=round(time.time() - started, 3))
+    return 0
+
+
+async def _accept(listener: Listener[Any], api: Api, via: str, tg: TaskGroup) -> None:
+    async def connection(stream: Any) -> None:
+        await serve_connection(stream, api, via)
+
+    async with listener:
+        await listener.serve(connection, task_group=tg)
+
+
+async def _host_workflows(orch: Orchestrator) -> None:
+    """Workflows advance while the service runs, not only while a user's ``Workflows(orch)`` is open."""
+    from ..workflow.runner import Workflows
+
+    async with Workflows(orch):
+        await anyio.sleep_forever()
+
+
+def _write_info(paths: ServicePaths, info: dict[str, Any]) -> None:
+    tmp = paths.info.with_suffix(".tmp")
+    tmp.write_text(json.dumps(info) + "\n")
+    tmp.replace(paths.info)
