@@ -71,6 +71,21 @@ class _Run:
     reason: str | None = None
 
 
+def _wrapper_pid(runfile: Path) -> int | None:
+    """The pid of a live wrapper started on ``runfile`` (its command line names the file), if any."""
+    needle = os.fsencode(runfile)
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+            if needle in argv and pid_alive(int(entry.name)):
+                return int(entry.name)
+    return None
+
+
 class LocalDriver(Driver):
     name = "local"
     capabilities = Capabilities(bulk_status=True, runs_wrapper=True, lookup=True)
@@ -222,7 +237,25 @@ class LocalDriver(Driver):
                 return StatusUpdate(h.fqid, JobStatus.RUNNING)
             return self._lost(run, h, "the wrapper ended without an END line (killed or crashed)")
         if run.intent_at is not None and now - run.intent_at > LAUNCH_GRACE and not alive:
+            if run.pid is None:  # the process that meant to launch it died around the spawn
+                return self._after_interrupted_launch(run, h)
             return self._lost(run, h, "the wrapper never started")
+        return None
+
+    def _after_interrupted_launch(self, run: _Run, h: RunHandle) -> StatusUpdate | None:
+        """INTENT but no LAUNCH: find the wrapper by its run file, or, if there is none and it never wrote
+        START, launch it now: it never ran, so this is its first start, not a second one."""
+        runfile = h.outputdir.parent / RUNFILE
+        pid = _wrapper_pid(runfile)
+        if pid is not None:
+            run.pid = pid
+            self._append(run.key, "LAUNCH", pid)
+            return None
+        if not run.runfile.name:
+            run.runfile, run.shell = runfile, str(h.settings.get("shell", "/bin/sh"))
+        run.intent_at = None
+        self._queue.append(run)
+        self._wake.set()
         return None
 
     def _lost(self, run: _Run, h: RunHandle, reason: str) -> StatusUpdate:
