@@ -191,11 +191,83 @@ class Control:
             timed_out = False
         except TimeoutError:
             timed_out = True
+        else:
+            await self.orch.engine.flush()  # what a client is told has ended is on disk
         return {**summary(self.orch, job), "timed_out": timed_out}
+
+    # ------------------------------------------- remote job objects (orchestrator.service.remote)
+    async def describe(self, fqids: Sequence[str] | None = None) -> dict[str, Any]:
+        """Every field a remote job object shows, for many jobs in one answer (``None``: each top-level job).
+
+        Read without an ``await``, so ``time`` places the whole answer among the
+        status events: an event stamped at or after it is newer. A master's record
+        carries ``codes`` (its subjobs' statuses), so its status and its subjobs'
+        statuses always come from the same instant; subjobs of one master are read
+        in one repository query.
+        """
+        jobs = list(self.orch.jobs) if fqids is None else self._jobs_bulk(fqids)
+        sm = self.orch.engine.sm
+        records = []
+        for job in jobs:
+            fq, app = job.fqid_tuple, job.application
+            record: dict[str, Any] = {
+                "fqid": job.fqid, "name": job.name, "status": job.status.value,
+                "application": app.to_dict() if app is not None else None, "backend": job.backend.to_dict(),
+                "inputfiles": list(job.inputfiles), "outputfiles": list(job.outputfiles), "mode": job.mode,
+                "backend_id": job.backend_id, "info": job.info.to_dict(), "workspace": str(job.workspace),
+                "inputdir": str(job.inputdir), "outputdir": str(job.outputdir)}
+            if len(fq) == 1 and sm.is_master(fq[0]):
+                record["codes"] = bytes(sm.master(fq[0]).statuses).translate(_DIGITS).decode()
+            records.append(record)
+        return {"time": time.time(), "jobs": records}
+
+    async def kill_many(self, fqids: Sequence[str], keep_going: bool = False) -> dict[str, Any]:
+        """Kill a slice (jobs or subjobs) as one collective operation, as ``JobSlice.kill`` does."""
+        from .job import JobSlice
+
+        jobs = self._jobs_bulk(fqids)
+        await JobSlice(jobs).kill(keep_going=keep_going)
+        await self.settle()
+        return {"fqids": [j.fqid for j in jobs]}
+
+    async def resubmit_many(self, fqids: Sequence[str], keep_going: bool = False,
+                            backend: dict[str, Any] | str | None = None) -> dict[str, Any]:
+        """Resubmit a slice as one collective operation, as ``JobSlice.resubmit`` does."""
+        from .job import JobSlice
+        from .model import Backend
+
+        jobs = self._jobs_bulk(fqids)
+        chosen = Backend.from_dict(backend) if isinstance(backend, dict) else backend
+        await JobSlice(jobs).resubmit(keep_going=keep_going, backend=chosen)
+        return {"fqids": [j.fqid for j in jobs]}
+
+    def _jobs_bulk(self, fqids: Sequence[str]) -> list[Job]:
+        """Jobs by fqid, the subjobs of each master built in one repository query (not one per subjob)."""
+        found: dict[int, Job] = {}
+        wanted: dict[int, list[tuple[int, int]]] = {}  # master id -> (position, subjob index)
+        for pos, text in enumerate(fqids):
+            try:
+                fq = parse_fqid(str(text))
+            except ValueError:
+                raise UnknownJobError(f"no job {text}") from None
+            if len(fq) == 2:
+                wanted.setdefault(fq[0], []).append((pos, fq[1]))
+            else:
+                found[pos] = self.job(fqid_str(fq))
+        for master_id, items in wanted.items():
+            master = self.job(str(master_id))
+            n = len(master.subjobs)
+            missing = [i for _, i in items if not 0 <= i < n]
+            if missing:
+                raise UnknownJobError(f"no job {master_id}.{missing[0]}")
+            subs = self.orch.engine.materialize(master, [i for _, i in items])
+            found.update((pos, sub) for (pos, _), sub in zip(items, subs, strict=True))
+        return [found[pos] for pos in range(len(fqids))]
 
 
 #: The methods a client may call (the HTTP API's routes): everything public above but ``job``.
 METHODS = frozenset({"health", "jobs", "select", "state", "show", "add", "submit", "kill", "resubmit", "release",
-                     "copy", "remove", "wait"})
+                     "copy", "remove", "wait",
+                     "describe", "kill_many", "resubmit_many"})
 #: Status values in display order.
 STATUS_ORDER = [s.value for s in ALL_STATUSES]

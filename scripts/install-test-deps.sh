@@ -11,9 +11,11 @@
 #                    a real one-node Slurm cluster for the slurm backend's tests;
 #                    its setup (munged, slurm.conf, the daemons) is private to
 #                    the tests and made by tests/slurmd.py, not here
+#   chromium         a real headless browser for the status page's test
+#                    (tests/test_status_page.py drives it over the DevTools protocol)
 set -euo pipefail
 
-PACKAGES=(openssh-server slurmctld slurmd slurm-client munge)
+PACKAGES=(openssh-server slurmctld slurmd slurm-client munge chromium)
 
 installed() {
     if command -v dpkg-query >/dev/null 2>&1; then

@@ -83,12 +83,18 @@ class ServiceClient:
 
         return method
 
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
-        """Each batch of status changes: ``{"time": t, "changes": [[fqid, old, new], ...]}``."""
+    async def events(self, opened: anyio.Event | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Each batch of status changes: ``{"time": t, "changes": [[fqid, old, new], ...]}``.
+
+        ``opened`` is set once the service has subscribed this stream (its first
+        line): no change after that is missed, so a snapshot read then is safe.
+        """
         async with self._http.stream("GET", "/api/events") as response:
             if response.status_code != 200:
                 raise OrchestratorError(f"service: {response.status_code} on /api/events")
             async for line in response.aiter_lines():
+                if opened is not None:
+                    opened.set()
                 if line.startswith("data: "):
                     yield json.loads(line[6:])
 

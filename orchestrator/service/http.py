@@ -16,6 +16,7 @@ import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -29,6 +30,7 @@ log = get_logger(component="http")
 
 #: Largest request body accepted (a job definition is small; a 100k-value splitter is a few MiB).
 MAX_BODY = 64 * 1024 * 1024
+_KNOWN = frozenset(s.value for s in HTTPStatus)
 #: Seconds an idle keep-alive connection is kept.
 IDLE_TIMEOUT = 120.0
 
@@ -144,7 +146,8 @@ async def _send(conn: h11.Connection, stream: ByteStream, response: Response, *,
     if response.stream is None:
         headers.append(("content-length", str(len(response.body))))
     try:
-        await stream.send(conn.send(h11.Response(status_code=response.status, headers=headers)) or b"")
+        reason = HTTPStatus(response.status).phrase.encode() if response.status in _KNOWN else b""
+        await stream.send(conn.send(h11.Response(status_code=response.status, headers=headers, reason=reason)) or b"")
         if response.stream is not None:
             async for chunk in response.stream:
                 await stream.send(conn.send(h11.Data(data=chunk)) or b"")
