@@ -14,9 +14,9 @@ from pathlib import Path
 
 import anyio
 import pytest
+from supervised import Robust, Supervised, duplicates, stored_subjobs
 
 from orchestrator import ArgSplitter, Backend, Executable, Job
-from supervised import Robust, Supervised, duplicates, stored_subjobs
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

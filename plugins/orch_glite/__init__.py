@@ -27,6 +27,13 @@ nothing is failed until ``lost_after_seconds``). Submissions and cancels
 whose answer was lost are retried with the same request id: the WMS answers
 a repeated request as the first time and never creates a node twice.
 
+After a crash, :meth:`GliteDriver.lookup` asks the WMS in one call per
+endpoint which of the runs caught mid-submission it has a node for (the
+WMS knows each node by its run's key). The keys it has none for are fenced
+at a new epoch, which this driver then sends with its submissions: a
+submission still in flight from before the crash, older than the fence, can
+no longer create the node after the WMS said there was none.
+
 Settings, ``Backend("glite", ...)``:
 
 - ``endpoint``: ``"http://127.0.0.1:PORT"`` (loopback only); default ``[backends.glite] endpoint``.
@@ -88,13 +95,16 @@ _WATCHING = frozenset({S.SUBMITTED, S.RUNNING, S.COMPLETING})
 
 class GliteDriver(Driver):
     name = "glite"
-    capabilities = Capabilities(bulk_submit=True, bulk_kill=True, bulk_status=True, runs_wrapper=True)
+    capabilities = Capabilities(bulk_submit=True, bulk_kill=True, bulk_status=True, runs_wrapper=True, lookup=True)
 
     def __init__(self, context: DriverContext) -> None:
         super().__init__(context)
         self.default_endpoint: str | None = context.config.get("endpoint")
         #: HTTP requests made, by kind (retries included), so tests can count round trips.
-        self.calls: dict[str, int] = {"submit_collection": 0, "submit_node": 0, "status": 0, "cancel": 0}
+        self.calls: dict[str, int] = {"submit_collection": 0, "submit_node": 0, "status": 0, "cancel": 0,
+                                      "lookup": 0}
+        #: Endpoint -> the highest epoch a lookup was answered there; sent with every submission.
+        self._epochs: dict[str, int] = {}
 
     # ------------------------------------------------------------ settings
     @classmethod
@@ -183,8 +193,9 @@ class GliteDriver(Driver):
 
     async def _submit_node(self, run: RunSpec) -> SubmitOutcome:
         """The WMS's word on one run (a refusal is an outcome); raises ``SubmitError`` if no word came."""
-        document = {"request": _request_id([run.key]), "node": node_spec(run, _shell(run.settings)),
-                    "faults": self._faults(run.settings)}
+        epoch = self._epoch(run.settings)
+        document = {"request": _request_id([run.key], epoch), "node": node_spec(run, _shell(run.settings)),
+                    "faults": self._faults(run.settings), "epoch": epoch}
         try:
             answer = await self._call("submit_node", run.settings, "POST", "/v1/nodes", document, [run.fqid],
                                       retry=True)
@@ -200,11 +211,15 @@ class GliteDriver(Driver):
     def _endpoint_or_empty(self, settings: Mapping[str, Any]) -> str:
         return str(settings.get("endpoint") or self.default_endpoint or "")
 
+    def _epoch(self, settings: Mapping[str, Any]) -> int:
+        return self._epochs.get(self._endpoint_or_empty(settings), 0)
+
     async def _submit_collection(self, runs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         settings = runs[0].settings
-        document = {"request": _request_id([r.key for r in runs]),
+        epoch = self._epoch(settings)
+        document = {"request": _request_id([r.key for r in runs], epoch),
                     "nodes": [node_spec(r, _shell(r.settings)) for r in runs],
-                    "faults": self._faults(settings)}
+                    "faults": self._faults(settings), "epoch": epoch}
         fqids = [r.fqid for r in runs]
         try:
             answer = await self._call("submit_collection", settings, "POST", "/v1/collections", document, fqids,
@@ -223,6 +238,29 @@ class GliteDriver(Driver):
         if rejected:
             self.context.log.warning("WMS rejected nodes", collection=cid, rejected=rejected, **_who(fqids))
         return outcomes
+
+    # -------------------------------------------------------------- lookup
+    async def lookup(self, runs: Sequence[RunSpec]) -> list[str | None]:
+        """One lookup call per endpoint: each run's ``collection/node`` if the WMS has a node under its key.
+
+        The ids are the ones :meth:`submit_bulk` returns (a node is always named with the collection
+        that holds it). Keys answered ``None`` are fenced by the WMS at the epoch it answers, which
+        later submissions carry; raises :class:`WMSFault` if an endpoint gave no intelligible answer.
+        """
+        groups: dict[str, list[int]] = {}
+        for i, run in enumerate(runs):
+            groups.setdefault(self._endpoint_or_empty(run.settings), []).append(i)
+        result: list[str | None] = [None] * len(runs)
+        for endpoint, indexes in groups.items():
+            members = [runs[i] for i in indexes]
+            keys = list(dict.fromkeys(r.key for r in members))
+            answer = await self._call("lookup", members[0].settings, "POST", "/v1/lookup", {"keys": keys},
+                                      [r.fqid for r in members], retry=True)
+            epoch, nodes = _lookup_answer(answer, keys)
+            self._epochs[endpoint] = max(self._epochs.get(endpoint, 0), epoch)
+            for i, run in zip(indexes, members, strict=True):
+                result[i] = nodes[run.key]
+        return result
 
     # -------------------------------------------------------------- status
     async def status(self, handle: RunHandle) -> StatusUpdate | None:
@@ -327,9 +365,11 @@ def _shell(settings: Mapping[str, Any]) -> str:
     return str(settings.get("shell", "/bin/sh"))
 
 
-def _request_id(keys: Sequence[str]) -> str:
-    """Stable across retries and restarts: the same runs make the same request."""
-    return "rq-" + hashlib.sha256("\n".join(keys).encode()).hexdigest()[:32]
+def _request_id(keys: Sequence[str], epoch: int = 0) -> str:
+    """Stable across retries: the same runs make the same request. A lookup's epoch makes it a new one,
+    so that the WMS never answers a submission sent after a lookup with a request voided before it."""
+    text = "\n".join(keys) + (f"\nepoch {epoch}" if epoch else "")
+    return "rq-" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _who(fqids: Sequence[str]) -> dict[str, Any]:
@@ -372,6 +412,26 @@ def _collection_answer(answer: Mapping[str, Any], keys: Sequence[str]) -> tuple[
             raise WMSGarbage("submission: nodes were accepted but no collection id came back")
         out.append((nid, holder, error))
     return str(cid or ""), out
+
+
+def _lookup_answer(answer: Mapping[str, Any], keys: Sequence[str]) -> tuple[int, dict[str, str | None]]:
+    """The epoch and, per key, ``collection/node`` or ``None``; anything off makes it garbage."""
+    epoch, nodes = answer.get("epoch"), answer.get("nodes")
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0 or not isinstance(nodes, dict):
+        raise WMSGarbage("lookup: the answer has no epoch or no 'nodes' mapping")
+    out: dict[str, str | None] = {}
+    for key in keys:
+        if key not in nodes:
+            raise WMSGarbage(f"lookup: the answer says nothing about {key}")
+        entry = nodes[key]
+        if entry is None:
+            out[key] = None
+            continue
+        cid, nid = (entry.get("collection"), entry.get("node")) if isinstance(entry, dict) else (None, None)
+        if not isinstance(cid, str) or not isinstance(nid, str) or not cid or not nid:
+            raise WMSGarbage(f"lookup: the entry for {key} names no collection and node")
+        out[key] = f"{cid}/{nid}"
+    return epoch, out
 
 
 def _node_entry(cid: str, nid: str, entry: Any) -> dict[str, Any]:

@@ -29,6 +29,12 @@ Endpoints (protocol version 1; every body is a JSON object, every answer is
 ``POST /v1/cancel``  ``{"nodes": [NID, ...]}``
     Bulk cancel, across collections. Answer ``{"nodes": {NID: {"state": STATE, "error": null | "why"}}}``.
     Cancelling a node that already ended is a no-op (its state is returned).
+``POST /v1/lookup``  ``{"keys": [K, ...]}``
+    Which runs the service got, by key (a client restarted after a crash asks about the runs it was
+    submitting). Answer ``{"epoch": E, "nodes": {K: {"collection": CID, "node": NID} | null}}``. Each
+    key answered ``null`` is fenced at the new epoch ``E``: a later submission of it must carry
+    ``"epoch": E`` (or more), else its node is refused (``"voided: ..."``), so a submission still in
+    flight from before the crash can never create it after the service said it had no such node.
 ``GET /v1/nodes/NID/output`` and ``GET /v1/nodes/NID/output/NAME``
     The names and sizes of a node's output files, and one file's bytes (``application/octet-stream``).
     The service writes each node's output into the ``outputdir`` of its run (the WMS shares the
@@ -36,6 +42,8 @@ Endpoints (protocol version 1; every body is a JSON object, every answer is
     driver reads output there and needs no fetch; these exist for other clients and for tests.
 ``GET /v1/faults``, ``PUT /v1/faults``  ``FAULTS``
     The service-wide faults (also set at start with ``--faults``), read or replaced at run time.
+
+Submissions may carry ``"epoch": E``, the highest epoch a lookup answered the client (default 0).
 
 ``RID`` is a request id chosen by the client, stable across retries: a request
 repeated with the same ``RID`` gets the first answer again, and a node whose

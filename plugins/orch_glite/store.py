@@ -29,6 +29,8 @@ CREATE TABLE IF NOT EXISTS nodes (
     state TEXT NOT NULL, pid INTEGER, exit_code INTEGER, reason TEXT,
     submitted REAL NOT NULL, intent REAL, started REAL, ended REAL, abort_at REAL
 );
+CREATE TABLE IF NOT EXISTS fences (key TEXT PRIMARY KEY, epoch INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
 _NODE_FIELDS = ("state", "pid", "exit_code", "reason", "intent", "started", "ended")
 
@@ -97,6 +99,19 @@ class Store:
             if node.collection in collections:
                 collections[node.collection].nodes.append(node.id)
         return collections, nodes
+
+    def load_fences(self) -> tuple[dict[str, int], int]:
+        """Keys a lookup found no node under, with the lookup's epoch; and the last epoch handed out."""
+        fences = {row[0]: int(row[1]) for row in self.db.execute("SELECT key, epoch FROM fences")}
+        row = self.db.execute("SELECT value FROM meta WHERE name = 'epoch'").fetchone()
+        return fences, int(row[0]) if row else 0
+
+    def fence(self, keys: Iterable[str], epoch: int) -> None:
+        """A lookup's epoch and the keys it fenced, in one transaction (before the answer is sent)."""
+        with self._transaction():
+            self.db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('epoch', ?)", (epoch,))
+            self.db.executemany("INSERT OR REPLACE INTO fences (key, epoch) VALUES (?, ?)",
+                                [(k, epoch) for k in keys])
 
     def add(self, collection: Collection, nodes: Iterable[Node]) -> None:
         """A new collection and its nodes, in one transaction (before the answer is sent)."""

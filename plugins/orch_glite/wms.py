@@ -112,6 +112,9 @@ class WMS(NodeLauncher):
         #: Service-wide ``drop`` / ``garbage`` counts not yet spent.
         self.remaining = {k: dict(self.faults.get(k, {})) for k in ("drop", "garbage")}
         super().__init__(statedir, max_running=max_running, launch_grace=launch_grace, kill_grace=kill_grace)
+        #: Keys a lookup found no node under -> the lookup's epoch: a submission older than that epoch
+        #: (one still in flight from a client that crashed) may no longer create a node under them.
+        self.fences, self.epoch = self.store.load_fences()
 
     # ----------------------------------------------------------------- HTTP
     async def handle(self, stream: ByteStream) -> None:
@@ -156,6 +159,8 @@ class WMS(NodeLauncher):
             return await self._status(parts[1])
         if parts == ["cancel"] and method == "POST":
             return self._cancel(_json_body(req))
+        if parts == ["lookup"] and method == "POST":
+            return self._lookup(_json_body(req))
         if len(parts) in (3, 4) and parts[0] == "nodes" and parts[2] == "output" and method == "GET":
             return self._output(parts[1], parts[3] if len(parts) == 4 else None)
         return json_response(404 if method in ("GET", "POST", "PUT") else 405,
@@ -206,9 +211,12 @@ class WMS(NodeLauncher):
             faults = check_faults(body.get("faults") or {})
         except SettingsError as exc:
             return json_response(400, {"error": f"faults.{exc.field}: {exc}"})
+        epoch = body.get("epoch", 0)
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            return json_response(400, {"error": "'epoch' must be an integer >= 0"})
         collection = self.by_request.get(body["request"])
         if collection is None:
-            collection = self._accept(body["request"], kind, specs, faults)
+            collection = self._accept(body["request"], kind, specs, faults, epoch)
         else:
             self.log.info("submission repeated: same answer", collection=collection.id, request=body["request"])
         answer = collection.answer
@@ -217,7 +225,8 @@ class WMS(NodeLauncher):
             answer = {"collection": entry["collection"], "node": entry["node"], "error": entry["error"]}
         return self._faulty("submit", [collection], json_response(200, answer), collection=collection.id)
 
-    def _accept(self, request: str, kind: str, specs: list[dict[str, Any]], faults: dict[str, Any]) -> Collection:
+    def _accept(self, request: str, kind: str, specs: list[dict[str, Any]], faults: dict[str, Any],
+                epoch: int = 0) -> Collection:
         now = time.time()
         cid = f"c-{secrets.token_hex(6)}"
         reject = set(self.faults.get("reject", [])) | set(faults.get("reject", []))
@@ -229,6 +238,11 @@ class WMS(NodeLauncher):
             known = self.by_key.get(key) if key else None
             if known is not None:  # the same run submitted again (a retry): never run it twice
                 entries.append({"key": key, "node": known.id, "collection": known.collection, "error": None})
+                continue
+            if key is not None and epoch < self.fences.get(key, 0):  # sent before a lookup said "no node"
+                entries.append({"key": key, "node": None, "collection": None,
+                                "error": f"voided: a lookup (epoch {self.fences[key]}) found no node under this "
+                                         f"key before this submission (epoch {epoch}) arrived"})
                 continue
             node, error = self._node(cid, spec, reject, aborts, now)
             entries.append({"key": key, "node": node.id if node else None, "collection": cid if node else None,
@@ -312,6 +326,29 @@ class WMS(NodeLauncher):
             result[nid] = {"state": node.state, "error": None}
         self._flush()  # a cancel is on disk before it is acknowledged
         return self._faulty("cancel", touched.values(), json_response(200, {"nodes": result}), nodes=len(ids))
+
+    # --------------------------------------------------------------- lookup
+    def _lookup(self, body: Any) -> bytes:
+        """Which keys have a node; fence the others at a new epoch, on disk before the answer is sent.
+
+        Synchronous, like ``_accept``: no submission is half-done while this runs. A submission
+        that arrives later carrying an older epoch (one still in flight from a client that crashed)
+        is refused for a fenced key, so "no node" stays true until the client sends it again with
+        the new epoch; a node that exists is always found (``by_key``), whatever the epoch.
+        """
+        keys = body.get("keys") if isinstance(body, dict) else None
+        if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
+            return json_response(400, {"error": "lookup needs 'keys': a list of node keys"})
+        found: dict[str, dict[str, str] | None] = {}
+        for key in keys:
+            node = self.by_key.get(key)
+            found[key] = None if node is None else {"collection": node.collection, "node": node.id}
+        missing = [k for k, v in found.items() if v is None]
+        self.epoch += 1
+        self.store.fence(missing, self.epoch)
+        self.fences.update(dict.fromkeys(missing, self.epoch))
+        self.log.info("lookup", keys=len(found), found=len(found) - len(missing), epoch=self.epoch)
+        return json_response(200, {"epoch": self.epoch, "nodes": found})
 
     # --------------------------------------------------------------- output
     def _output(self, nid: str, name: str | None) -> bytes:

@@ -17,6 +17,13 @@ sbatch_args=[...], slurm_conf="/path/slurm.conf")``; every setting is optional.
   the key up before it calls the batch failed, so a slow controller never
   makes a run start twice. ``--no-requeue``: the orchestrator, not Slurm,
   decides whether a run that met a node failure runs again.
+* **Every ``sbatch`` is journalled** in the driver's state dir before it is
+  sent and once it answered (``journal.py``), so that after a crash
+  ``lookup`` finds each run caught mid-submission by its key: the journal
+  names its ``sbatch`` and array index, one ``squeue`` (and one ``sacct -c``
+  for ended jobs) finds the job by name, and an ``sbatch`` Slurm does not
+  have is voided by a fence its script checks, so it can never start a run
+  the core sends again (``lookup.py``).
 * **Monitoring is one ``squeue`` per tick** for every run of the driver,
   whatever their number (``squeue -h -r --states=all -j ARRAYS``: ended jobs
   stay listed for ``MinJobAge``); runs it no longer lists are looked up with
@@ -45,37 +52,13 @@ driver API only.
 
 from __future__ import annotations
 
-import os
 import time
-from collections import Counter, deque
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from collections import Counter
+from collections.abc import Sequence
 
-import anyio
+from orchestrator import Capabilities, JobStatus, RunHandle, StatusUpdate
+from orchestrator.wrapper import RunLog, read_log
 
-from orchestrator import (
-    Capabilities,
-    Driver,
-    DriverContext,
-    JobStatus,
-    RunHandle,
-    RunSpec,
-    StatusUpdate,
-    SubmitError,
-    SubmitOutcome,
-)
-from orchestrator.wrapper import (
-    RUNFILE,
-    RunLog,
-    clear_outputs,
-    install_scripts,
-    prepare_local,
-    read_log,
-    render_runfile,
-)
-
-from .settings import resources_key, sbatch_options, validate
 from .slurm import (
     ABORTED,
     ACTIVE,
@@ -84,20 +67,13 @@ from .slurm import (
     SACCT_FIELDS,
     SQUEUE_FORMAT,
     JobRef,
-    LocalRunner,
-    Result,
     Row,
-    Runner,
     SlurmError,
-    SlurmTimeout,
-    batch_key,
-    batch_script,
-    parse_job_id,
-    parse_max_array_size,
     parse_sacct,
     parse_scancel_errors,
     parse_squeue,
 )
+from .submit import SubmitMixin
 
 __all__ = ["SlurmDriver", "SlurmError"]
 
@@ -106,155 +82,11 @@ S = JobStatus
 ABSENT_TICKS = 2
 
 
-class SlurmDriver(Driver):
+class SlurmDriver(SubmitMixin):
+    """The ``slurm`` backend: submit and lookup are its mixins (over ``base.SlurmBase``); monitoring and kill here."""
+
     name = "slurm"
-    capabilities = Capabilities(bulk_submit=True, bulk_kill=True, bulk_status=True, runs_wrapper=True)
-
-    def __init__(self, context: DriverContext) -> None:
-        super().__init__(context)
-        cfg = context.config
-        self.bindir = context.home / "bin"
-        self.wrapper = install_scripts(self.bindir)
-        self.shell = str(cfg.get("shell", "/bin/sh"))
-        self.command_timeout = float(cfg.get("command_timeout", 60.0))
-        self.max_array_cap = int(cfg.get("max_array_size", 0))
-        self.lost_after = float(cfg.get("lost_after_seconds", 600.0))
-        self.default_conf: str | None = cfg.get("slurm_conf")
-        self.journal = context.statedir / "submissions.log"
-        self.log = context.log
-        #: How commands are run (a test may put a fake here).
-        self.runner: Runner = LocalRunner()
-        #: Every Slurm command run, by name (``sbatch``, ``squeue``, ``sacct``, ``scancel``, ``scontrol``).
-        self.calls: Counter[str] = Counter()
-        #: The last commands, as argument lists.
-        self.history: deque[tuple[str, ...]] = deque(maxlen=1000)
-        #: Status queries (the core's monitoring ticks for this backend), each tick's commands and runs watched.
-        self.ticks = 0
-        self.tick_calls: deque[dict[str, int]] = deque(maxlen=100_000)
-        self.tick_runs: deque[int] = deque(maxlen=100_000)
-        self._max_array: dict[str | None, int] = {}
-        self._killed: set[str] = set()
-        self._unique: dict[str, str] = {}
-        self._absent: dict[str, int] = {}
-        self._silent_since: dict[str | None, float] = {}
-
-    @classmethod
-    def validate_settings(cls, settings: Mapping[str, Any]) -> dict[str, Any]:
-        return validate(settings)
-
-    # --------------------------------------------------------------- commands
-    def _conf(self, settings: Mapping[str, Any]) -> str | None:
-        """The slurm.conf of these runs' cluster; ``None``: whatever the environment says."""
-        conf = settings.get("slurm_conf") or self.default_conf
-        return str(conf) if conf else None
-
-    async def _cmd(self, conf: str | None, argv: list[str], tally: Counter[str] | None = None,
-                   stdin: bytes | None = None) -> Result:
-        self.calls[argv[0]] += 1
-        if tally is not None:
-            tally[argv[0]] += 1
-        self.history.append(tuple(argv))
-        env = None if conf is None else {**os.environ, "SLURM_CONF": conf}
-        return await self.runner(argv, stdin=stdin, env=env, timeout=self.command_timeout)
-
-    async def _array_size(self, conf: str | None) -> int:
-        """Most tasks one ``sbatch --array`` may hold on this cluster (``MaxArraySize``; 0 disables arrays)."""
-        size = self._max_array.get(conf)
-        if size is None:
-            res = await self._cmd(conf, ["scontrol", "show", "config"])
-            if res.code != 0:
-                raise SlurmError(f"scontrol show config exited with {res.code}: {res.err.strip()[-300:]}")
-            found = parse_max_array_size(res.out)
-            size = 1001 if found is None else found  # Slurm's default when the line is missing
-            self._max_array[conf] = size
-        if self.max_array_cap > 0:
-            size = min(size, self.max_array_cap)
-        return max(size, 1)
-
-    # ----------------------------------------------------------------- submit
-    async def submit(self, run: RunSpec) -> str:
-        outcome = (await self.submit_bulk([run]))[0]
-        if not outcome.ok or outcome.backend_id is None:
-            raise SubmitError(outcome.error or "submission refused")
-        return outcome.backend_id
-
-    def _prepare(self, run: RunSpec) -> Path:
-        """The run's dirs, input links and run file, in its dir in the home (shared with the compute nodes)."""
-        clear_outputs(run.outputdir)
-        runfile = prepare_local(run, bindir=self.bindir)
-        # Compute nodes booted at other times than this machine: without ORCH_BOOT the wrapper's clock is `date`.
-        runfile.write_text(render_runfile(run, bindir=str(self.bindir)))
-        return runfile
-
-    async def submit_bulk(self, runs: Sequence[RunSpec]) -> list[SubmitOutcome]:
-        """One ``sbatch`` per group of equal resources (an array, chunked under MaxArraySize); raise if none went."""
-        outcomes: dict[str, SubmitOutcome] = {}
-        groups: dict[tuple[Any, ...], list[tuple[RunSpec, Path]]] = {}
-        for i, run in enumerate(runs):
-            try:
-                runfile = self._prepare(run)
-            except OSError as exc:
-                outcomes[run.fqid] = SubmitOutcome(run.fqid, None, f"preparing the run: {exc}")
-                continue
-            groups.setdefault(resources_key(run.settings), []).append((run, runfile))
-            if i % 256 == 255:
-                await anyio.sleep(0)  # thousands of run files: let the loop breathe
-        for group in groups.values():
-            conf = self._conf(group[0][0].settings)
-            try:
-                size = await self._array_size(conf) if len(group) > 1 else 1
-            except SlurmError as exc:
-                for run, _ in group:
-                    outcomes[run.fqid] = SubmitOutcome(run.fqid, None, str(exc))
-                continue
-            for start in range(0, len(group), size):
-                await self._sbatch(conf, group[start:start + size], outcomes)
-        result = [outcomes[r.fqid] for r in runs]
-        if result and not any(o.ok for o in result):  # nothing went anywhere: a clean failure of the whole call
-            raise SubmitError(next((o.error for o in result if o.error), "submission refused"))
-        return result
-
-    async def _sbatch(self, conf: str | None, chunk: list[tuple[RunSpec, Path]],
-                      outcomes: dict[str, SubmitOutcome]) -> None:
-        runs = [run for run, _ in chunk]
-        key = batch_key([r.key for r in runs])
-        argv = ["sbatch", "--parsable", "--no-requeue", f"--job-name={key}", f"--comment={key}",
-                "--output=/dev/null", f"--chdir={self.context.statedir}", *sbatch_options(runs[0].settings)]
-        if len(runs) > 1:
-            argv.append(f"--array=0-{len(runs) - 1}")
-        script = batch_script(self.shell, self.wrapper, [rf.parent for _, rf in chunk], RUNFILE)
-        try:
-            try:
-                res = await self._cmd(conf, argv, stdin=script.encode())
-            except SlurmTimeout:
-                job = await self._find(conf, key)  # it may have gone in all the same: never submit a run twice
-                if job is None:
-                    raise
-            else:
-                if res.code != 0:
-                    raise SlurmError(f"sbatch exited with {res.code}: {res.err.strip()[-500:]}")
-                job = parse_job_id(res.out)
-        except SlurmError as exc:
-            for run in runs:
-                outcomes[run.fqid] = SubmitOutcome(run.fqid, None, str(exc))
-            return
-        ids = [job] if len(runs) == 1 else [f"{job}_{i}" for i in range(len(runs))]
-        with open(self.journal, "a", encoding="utf-8") as f:  # key -> job id, for a person looking for a run
-            f.write(f"{time.time():.3f} {job} {key} {' '.join(r.key for r in runs)}\n")
-        for run, backend_id in zip(runs, ids, strict=True):
-            outcomes[run.fqid] = SubmitOutcome(run.fqid, backend_id)
-
-    async def _find(self, conf: str | None, key: str) -> str | None:
-        """The job id of an earlier ``sbatch`` with this idempotency key, if Slurm has it."""
-        try:
-            res = await self._cmd(conf, ["squeue", "-h", "--states=all", "-n", key, "-o", "%F|%k"])
-        except SlurmError:
-            return None
-        for line in res.out.splitlines():
-            job, _, comment = line.strip().partition("|")
-            if comment == key and job.isdigit():
-                return job
-        return None
+    capabilities = Capabilities(bulk_submit=True, bulk_kill=True, bulk_status=True, runs_wrapper=True, lookup=True)
 
     # ----------------------------------------------------------------- status
     async def status(self, handle: RunHandle) -> StatusUpdate | None:

@@ -171,16 +171,22 @@ def parse_scancel_errors(text: str) -> dict[str, str]:
     return errors
 
 
-def batch_script(shell: str, wrapper: Path, jobdirs: Sequence[Path], runfile: str) -> str:
+def batch_script(shell: str, wrapper: Path, jobdirs: Sequence[Path], runfile: str, fence: str | None = None) -> str:
     """The script of one job array (or one job): the task id picks the run's dir, then the wrapper runs.
 
     Pure ``sh`` (a ``case``, no process): each run's own dir holds its run file
     and receives the wrapper's own output (``wrapper.out``); every path is
-    quoted with :func:`shlex.quote`.
+    quoted with :func:`shlex.quote`. With ``fence`` (a path prefix, see
+    :mod:`orch_slurm.journal`), a task waits while ``FENCE.hold`` exists and
+    ends without starting the wrapper if ``FENCE.void`` does.
     """
     q = shlex.quote
-    lines = ["#!/bin/sh", f"# orchestrator: {len(jobdirs)} run(s); the array task id picks the run.",
-             'case "${SLURM_ARRAY_TASK_ID:-0}" in']
+    lines = ["#!/bin/sh", f"# orchestrator: {len(jobdirs)} run(s); the array task id picks the run."]
+    if fence is not None:
+        lines += [f"f={q(fence)}", 'while [ -e "$f.hold" ]; do sleep 1; done',
+                  'if [ -e "$f.void" ]; then echo "orchestrator: this submission was voided by a lookup" >&2; '
+                  "exit 0; fi"]
+    lines += ['case "${SLURM_ARRAY_TASK_ID:-0}" in']
     lines += [f"{i}) d={q(str(d))} ;;" for i, d in enumerate(jobdirs)]
     lines += ['*) echo "orchestrator: no run for array task ${SLURM_ARRAY_TASK_ID:-}" >&2; exit 97 ;;', "esac",
               f'exec {q(shell)} {q(str(wrapper))} "$d/{runfile}" > "$d/wrapper.out" 2>&1', ""]

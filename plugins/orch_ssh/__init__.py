@@ -24,6 +24,10 @@ The remote design mirrors the ``local`` driver's, so that what makes
 * **Nothing is guessed**: when a connection drops *during* a start command,
   the runs are reported submitted and the next tick asks the host where
   each one stands (prepared: launch it; started: watch it; absent: lost).
+* **Lookup after a crash** (``lookup``): runs the core was submitting when it
+  died are asked for by key, one command per host; a run on no host is
+  fenced on each before the answer says so, so the submission that was under
+  way can never start it once the core sends it again (``lookup.py``).
 
 Submission is natively bulk: runs are spread over the hosts by free slots
 (``slots`` per host, the rest queued here and started as slots free up,
@@ -64,6 +68,7 @@ from typing import Any
 from orchestrator import Capabilities
 
 from .kill import KillMixin
+from .lookup import LookupMixin
 from .monitor import BackendFault, MonitorMixin
 from .settings import validate
 from .submit import SubmitMixin
@@ -71,12 +76,13 @@ from .submit import SubmitMixin
 __all__ = ["BackendFault", "SshDriver"]
 
 
-class SshDriver(SubmitMixin, MonitorMixin, KillMixin):
-    """The ``ssh`` backend: its parts are the mixins (submit/launch, monitoring, kill) over ``placement.SshBase``."""
+class SshDriver(SubmitMixin, MonitorMixin, KillMixin, LookupMixin):
+    """The ``ssh`` backend: its parts are the mixins (submit/launch, monitoring, kill, lookup) over
+    ``placement.SshBase``."""
 
     name = "ssh"
     capabilities = Capabilities(bulk_submit=True, bulk_kill=True, bulk_status=True, runs_wrapper=True,
-                                remote_states=True)
+                                remote_states=True, lookup=True)
 
     @classmethod
     def validate_settings(cls, settings: Mapping[str, Any]) -> dict[str, Any]:

@@ -152,6 +152,9 @@ class Host:
         #: (killed, lost, other jobs), which must not hold slots after a replay.
         self.mine: dict[str, float] = {}
         self.queue: deque[Run] = deque()
+        #: Run key -> token of the fence this driver's lookup put up for it here (see ``scripts.lookup``):
+        #: the submission that sends the run again takes it down by that token.
+        self.fences: dict[str, str] = {}
         #: Local input file -> (size, mtime_ns) already staged on this host.
         self.staged: dict[str, tuple[int, int]] = {}
 

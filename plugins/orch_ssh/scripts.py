@@ -15,6 +15,8 @@ Remote layout, under ``<workdir>/<namespace>`` (one namespace per home)::
     runs/<key>/launched               the launch guard: created with O_EXCL by the one
                                       command that starts the run (or cancels it)
     runs/<key>/pid                    the wrapper's PID (= its process group and session)
+    runs/<key>/launched/fence.<token> a lookup's fence (a directory where the guard would be): no
+                                      submission from before the lookup can prepare or start the run
 
 Why the guard is a file created under ``set -C`` (noclobber: ``O_EXCL``):
 it is atomic, costs no process, and makes starting a run idempotent. It is
@@ -86,9 +88,13 @@ def _launch_line(key: str, bindir: str, base: str, ts: str) -> str:
     )
 
 
-def submit(base: str, bindir: str, preps: Sequence[Prep], launch: Iterable[str], ts: float) -> str:
+def submit(base: str, bindir: str, preps: Sequence[Prep], launch: Iterable[str], ts: float,
+           lifts: Iterable[tuple[str, str]] = ()) -> str:
     """Prepare runs (directories, run files, input links) and start those in ``launch``.
 
+    ``lifts`` are ``(key, token)`` of fences this driver's own lookup put up
+    (see :func:`lookup`): each is taken down first, by its token, so that
+    this submission (and only one that knows the token) may go ahead.
     Reports ``P key`` per run prepared now, ``L key pid`` per run started
     now, ``D key`` per run whose guard already existed (started before, or
     cancelled), and ``OK`` at the end.
@@ -97,6 +103,9 @@ def submit(base: str, bindir: str, preps: Sequence[Prep], launch: Iterable[str],
     dirs = [f"{run_dir(p.key)}/{sub}" for p in preps for sub in ("work", "output")]
     for i in range(0, len(dirs), _MKDIR_CHUNK):
         out.append("mkdir -p " + " ".join(q(d) for d in dirs[i:i + _MKDIR_CHUNK]) + " || exit 91\n")
+    for key, token in lifts:
+        guard = f"{run_dir(key)}/launched"
+        out.append(f"rm {q(f'{guard}/fence.{token}')} 2>/dev/null && rmdir {q(guard)} 2>/dev/null\n")
     for p in preps:
         d = q(run_dir(p.key))
         link = f" && ln -sf -- {' '.join(q(s) for s in p.links)} {d}/work/" if p.links else ""
@@ -106,6 +115,48 @@ def submit(base: str, bindir: str, preps: Sequence[Prep], launch: Iterable[str],
     out += [_launch_line(k, bindir, base, stamp) for k in launch]
     out.append("echo OK\n")
     return "".join(out)
+
+
+#: The lookup of one key (``$1``) under a token (``$2``): ``L`` (its guard is taken: started or cancelled
+#: here), ``P`` (prepared here, not started: whoever starts it takes the guard, once), ``N`` (not here, and
+#: fenced under the token), ``E`` (could not fence). The fence is a *directory* where the guard file goes,
+#: so ``true > guard`` (launch, kill) and ``[ ! -e guard ]`` (prepare) fail on it; it holds one file,
+#: ``fence.<token>``, renamed to each new lookup's token (a rename is atomic), and only a submission
+#: that names the current token can take it down (:func:`submit`).
+_LOOK = r"""look() {
+  d="runs/$1"; g="$d/launched"
+  if [ -f "$g" ]; then echo "L $1"; return; fi
+  if [ -f "$d/run.env" ] && [ ! -e "$g" ]; then echo "P $1"; return; fi
+  mkdir -p "$d" 2>/dev/null || { echo "E $1"; return; }
+  for n in 1 2 3 4 5; do
+    mkdir "$g" 2>/dev/null
+    if [ -d "$g" ]; then
+      for t in "$g"/fence.*; do
+        if [ -e "$t" ] && [ "$t" != "$g/fence.$2" ]; then mv -f "$t" "$g/fence.$2" 2>/dev/null; fi
+      done
+      if [ ! -e "$g/fence.$2" ]; then { true > "$g/fence.$2"; } 2>/dev/null; fi
+      if [ -f "$g/fence.$2" ]; then echo "N $1"; return; fi
+    elif [ -f "$g" ]; then echo "L $1"; return
+    fi
+  done
+  echo "E $1"
+}
+"""
+
+
+def lookup(base: str, keys: Iterable[str], token: str) -> str:
+    """Where each run stands on this host, after a restart; a run not here is fenced under ``token``.
+
+    Checked in this order so no answer goes stale: a taken guard (it started,
+    or was cancelled) can never be undone; a prepared run (run file, no
+    guard) is found, and starts at most once whoever starts it; any other
+    run gets the fence *before* the answer ``N``, so a submission from before
+    the restart, maybe still under way on the host, can no longer prepare or
+    start it. A fence left by an earlier lookup is taken over (its token
+    renamed), since that lookup's process is gone. Ends with ``OK``.
+    """
+    tok = q(token)
+    return _head(base) + _LOOK + "".join(f"look {q(k)} {tok}\n" for k in keys) + "echo OK\n"
 
 
 def launch(base: str, bindir: str, keys: Iterable[str], ts: float) -> str:

@@ -111,8 +111,10 @@ class SubmitMixin(SshBase):
             entry.local_workdir = run.workdir
         for entry in tracked[:free]:
             entry.advance(LAUNCHING)
+        lifts = [(run.key, host.fences[run.key]) for run in batch if run.key in host.fences]
         try:
-            out = await host.command("submit", scripts.submit(host.base, host.bindir, preps, now_keys, time.time()))
+            out = await host.command("submit", scripts.submit(host.base, host.bindir, preps, now_keys, time.time(),
+                                                              lifts))
         except Dropped as exc:
             # It may or may not have run: claim the runs, and let the next tick ask the host where each stands.
             self.log.warning("ssh submission interrupted; the runs will be looked up on the host", host=host.label,
@@ -130,6 +132,8 @@ class SubmitMixin(SshBase):
             if not isinstance(exc, Unreachable):
                 self._reject(batch, outcomes, str(exc))
             return
+        for key, _ in lifts:  # (kept after a failure: a fence that is still up is taken down next time)
+            host.fences.pop(key, None)
         lines = out.decode(errors="replace").splitlines()
         complete = "OK" in lines
         prepared, started = set(), {}
