@@ -16,6 +16,7 @@ page sets after ``/?token=...``).
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import secrets
@@ -98,16 +99,19 @@ class Api:
                 return _error(400, "bad request", "the body must be a JSON object of arguments")
         else:
             return _error(405, "method not allowed", f"{req.method} /api/{method}")
+        call = getattr(self.control, method)
         try:
-            result = await getattr(self.control, method)(**kwargs)
+            inspect.signature(call).bind(**kwargs)
+        except TypeError as exc:  # arguments that do not fit the method (a TypeError inside it is a bug: 500)
+            return _error(400, "bad request", f"{method}: {exc}")
+        try:
+            result = await call(**kwargs)
         except UnknownJobError as exc:
             return _error(404, "unknown job", str(exc), fqid=_fqid(kwargs))
         except JobError as exc:
             return _error(409, "refused", str(exc), fqid=exc.fqid, field=exc.field)
         except OrchestratorError as exc:
             return _error(409, "refused", str(exc))
-        except TypeError as exc:  # arguments that do not fit the method
-            return _error(400, "bad request", f"{method}: {exc}")
         return Response.json(result)
 
     async def _events(self) -> AsyncIterator[bytes]:

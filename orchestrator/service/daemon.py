@@ -76,6 +76,8 @@ def read_token(path: Path, *, create: bool) -> str:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
+    if path.stat().st_mode & 0o077:
+        raise ConfigError(f"token file {path}: others may read it; chmod 600 it")
     if len(token) < 16:
         raise ConfigError(f"token file {path}: the token must have at least 16 characters")
     return token
@@ -100,6 +102,8 @@ async def run_service(home: Path | None, *, tcp_port: int | None = None, token_f
         port = tcp_port if tcp_port is not None else int(settings["tcp_port"])
         tokens = token_file or (Path(settings["token_file"]).expanduser() if settings["token_file"] else None)
         token = None
+        if tokens is not None and port < 0:
+            raise ConfigError("a token file is for the TCP listener: give --tcp-port (or [service] tcp_port) too")
         if port >= 0:
             token = read_token(tokens or ServicePaths(orch.home).dir / "token", create=True)
         paths = ServicePaths(orch.home)
@@ -112,7 +116,11 @@ async def run_service(home: Path | None, *, tcp_port: int | None = None, token_f
             tg.start_soon(_accept, unix, api, "unix", tg)
             bound: int | None = None
             if port >= 0:
-                tcp = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port, family=socket.AF_INET)
+                try:
+                    tcp = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port,
+                                                          family=socket.AF_INET)
+                except OSError as exc:
+                    raise ConfigError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}") from None
                 bound = int(tcp.extra(anyio.abc.SocketAttribute.local_port))
                 tg.start_soon(_accept, tcp, api, "tcp", tg)
             tg.start_soon(_host_workflows, orch)
@@ -130,7 +138,7 @@ async def run_service(home: Path | None, *, tcp_port: int | None = None, token_f
             # Closing the home waits core.close_grace (60 s) for retries and mergers under way: the service
             # gives them only what is left of its stop budget (a submission cut short is settled at the next start).
             left = STOP_WITHIN - CLOSE_MARGIN - (time.monotonic() - signalled)
-            pass  # TEMPORARY
+            orch.config.core["close_grace"] = max(0.0, min(float(orch.config.core["close_grace"]), left))
         paths.info.unlink(missing_ok=True)
         paths.socket.unlink(missing_ok=True)
     log.info("stopped", seconds=round(time.time() - started, 3))
