@@ -94,7 +94,8 @@ def _run(home: Path | None, body: Callable[[Orchestrator], Awaitable[T]]) -> T:
     path = _home(home)
 
     async def main() -> T:
-        async with Orchestrator(home=path) as orch:
+        orch = Orchestrator(home=path, service=False)  # these need the objects themselves: refused under a service
+        async with orch:
             return await body(orch)
 
     return anyio.run(main)
@@ -111,7 +112,8 @@ def _control(home: Path | None, body: Callable[[Any, Path], Awaitable[T]]) -> T:
         if client is not None:
             async with client:
                 return await body(client, path)
-        async with Orchestrator(home=path) as orch:
+        orch = Orchestrator(home=path, service=False)  # no service answered: open the home here
+        async with orch:
             return await body(Control(orch), path)
 
     return anyio.run(main)

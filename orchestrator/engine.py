@@ -105,14 +105,14 @@ class Engine:
         """After a restart: runs caught mid-submission are reconciled by key; the rest are monitored."""
         interrupted: list[FQID] = []
         for job_id, job in self.jobs.items():
-            if self.sm.is_master(job_id):
-                busy = self.sm.subjob_ids(job_id, MONITORED | {S.SUBMITTING})
-                if busy:
-                    for sub in self.materialize(job, busy):
-                        if sub.status == S.SUBMITTING:
-                            interrupted.append(sub.fqid_tuple)
-                        else:
-                            self._watch(sub)
+            if self.sm.is_master(job_id):  # subjob objects only for the few caught mid-submission
+                interrupted += [s.fqid_tuple for s in self.materialize(job, self.sm.subjob_ids(job_id, [S.SUBMITTING]))]
+                for idx, status, backend_id, backend in self.repo.load_runs(job_id,
+                                                                            self.sm.subjob_ids(job_id, MONITORED)):
+                    if backend_id is not None:
+                        self.active.setdefault(backend["name"], {})[(job_id, idx)] = RunHandle(
+                            f"{job_id}.{idx}", idx, backend_id, backend.get("settings", {}),
+                            self.workspace.outputdir((job_id, idx)), S(status))
             elif job.status == S.SUBMITTING:
                 interrupted.append((job_id,))
             elif job.status in MONITORED:

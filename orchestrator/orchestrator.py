@@ -5,6 +5,11 @@ repository, restores every job and starts the monitoring loop in a task
 group; leaving the block flushes every change and stops the loop. Jobs whose
 runs are still going on at the backend keep going, and are found again by the
 next orchestrator that opens the home.
+
+While ``orchestrator serve`` holds the home, the home cannot be opened a
+second time; ``async with`` then gives a
+:class:`~orchestrator.service.remote.RemoteOrchestrator` instead, with the same
+surface, working through the service (``service=`` chooses explicitly).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import structlog
@@ -29,6 +34,9 @@ from .job import Job, JobSlice, _status_set
 from .logs import configure as configure_logs
 from .repository import SERVICE_ROLE, HomeLock, Repository
 from .status import JobStatus
+
+if TYPE_CHECKING:
+    from .service.remote import RemoteOrchestrator
 
 
 def default_home() -> Path:
@@ -89,20 +97,29 @@ class Orchestrator:
 
     ``home`` defaults to ``$ORCHESTRATOR_HOME`` or ``~/.orchestrator``;
     ``config`` overrides settings of ``orchestrator.toml`` (same tables).
+    ``service``: ``None`` goes through the service that holds the home if one
+    does (``async with`` then gives a ``RemoteOrchestrator``), else opens the
+    home here; ``False`` always opens it here (refused while a service holds
+    it); ``True`` requires a service.
     """
 
     def __init__(self, home: str | os.PathLike[str] | None = None, config: dict[str, Any] | None = None, *,
-                 role: str = "") -> None:
+                 role: str = "", service: bool | None = None) -> None:
         self.home = Path(home).expanduser().resolve() if home is not None else default_home()
         self._overrides = config
         #: ``"service"`` when ``orchestrator serve`` holds the home (named to whoever else tries to open it).
         self._role = SERVICE_ROLE if role == "service" else role
+        self._service = service
         self._stack: AsyncExitStack | None = None
         self._engine: Engine | None = None
+        self._remote: RemoteOrchestrator | None = None
 
     @property
     def engine(self) -> Engine:
         if self._engine is None:
+            if self._remote is not None:
+                raise JobError(f"{self.home} is open through its service: use the object 'async with "
+                               "Orchestrator(...) as orch' gives (or pass service=False to open the home here)")
             raise JobError("the orchestrator is not open (use 'async with Orchestrator(...)')")
         return self._engine
 
@@ -114,9 +131,12 @@ class Orchestrator:
     def config(self) -> Config:
         return self.engine.config
 
-    async def __aenter__(self) -> Orchestrator:
+    async def __aenter__(self) -> Orchestrator | RemoteOrchestrator:
         if not structlog.is_configured():
             configure_logs()
+        remote = await self._through_service()
+        if remote is not None:
+            return remote
         self.home.mkdir(parents=True, exist_ok=True)
         config = Config.load(self.home, self._overrides)
         stack = AsyncExitStack()
@@ -140,8 +160,36 @@ class Orchestrator:
         self._stack, self._engine = stack, engine
         return self
 
+    async def _through_service(self) -> RemoteOrchestrator | None:
+        """The service's view of the home, opened, when it is to be used (see ``service``), else ``None``.
+
+        The service itself (``role="service"``) never looks for one: it is the one.
+        """
+        if self._service is False or self._role == SERVICE_ROLE:
+            return None
+        from .service.client import ServiceUnavailable, connect
+        from .service.remote import RemoteOrchestrator
+
+        client = await connect(self.home)
+        if client is None:
+            if self._service:
+                raise ServiceUnavailable(f"no orchestrator service holds {self.home} "
+                                         f"(start one with 'orchestrator --home {self.home} serve')")
+            return None
+        if self._overrides:
+            structlog.get_logger().warning("config overrides are ignored: the service's own settings apply",
+                                           home=str(self.home))
+        remote = RemoteOrchestrator(self.home, client)
+        await remote.__aenter__()
+        self._remote = remote
+        return remote
+
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
+        remote, self._remote = self._remote, None
+        if remote is not None:
+            await remote.__aexit__(exc_type, exc, tb)
+            return
         stack, self._stack = self._stack, None
         self._engine = None
         if stack is None:

@@ -128,7 +128,7 @@ class HomeLock:
             os.close(fd)
             raise HomeLockedError(
                 f"orchestrator home {self.path.parent} is in use by {holder}; " + (
-                    "the CLI goes through it, and Python code through orchestrator.service.ServiceClient; "
+                    "the CLI and Orchestrator(home) go through it (service=False asks for the home itself); "
                     "or stop the service first" if holder.startswith(SERVICE_ROLE) else
                     "close that orchestrator (or talk to its service) first")
             ) from None
@@ -304,6 +304,15 @@ class Repository:
                 marks = ",".join("?" * len(chunk))
                 rows += self.reader.execute(f"{sql} AND idx IN ({marks})", (master, *chunk)).fetchall()
         return [JobRow(master, r[0], r[1], r[2], json.loads(r[3]), r[4], json.loads(r[5])) for r in rows]
+
+    def load_runs(self, master: int, indexes: Sequence[int]) -> list[tuple[int, str, str | None, dict[str, Any]]]:
+        """(index, status, backend id, backend) of subjobs: what monitoring needs, without building jobs."""
+        sql = "SELECT idx, status, backend_id, json_extract(spec, '$.backend') FROM subjobs WHERE master=? AND idx IN"
+        rows = []
+        for start in range(0, len(indexes), 900):
+            chunk = list(indexes[start:start + 900])
+            rows += self.reader.execute(f"{sql} ({','.join('?' * len(chunk))})", (master, *chunk)).fetchall()
+        return [(r[0], r[1], r[2], json.loads(r[3])) for r in rows]
 
     async def states(self, job: str) -> list[StateRow]:
         """A job's stored states, oldest first."""

@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 import httpx
@@ -91,6 +91,12 @@ class RemoteOrchestrator:
     def jobs(self) -> RemoteRegistry:
         return self._registry
 
+    @property
+    def engine(self) -> NoReturn:
+        """Code that needs the engine itself (``Workflows(orch)``...) gets a clear refusal, not an AttributeError."""
+        raise OrchestratorError(f"{self.home} is held by the orchestrator service: this needs the home itself, "
+                                "so it runs in the service (workflows do), or after the service stops")
+
     # ------------------------------------------------------------ life
     async def __aenter__(self) -> RemoteOrchestrator:
         info = ServicePaths(self.home).read_info() or {}
@@ -142,7 +148,7 @@ class RemoteOrchestrator:
                 async for batch in self.client.events(self._connected):
                     delay = 0.1
                     self._receive(batch)
-            except (httpx.HTTPError, OrchestratorError, OSError, ValueError) as exc:
+            except Exception as exc:  # a background task must not end the user's block: log, reconnect, re-read
                 self._stream_error = exc
             if self._connected.is_set():
                 log.warning("event stream from the service ended; reconnecting", error=str(self._stream_error))
@@ -167,8 +173,8 @@ class RemoteOrchestrator:
                 self._stale.clear()
                 if stale:
                     await self._load(stale)
-            except (OrchestratorError, httpx.HTTPError, OSError) as exc:
-                log.warning("could not re-read jobs from the service", error=str(exc))
+            except Exception as exc:  # as in _follow: retried, never raised into the user's block
+                log.warning("could not re-read jobs from the service", error=f"{type(exc).__name__}: {exc}")
                 self._want_all = True
                 await anyio.sleep(1.0)
                 self._wake.set()

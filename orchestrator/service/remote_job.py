@@ -15,6 +15,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from ..errors import JobError
 from ..ids import FQID, fqid_str
 from ..job import _status_set
@@ -27,6 +29,8 @@ if TYPE_CHECKING:
 _ACTIVE_CODES = tuple(s.code for s in ACTIVE)
 #: Subjob details are read a page of this many subjobs at a time.
 PAGE = 1000
+#: Seconds of one ``wait`` request; a longer wait asks again.
+WAIT_SLICE = 30.0
 
 
 class Record:
@@ -178,8 +182,18 @@ class RemoteJob:
         self._orch._forget(self)
 
     async def wait(self, timeout: float | None = None) -> None:
-        """Return once nothing of the job is active; ``TimeoutError`` after ``timeout`` seconds, as embedded."""
-        result = await self._orch._operate([self], "wait", fqid=self.fqid, timeout=timeout)
+        """Return once nothing of the job is active; ``TimeoutError`` after ``timeout`` seconds, as embedded.
+
+        Asked in slices of ``WAIT_SLICE`` seconds: a wait given up here (cancelled)
+        leaves the service waiting for at most one slice.
+        """
+        deadline = math.inf if timeout is None else anyio.current_time() + timeout
+        while True:
+            left = max(0.0, min(WAIT_SLICE, deadline - anyio.current_time()))
+            result = await self._orch._operate([self], "wait", reread=False, fqid=self.fqid, timeout=left)
+            if not result.get("timed_out") or anyio.current_time() >= deadline:
+                break
+        await self._orch._after([self._top_job()])
         if result.get("timed_out"):
             raise TimeoutError(f"job {self.fqid} is still active after {timeout:g} s")
 
