@@ -263,3 +263,16 @@ def start_env(n_hosts: int = 1) -> SshEnv:
     workdir = shared_dir("orch-ssh-work-")
     env = SshEnv(sshds, client_key, known_hosts, workdir, user, base)
     return env
+
+
+def env_or_skip(n_hosts: int = 1) -> SshEnv:
+    """``n_hosts`` private sshds; skip the test (saying why) only when sshd cannot be installed or started here."""
+    import pytest
+
+    why = sshd_unavailable()
+    if why is not None:
+        pytest.skip(why)
+    try:
+        return start_env(n_hosts)
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"cannot start a private sshd: {exc}")

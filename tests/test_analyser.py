@@ -41,7 +41,8 @@ FAILED_RUN = Outcome(S.FAILED, exit_code=1)
     (Outcome(S.COMPLETED, exit_code=0), log("100 START 1", "101 EXIT 0", "101 END 0"),
      ("application", "success", S.COMPLETED)),
     # user
-    (FAILED_RUN, log("100 START 1", "101 SUCCEEDED out.txt", "101 EXIT 1", "101 END 1"), ("user", "success", S.COMPLETED)),
+    (FAILED_RUN, log("100 START 1", "101 SUCCEEDED out.txt", "101 EXIT 1", "101 END 1"),
+     ("user", "success", S.COMPLETED)),
     (FAILED_RUN, log("100 START 1", "101 FAILED bad input", "101 EXIT 1", "101 END 1"), ("user", "failed", S.FAILED)),
     (FAILED_RUN, log("100 START 1", "101 HOLD disk full", "101 EXIT 0", "101 END 0"), ("user", "hold", S.HELD)),
     (FAILED_RUN, log("100 START 1", "101 RETRY 3", "101 EXIT 0", "101 END 0"), ("user", "early", None)),

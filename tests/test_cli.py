@@ -286,7 +286,8 @@ def test_release_resumes_a_held_job_with_new_args(tmp_path: Path) -> None:
     job = tmp_path / "hold.toml"
     job.write_text(
         'name = "h"\n[application]\nexe = "/bin/sh"\n'
-        'args = ["-c", "if [ -z \\"$ORCH_RETRY_ARG_1\\" ]; then $ORCH_LOG HOLD wait; else echo $ORCH_RETRY_ARG_1; fi"]\n'
+        'args = ["-c", "if [ -z \\"$ORCH_RETRY_ARG_1\\" ]; then $ORCH_LOG HOLD wait; '
+        'else echo $ORCH_RETRY_ARG_1; fi"]\n'
         '[backend]\nname = "local"\n'
     )
     home = ["--home", str(tmp_path / "home")]

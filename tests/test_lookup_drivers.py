@@ -28,7 +28,7 @@ from orch_slurm.slurm import LocalRunner, Result, SlurmError, batch_script
 from orch_ssh import SshDriver
 from orch_ssh.host import Dropped, Host
 from slurmd import SlurmCluster, slurm_cluster  # noqa: F401 - the session fixture, used by name
-from sshd import SshEnv, shared_dir, sshd_unavailable, start_env
+from sshd import SshEnv, env_or_skip, shared_dir
 
 from orchestrator import Driver, DriverContext, JobStatus, RunHandle, RunSpec, StatusUpdate
 from orchestrator.wrapper import read_log
@@ -88,13 +88,7 @@ def runs_of(side: Path, i: int) -> int:
 # ======================================================================= ssh
 @pytest.fixture
 def ssh_env() -> Iterator[SshEnv]:
-    why = sshd_unavailable()
-    if why is not None:
-        pytest.skip(why)
-    try:
-        env = start_env(2)
-    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"cannot start a private sshd: {exc}")
+    env = env_or_skip(2)
     yield env
     env.cleanup()
 

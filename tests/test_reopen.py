@@ -61,7 +61,8 @@ async def test_close_and_reopen_restores_everything(tmp_path: Path) -> None:
 
 async def test_reopen_mid_run_carries_on_monitoring(tmp_path: Path) -> None:
     async with Orchestrator(home=tmp_path) as orch:
-        j = await orch.jobs.add(Job(application=Executable("/bin/true"), splitter=ArgSplitter([[str(i)] for i in range(20)]),
+        j = await orch.jobs.add(Job(application=Executable("/bin/true"),
+                                    splitter=ArgSplitter([[str(i)] for i in range(20)]),
                                     backend=Backend("sim", run_seconds=1.0)))
         await j.submit()
         assert j.status == "submitted"
@@ -87,7 +88,8 @@ async def test_a_second_orchestrator_on_a_home_is_refused(tmp_path: Path) -> Non
 
 async def test_many_subjobs_reopen_lazily(tmp_path: Path) -> None:
     async with Orchestrator(home=tmp_path) as orch:
-        j = await orch.jobs.add(Job(application=Executable("/bin/true"), splitter=ArgSplitter([[str(i)] for i in range(3000)]),
+        j = await orch.jobs.add(Job(application=Executable("/bin/true"),
+                                    splitter=ArgSplitter([[str(i)] for i in range(3000)]),
                                     backend=Backend("sim", run_seconds=0)))
         await j.submit()
         await j.wait(timeout=30)

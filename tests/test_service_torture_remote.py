@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 from slurmd import SlurmCluster, slurm_cluster  # noqa: F401 - the session fixture, used by name
-from sshd import SshEnv, shared_dir, sshd_unavailable, start_env
+from sshd import SshEnv, env_or_skip, shared_dir
 from supervised import Robust, Supervised, duplicates, stored_subjobs
 
 from orchestrator import ArgSplitter, Backend, Executable, Job
@@ -45,13 +44,7 @@ def side() -> Iterator[Path]:
 
 @pytest.fixture
 def ssh_env() -> Iterator[SshEnv]:
-    why = sshd_unavailable()
-    if why is not None:
-        pytest.skip(why)
-    try:
-        env = start_env(1)
-    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"cannot start a private sshd: {exc}")
+    env = env_or_skip(1)
     yield env
     env.cleanup()
 

@@ -23,7 +23,7 @@ import pytest
 from orch_ssh import SshDriver, scripts
 from orch_ssh.host import SCRIPT_FILES, SCRIPTS_HASH, Dropped, Host
 from orch_ssh.settings import validate
-from sshd import SshEnv, shared_dir, sshd_unavailable, start_env, write_key
+from sshd import SshEnv, env_or_skip, shared_dir, write_key
 from structlog.testing import capture_logs
 
 from orchestrator import ArgSplitter, Backend, Executable, Job, JobError, Orchestrator
@@ -32,27 +32,16 @@ pytestmark = pytest.mark.anyio
 FAST = {"core": {"poll_interval": 0.1}}
 
 
-def _env(n: int) -> SshEnv:
-    """``n`` private sshds; skip (saying why) only when sshd cannot be installed or started here."""
-    why = sshd_unavailable()
-    if why is not None:
-        pytest.skip(why)
-    try:
-        return start_env(n)
-    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"cannot start a private sshd: {exc}")
-
-
 @pytest.fixture
 def one_host() -> Iterator[SshEnv]:
-    env = _env(1)
+    env = env_or_skip(1)
     yield env
     env.cleanup()
 
 
 @pytest.fixture
 def two_hosts() -> Iterator[SshEnv]:
-    env = _env(2)
+    env = env_or_skip(2)
     yield env
     env.cleanup()
 

@@ -112,7 +112,7 @@ async def test_native_failure_reported_later_goes_submitted_then_failed(tmp_path
                 ev = events.receive_nowait()
             except anyio.WouldBlock:
                 break
-            history += [n.value for fq, n in zip(ev.ids, ev.new) if fq == (j.id, 1)]
+            history += [n.value for fq, n in zip(ev.ids, ev.new, strict=True) if fq == (j.id, 1)]
         assert history[0] == "submitting" and "submitted" in history and history[-1] == "failed"
         assert j.status == "failed"
 
@@ -338,7 +338,8 @@ async def test_two_concurrent_resubmits_of_one_subjob_are_serialised(tmp_path: P
 
 async def test_collective_operations_on_slices(tmp_path: Path) -> None:
     async with Orchestrator(home=tmp_path) as orch:
-        j = await orch.jobs.add(sim_job(6, outcome={1: ["failed", "completed"], 4: ["failed", "completed"]}, run_seconds=0.01))
+        j = await orch.jobs.add(sim_job(6, outcome={1: ["failed", "completed"], 4: ["failed", "completed"]},
+                                        run_seconds=0.01))
         await j.submit()
         await j.wait(timeout=10)
         failed = j.subjobs.select(status="failed")
