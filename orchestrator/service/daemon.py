@@ -96,53 +96,60 @@ async def run_service(home: Path | None, *, tcp_port: int | None = None, token_f
     log = get_logger(component="service")
     started = time.time()
     orch = Orchestrator(home=home, config=config, role="service", service=False)
-    async with orch:
-        settings = orch.config.section("service")
-        grace = float(settings["stop_timeout"])
-        port = tcp_port if tcp_port is not None else int(settings["tcp_port"])
-        tokens = token_file or (Path(settings["token_file"]).expanduser() if settings["token_file"] else None)
-        token = None
-        if tokens is not None and port < 0:
-            raise ConfigError("a token file is for the TCP listener: give --tcp-port (or [service] tcp_port) too")
-        if port >= 0:
-            token = read_token(tokens or ServicePaths(orch.home).dir / "token", create=True)
-        paths = ServicePaths(orch.home)
-        paths.dir.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(paths.dir, 0o700)
-        paths.socket.unlink(missing_ok=True)  # left by a killed service: we hold the home's lock, it is ours
-        api = Api(Control(orch, refresh=False), orch.engine.bus, token=token)
-        async with anyio.create_task_group() as tg:
-            unix = await anyio.create_unix_listener(paths.socket, mode=0o600)
-            tg.start_soon(_accept, unix, api, "unix", tg)
-            bound: int | None = None
-            if port >= 0:
-                try:
-                    tcp = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port,
-                                                          family=socket.AF_INET)
-                except OSError as exc:
-                    raise ConfigError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}") from None
-                bound = int(tcp.extra(anyio.abc.SocketAttribute.local_port))
-                tg.start_soon(_accept, tcp, api, "tcp", tg)
-            tg.start_soon(_host_workflows, orch)
-            _write_info(paths, {"pid": os.getpid(), "socket": str(paths.socket), "tcp_port": bound,
-                                "host": "127.0.0.1", "started": started})
-            log.info("service ready", home=str(orch.home), socket=str(paths.socket), tcp_port=bound,
-                     jobs=len(orch.engine.jobs), start_seconds=round(time.time() - started, 3))
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for signum in signals:
-                    log.info("stopping", signal=signal.Signals(signum).name)
-                    break
-            signalled = time.monotonic()
-            await orch.engine.stop_ticking(grace)
-            tg.cancel_scope.cancel()
-            # Closing the home waits core.close_grace (60 s) for retries and mergers under way: the service
-            # gives them only what is left of its stop budget (a submission cut short is settled at the next start).
-            left = STOP_WITHIN - CLOSE_MARGIN - (time.monotonic() - signalled)
-            orch.config.core["close_grace"] = max(0.0, min(float(orch.config.core["close_grace"]), left))
-        paths.info.unlink(missing_ok=True)
-        paths.socket.unlink(missing_ok=True)
+    # Signals are caught from here on: a SIGTERM while the home loads waits, then stops the service cleanly.
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with orch:
+            await _serve(orch, signals, tcp_port, token_file, started, log)
     log.info("stopped", seconds=round(time.time() - started, 3))
     return 0
+
+
+async def _serve(orch: Orchestrator, signals: Any, tcp_port: int | None, token_file: Path | None,
+                 started: float, log: Any) -> None:
+    """Listen, answer and monitor until a signal; then stop within the budget, leaving the home to close."""
+    settings = orch.config.section("service")
+    grace = float(settings["stop_timeout"])
+    port = tcp_port if tcp_port is not None else int(settings["tcp_port"])
+    tokens = token_file or (Path(settings["token_file"]).expanduser() if settings["token_file"] else None)
+    token = None
+    if tokens is not None and port < 0:
+        raise ConfigError("a token file is for the TCP listener: give --tcp-port (or [service] tcp_port) too")
+    if port >= 0:
+        token = read_token(tokens or ServicePaths(orch.home).dir / "token", create=True)
+    paths = ServicePaths(orch.home)
+    paths.dir.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(paths.dir, 0o700)
+    paths.socket.unlink(missing_ok=True)  # left by a killed service: we hold the home's lock, it is ours
+    api = Api(Control(orch, refresh=False), orch.engine.bus, token=token)
+    async with anyio.create_task_group() as tg:
+        unix = await anyio.create_unix_listener(paths.socket, mode=0o600)
+        tg.start_soon(_accept, unix, api, "unix", tg)
+        bound: int | None = None
+        if port >= 0:
+            try:
+                tcp = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port,
+                                                      family=socket.AF_INET)
+            except OSError as exc:
+                raise ConfigError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}") from None
+            bound = int(tcp.extra(anyio.abc.SocketAttribute.local_port))
+            tg.start_soon(_accept, tcp, api, "tcp", tg)
+        tg.start_soon(_host_workflows, orch)
+        _write_info(paths, {"pid": os.getpid(), "socket": str(paths.socket), "tcp_port": bound,
+                            "host": "127.0.0.1", "started": started})
+        log.info("service ready", home=str(orch.home), socket=str(paths.socket), tcp_port=bound,
+                 jobs=len(orch.engine.jobs), start_seconds=round(time.time() - started, 3))
+        async for signum in signals:
+            log.info("stopping", signal=signal.Signals(signum).name)
+            break
+        signalled = time.monotonic()
+        await orch.engine.stop_ticking(grace)
+        tg.cancel_scope.cancel()
+        # Closing the home waits core.close_grace (60 s) for retries and mergers under way: the service
+        # gives them only what is left of its stop budget (a submission cut short is settled at the next start).
+        left = STOP_WITHIN - CLOSE_MARGIN - (time.monotonic() - signalled)
+        orch.config.core["close_grace"] = max(0.0, min(float(orch.config.core["close_grace"]), left))
+    paths.info.unlink(missing_ok=True)
+    paths.socket.unlink(missing_ok=True)
 
 
 async def _accept(listener: Listener[Any], api: Api, via: str, tg: TaskGroup) -> None:
