@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+#: Fixtures of the service tests (``services``, ``shared``), usable by name in any module.
+pytest_plugins = ("served",)
+
 
 @pytest.fixture
 def anyio_backend() -> str:

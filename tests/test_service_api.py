@@ -6,17 +6,13 @@ Each test runs a real ``orchestrator serve`` subprocess, stopped by its PID at t
 
 from __future__ import annotations
 
-import json
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from served import Service
 
 from orchestrator import (
     ArgSplitter,
@@ -34,51 +30,12 @@ from orchestrator.service.remote import RemoteOrchestrator
 
 pytestmark = pytest.mark.anyio
 
-ORCH = Path(sys.executable).parent / "orchestrator"
-START_TIMEOUT = 30.0
 NO_RETRY = RetryPolicy(max_early=0, max_late_handled=0, max_late_unhandled=0)
 
 
-class Served:
-    """``orchestrator serve`` on ``home`` as a subprocess."""
-
-    def __init__(self, home: Path) -> None:
-        self.home = home
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Served:
-        self.home.mkdir(parents=True, exist_ok=True)
-        info_path = self.home / "service" / "service.json"
-        with open(self.home / "serve.out", "ab") as out, open(self.home / "serve.err", "ab") as err:
-            self.proc = subprocess.Popen([str(ORCH), "--home", str(self.home), "serve"], stdout=out, stderr=err,
-                                         stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, (self.home / "serve.err").read_text()
-            try:
-                if json.loads(info_path.read_text()).get("pid") == self.proc.pid:
-                    return self
-            except (FileNotFoundError, ValueError):
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"the service did not start within {START_TIMEOUT:g} s")
-
-    def stop(self) -> int | None:
-        """SIGTERM by PID, then wait (SIGKILL if it will not go)."""
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return proc.returncode if proc is not None else None
-        proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait()
-
-
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[Served]:
-    service = Served(tmp_path / "home").start()
+def served(tmp_path: Path) -> Iterator[Service]:
+    service = Service(tmp_path / "home").start()
     try:
         yield service
     finally:
@@ -91,7 +48,7 @@ def sim_job(n: int, name: str = "scan", **settings: Any) -> Job:
 
 
 # ------------------------------------------------------------------ DESIGN's example
-async def test_the_design_example_through_the_service(served: Served) -> None:
+async def test_the_design_example_through_the_service(served: Service) -> None:
     home = served.home
     async with Orchestrator(home=home) as orch:
         assert isinstance(orch, RemoteOrchestrator) and orch.home == home.resolve()
@@ -121,7 +78,7 @@ async def test_the_design_example_through_the_service(served: Served) -> None:
         assert len(orch.jobs) == 1 and list(orch.jobs) == [j]
 
 
-async def test_sim_select_resubmit_and_errors(served: Served) -> None:
+async def test_sim_select_resubmit_and_errors(served: Service) -> None:
     async with Orchestrator(home=served.home) as orch:
         j = await orch.jobs.add(sim_job(4, bulk=False, fail_submit={1: 1}, run_seconds=0.1,
                                         outcome={2: ["failed", "completed"]}))
@@ -165,7 +122,7 @@ async def test_sim_select_resubmit_and_errors(served: Served) -> None:
                 await orch.jobs.add(await local.jobs.add(Job(application=Executable("/bin/true"), backend="sim")))
 
 
-async def test_statuses_follow_the_service_without_asking(served: Served) -> None:
+async def test_statuses_follow_the_service_without_asking(served: Service) -> None:
     async with Orchestrator(home=served.home) as orch:
         j = await orch.jobs.add(sim_job(5, run_seconds=0.4))
         await j.submit()
@@ -177,7 +134,7 @@ async def test_statuses_follow_the_service_without_asking(served: Served) -> Non
         assert j.subjobs[3].info.timestamps.keys() >= {"submitted", "completed"}  # read again after the change
 
 
-async def test_wait_timeout_kill_copy_and_remove(served: Served) -> None:
+async def test_wait_timeout_kill_copy_and_remove(served: Service) -> None:
     async with Orchestrator(home=served.home) as orch:
         j = await orch.jobs.add(sim_job(4, run_seconds=60))
         await j.submit()
@@ -206,7 +163,7 @@ async def test_wait_timeout_kill_copy_and_remove(served: Served) -> None:
         assert len(orch.jobs) == 0 and not (served.home / "workspace" / str(j.id)).exists()
 
 
-async def test_jobs_of_other_clients_are_seen(served: Served) -> None:
+async def test_jobs_of_other_clients_are_seen(served: Service) -> None:
     async with Orchestrator(home=served.home) as orch, ServiceClient.for_home(served.home) as other:
         added = await other.add(name="elsewhere", spec=sim_job(3, run_seconds=0.05).spec())
         job_id = int(added["fqid"])
@@ -226,7 +183,7 @@ async def test_jobs_of_other_clients_are_seen(served: Served) -> None:
 
 
 # ------------------------------------------------------------------ one home, one owner
-async def test_an_embedded_orchestrator_is_refused_while_the_service_runs(served: Served, tmp_path: Path) -> None:
+async def test_an_embedded_orchestrator_is_refused_while_the_service_runs(served: Service, tmp_path: Path) -> None:
     with pytest.raises(HomeLockedError, match=r"in use by the orchestrator service, pid \d+"):
         async with Orchestrator(home=served.home, service=False):
             pass
@@ -256,7 +213,7 @@ async def scenario(orch: Any) -> dict[str, Any]:
             for j in orch.jobs}
 
 
-async def test_after_the_service_stops_the_same_code_runs_embedded(served: Served) -> None:
+async def test_after_the_service_stops_the_same_code_runs_embedded(served: Service) -> None:
     async with Orchestrator(home=served.home) as orch:
         assert isinstance(orch, RemoteOrchestrator)
         first = await scenario(orch)
@@ -325,7 +282,7 @@ async def test_events_and_reads_are_ordered_by_the_service_time(tmp_path: Path) 
     assert 0 not in orch._tops and j._removed
 
 
-async def test_a_service_that_goes_away_fails_operations_not_the_block(served: Served) -> None:
+async def test_a_service_that_goes_away_fails_operations_not_the_block(served: Service) -> None:
     async with Orchestrator(home=served.home) as orch:
         j = await orch.jobs.add(sim_job(2, run_seconds=0.05))
         served.stop()

@@ -11,9 +11,6 @@ reloaded, so what it shows came through its event stream.
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -23,10 +20,10 @@ import anyio
 import httpx
 import pytest
 from chromium import Cdp, Chromium, chromium_binary
+from served import Service
 
 pytestmark = pytest.mark.anyio
 
-ORCHESTRATOR = Path(sys.executable).parent / "orchestrator"
 STATUSES = ["new", "submitting", "submitted", "running", "completing", "completed", "failed", "killed", "held"]
 #: Seconds the page may take to show a change.
 UPDATE_TIMEOUT = 10.0
@@ -34,72 +31,9 @@ UPDATE_TIMEOUT = 10.0
 T = TypeVar("T")
 
 
-def cli_command() -> list[str]:
-    """The venv's ``orchestrator`` script, or the module when the script is not there."""
-    return [str(ORCHESTRATOR)] if ORCHESTRATOR.exists() else [sys.executable, "-m", "orchestrator.cli"]
-
-
-class Service:
-    """``orchestrator serve --home HOME --tcp-port PORT`` as a subprocess; ``stop()`` by pid, SIGTERM then SIGKILL."""
-
-    def __init__(self, home: Path, log: Path) -> None:
-        self.home = home
-        self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
-        self.token = ""
-
-    def start(self, port: int = 0, timeout: float = 30.0) -> Service:
-        info = self.home / "service" / "service.json"
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([*cli_command(), "serve", "--home", str(self.home), "--tcp-port", str(port)],
-                                         stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the service exited with {self.proc.returncode}:\n{self.log.read_text()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no {info} within {timeout} s:\n{self.log.read_text()}")
-            try:
-                described = json.loads(info.read_text())
-            except (FileNotFoundError, ValueError):
-                described = {}
-            if described.get("pid") == self.proc.pid and described.get("tcp_port"):
-                self.port = int(described["tcp_port"])
-                self.token = (self.home / "service" / "token").read_text().strip()
-                return self
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def cli(self, *args: str) -> str:
-        """Run ``orchestrator --home HOME ARGS...``; its stdout."""
-        result = await anyio.run_process([*cli_command(), "--home", str(self.home), *args], check=False)
-        if result.returncode != 0:
-            raise AssertionError(f"orchestrator {' '.join(args)}: exit {result.returncode}\n"
-                                 f"stdout: {result.stdout.decode()}\nstderr: {result.stderr.decode()}")
-        return result.stdout.decode()
-
-    def client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=10)
-
-
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[Service]:
-    svc = Service(tmp_path / "home", tmp_path / "service.log")
+    svc = Service(tmp_path / "home", "--tcp-port", "0")
     try:
         yield svc.start()
     finally:
@@ -186,7 +120,7 @@ async def test_root_over_tcp_needs_the_token(service: Service) -> None:
         assert "HttpOnly" in login.headers["set-cookie"]
         page = await anonymous.get("/")  # the cookie the login set
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-    async with service.client() as client:
+    async with service.tcp_client() as client:
         page = await client.get("/")
         assert page.status_code == 200 and 'EventSource("/api/events")' in page.text
 
@@ -225,7 +159,7 @@ async def check_page(tmp_path: Path, service: Service, page: Cdp) -> None:
     scan_id = (await service.cli("submit", str(sim_job(tmp_path, "scan", 20, 3.0, failed=(2, 5, 11))))).split()[0]
 
     # While they run, the page agrees with the API (both poll until they settle on the same view).
-    async with service.client() as client:
+    async with service.tcp_client() as client:
         async def both() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             api = [visible(j) for j in (await client.get("/api/jobs")).json()]
             shown = [visible(r) for r in await rows()]
@@ -258,7 +192,7 @@ async def check_page(tmp_path: Path, service: Service, page: Cdp) -> None:
                               "the killed job shows killed")
     assert killed is not None and killed["counts"] == {"killed": 6} and killed["segments"] == [["killed", 100.0]]
 
-    async with service.client() as client:
+    async with service.tcp_client() as client:
         api = [visible(j) for j in (await client.get("/api/jobs")).json()]
     assert [visible(r) for r in await rows()] == api
     state = await page.evaluate("({kept: window.__notReloaded === true, pwned: window.__pwned === 1,"
@@ -277,9 +211,11 @@ async def test_page_reconnects_after_the_service_restarts(tmp_path: Path, servic
         conn = "document.getElementById('conn').dataset.state"
         await eventually(lambda: page.evaluate(conn), lambda state: state == "live", "the event stream connects")
         await page.evaluate("window.__notReloaded = true")
+        port = service.port
         service.stop()
         await eventually(lambda: page.evaluate(conn), lambda state: state != "live", "the page sees the drop")
-        service.start(port=service.port)  # same home, same port, same token: the page's cookie still holds
+        service.args = ("--tcp-port", str(port))
+        service.start()  # same home, same port, same token: the page's cookie still holds
         job_id = (await service.cli("submit", str(sim_job(tmp_path, "after", 3, 0.2)))).split()[0]
         done = await eventually(
             lambda: page.evaluate(READ_ROWS),
