@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio
 import structlog
@@ -39,11 +39,33 @@ if TYPE_CHECKING:
     from .service.remote import RemoteOrchestrator
 
 
+J = TypeVar("J")
+
+
 def default_home() -> Path:
     return Path(os.environ.get("ORCHESTRATOR_HOME") or Path.home() / ".orchestrator")
 
 
-class JobRegistry:
+class Lookups(Generic[J]):
+    """``orch.jobs(key)``, ``.get(key)`` and ``key in orch.jobs``, all by ``[key]`` (embedded or remote)."""
+
+    def __getitem__(self, key: Any) -> J:
+        raise NotImplementedError
+
+    def __call__(self, key: Any) -> J:
+        return self[key]
+
+    def get(self, key: Any, default: J | None = None) -> J | None:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __contains__(self, key: Any) -> bool:
+        return self.get(key) is not None
+
+
+class JobRegistry(Lookups[Job]):
     """``orch.jobs``: look jobs up, select them, add new ones."""
 
     def __init__(self, engine: Engine) -> None:
@@ -52,9 +74,6 @@ class JobRegistry:
     async def add(self, job: Job) -> Job:
         """Register ``job``; it gets the next integer id and status ``new``."""
         return await self._engine.ops.add(job)
-
-    def __call__(self, key: Any) -> Job:
-        return self[key]
 
     def __getitem__(self, key: Any) -> Job:
         try:
@@ -65,15 +84,6 @@ class JobRegistry:
             return self._engine.lookup(fqid)
         except (KeyError, IndexError):
             raise KeyError(f"no job {'.'.join(map(str, fqid))}") from None
-
-    def get(self, key: Any, default: Job | None = None) -> Job | None:
-        try:
-            return self[key]
-        except KeyError:
-            return default
-
-    def __contains__(self, key: Any) -> bool:
-        return self.get(key) is not None
 
     def __len__(self) -> int:
         return len(self._engine.jobs)

@@ -24,7 +24,7 @@ import httpx
 from ..control import METHODS, UnknownJobError
 from ..errors import JobError, OrchestratorError
 from ..repository import SERVICE_ROLE
-from .daemon import ServicePaths
+from .paths import ServicePaths
 
 
 class ServiceUnavailable(OrchestratorError):

@@ -22,7 +22,6 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,32 +35,7 @@ from ..logs import get_logger
 from ..orchestrator import Orchestrator
 from .api import Api
 from .http import serve_connection
-
-
-@dataclass(frozen=True)
-class ServicePaths:
-    """Where a home's service keeps its socket and its description."""
-
-    home: Path
-
-    @property
-    def dir(self) -> Path:
-        return self.home / "service"
-
-    @property
-    def socket(self) -> Path:
-        return self.dir / "api.sock"
-
-    @property
-    def info(self) -> Path:
-        return self.dir / "service.json"
-
-    def read_info(self) -> dict[str, Any] | None:
-        try:
-            value = json.loads(self.info.read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        return value if isinstance(value, dict) else None
+from .paths import ServicePaths
 
 
 def read_token(path: Path, *, create: bool) -> str:

@@ -44,9 +44,10 @@ from ..errors import JobError, OrchestratorError
 from ..ids import FQID, parse_fqid, parse_fqid_or_none
 from ..job import Job, _status_set
 from ..logs import get_logger
+from ..orchestrator import Lookups
 from ..status import JobStatus
 from .client import ServiceClient, ServiceUnavailable
-from .daemon import ServicePaths
+from .paths import ServicePaths
 from .remote_job import PAGE, Record, RemoteJob, RemoteSlice
 
 log = get_logger(component="remote")
@@ -362,7 +363,7 @@ class RemoteOrchestrator:
             await self._load(live)
 
 
-class RemoteRegistry:
+class RemoteRegistry(Lookups[RemoteJob]):
     """``orch.jobs`` through the service: look jobs up, select them, add new ones."""
 
     def __init__(self, orch: RemoteOrchestrator) -> None:
@@ -378,9 +379,6 @@ class RemoteRegistry:
         await self._orch._load([added["fqid"]])
         return self._orch._tops[parse_fqid(added["fqid"])[0]]
 
-    def __call__(self, key: Any) -> RemoteJob:
-        return self[key]
-
     def __getitem__(self, key: Any) -> RemoteJob:
         try:
             fq: FQID = parse_fqid(key)
@@ -393,15 +391,6 @@ class RemoteRegistry:
         except IndexError:
             raise KeyError(f"no job {'.'.join(map(str, fq))}") from None
         return job
-
-    def get(self, key: Any, default: RemoteJob | None = None) -> RemoteJob | None:
-        try:
-            return self[key]
-        except KeyError:
-            return default
-
-    def __contains__(self, key: Any) -> bool:
-        return self.get(key) is not None
 
     def __len__(self) -> int:
         return len(self._orch._tops)
