@@ -18,12 +18,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .status import JobStatus
-from .wrapper import RunLog
+from .runlog import RunLog
+from .statuses import JobStatus
 
 S = JobStatus
 TERMINAL = ("SUCCEEDED", "FAILED", "RETRY", "HOLD")
-LEVELS = ("orchestrator", "backend", "batch", "worker", "application", "user")
 EARLY, LATE_HANDLED, LATE_UNHANDLED = "early", "late_handled", "late_unhandled"
 LIMIT_OF = {EARLY: "max_early", LATE_HANDLED: "max_late_handled", LATE_UNHANDLED: "max_late_unhandled"}
 
@@ -131,8 +130,8 @@ def classify(outcome: Outcome, log: RunLog, limits: Limits, seconds: float | Non
             return "user", "success", "SUCCEEDED", S.COMPLETED, args
         if word == "FAILED":
             return "user", "failed", f"FAILED {data.strip()}", S.FAILED, args
-        if word == "HOLD":
-            return "user", "hold", f"HOLD {data.strip()}", S.HELD, args
+        if word == "HOLD":  # counted as handled, like RETRY; the user decides when it runs again
+            return "user", handled, f"HOLD {data.strip()}", S.HELD, args
         return "user", handled, f"RETRY {data.strip()}", None, args
     code = log.exit_code if log.exit_code is not None else log.end_code
     if code == 0:
@@ -145,6 +144,10 @@ def decide(outcome: Outcome, log: RunLog, limits: Limits, counters: Mapping[str,
     """Classify the run and apply the retry limits to it."""
     level, verdict, reason, status, data = classify(outcome, log, limits, seconds, wrapper=wrapper)
     new_counters = dict(counters)
+    if status == S.HELD and level == "user":
+        # GBS: the hold's data comes back as the retry arguments when it is released without new ones.
+        new_counters[verdict] = new_counters.get(verdict, 0) + 1
+        return Decision(status, level, verdict, reason, retry_args=data, counters=new_counters)
     if status is not None:
         outputs = data if status == S.COMPLETED else ()
         return Decision(status, level, verdict, reason, outputs=outputs, retry_args=tuple(previous_args),

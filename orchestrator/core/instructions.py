@@ -1,0 +1,146 @@
+"""Instructions: what the state machine asks the runtime to do, in order.
+
+The runtime carries out a step's instructions in the order given and turns
+each asynchronous result into the next event; it decides nothing. Each
+instruction carries the stimulus id of what caused it, and the report on it
+carries that id back.
+
+- ``Persist``: a barrier. Everything changed so far reaches the repository
+  before the next instruction is carried out (write-ahead: a run is on disk
+  as ``submitting``, with the attempt that makes its key, before any backend
+  hears of it). Changes are otherwise written behind, in batches per tick.
+- ``Prepare``: split a job into subjobs and store them, configure its shared
+  inputs. Answered by ``Prepared`` or ``PrepareFailed``.
+- ``SendSubmit`` / ``SendKill`` / ``Lookup``: to the job's driver actor, in
+  bulk (``native``) or emulated run by run; ``stop_on_failure`` stops an
+  emulated series at the first failure (keep_going=False). Answered by
+  ``SubmitOutcomes`` / ``KillOutcomes`` / ``LookupOutcomes``.
+- ``Unwatch``: these runs left the backend's hands; stop monitoring them.
+- ``RunPostprocess``: run a master's postprocessors; answered by ``PostprocessDone``.
+- ``CreateLinked``: add a pre-job or aggregator for a master; answered by ``LinkedAdded``.
+- ``ScheduleRetry``: post ``RetryDue`` at ``at``.
+- ``SetBackend``: store new backend settings for a job (``resubmit(backend=...)``).
+- ``Unprepare`` / ``Forget``: undo a ``Prepare`` (a rolled-back submission: the subjobs and the
+  workspace it made go) / remove a whole job.
+- ``Reply``: answer a request: its error, if any, and what it acted on.
+- ``Notify``: tell people (the Notifier) that something happened to a master.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import JobError
+from .ids import Runs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Instruction:
+    stimulus_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Persist(Instruction):
+    """Write every change so far before going on."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prepare(Instruction):
+    job: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendSubmit(Instruction):
+    """Submit ``runs`` (already ``submitting``, attempts counted) to ``backend``.
+
+    ``start``: which checkpoint state each run starts from: ``initial``,
+    ``resume`` (the newest saved), or ``given`` (a state the user handed in).
+    """
+
+    backend: str
+    runs: Runs
+    native: bool
+    stop_on_failure: bool = False
+    start: str = "resume"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendKill(Instruction):
+    backend: str
+    runs: Runs
+    native: bool
+    stop_on_failure: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lookup(Instruction):
+    backend: str
+    runs: Runs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unwatch(Instruction):
+    backend: str
+    runs: Runs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunPostprocess(Instruction):
+    job: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CreateLinked(Instruction):
+    """Add the pre-job or aggregator of ``master`` (an aggregator gets ``steps``: its subjobs' final states)."""
+
+    master: int
+    role: str
+    steps: tuple[str, ...] | None = None
+    #: An aggregator of an earlier round exists: run it again with the new steps instead of adding one.
+    reuse: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleRetry(Instruction):
+    runs: Runs
+    at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SetBackend(Instruction):
+    job: int
+    backend: Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unprepare(Instruction):
+    job: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Forget(Instruction):
+    job: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reply(Instruction):
+    """The answer to the request ``stimulus_id``: ``error`` (``None``: done), how many runs it acted on."""
+
+    error: JobError | None = None
+    acted: int = 0
+    value: Any = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Notify(Instruction):
+    """A master ended ``status``: tell whoever its Notifier names."""
+
+    job: int
+    status: str
+
+
+__all__ = [
+    "CreateLinked", "Forget", "Instruction", "Lookup", "Notify", "Persist", "Prepare", "Reply", "RunPostprocess",
+    "ScheduleRetry", "SendKill", "SendSubmit", "SetBackend", "Unprepare", "Unwatch",
+]

@@ -1,0 +1,110 @@
+"""One top-level job as the state machine holds it: its profile, its runs, its derived status.
+
+A job without subjobs has a :class:`RunTable` of one run (index 0: the job
+itself). A master has one run per subjob; its own status is never set by a
+transition but derived from its subjobs' per-status counters (DESIGN.md's
+rules, O(1) per change) or, while an operation on it runs or a linked job
+stands in for its subjobs, shown as ``pinned``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .events import Profile
+from .statuses import ACTIVE, FINAL, START_STATUSES, JobStatus, master_status
+from .table import RunExtra, RunTable
+
+S = JobStatus
+
+
+class JobState:
+    """See the module docstring. ``top`` holds the job's own info (a master's reason and timestamps)."""
+
+    __slots__ = ("id", "profile", "runs", "is_master", "pinned", "derived", "top", "partition", "link",
+                 "created", "attempt", "post_failed", "postprocessing", "merged_at", "order")
+
+    def __init__(self, job_id: int, profile: Profile, created: float, order: str = "submitted-first") -> None:
+        self.id = job_id
+        self.profile = profile
+        self.runs = RunTable(1)
+        self.is_master = False
+        self.pinned: JobStatus | None = None
+        self.derived = S.NEW
+        self.top = RunExtra()
+        #: Pre-job / aggregator bookkeeping: on a master ``prejob``, ``aggregator`` (ids), ``phase``,
+        #: ``failed``; on a linked job ``master`` and ``role``.
+        self.partition: dict[str, Any] = {}
+        self.link: tuple[int, str] | None = None
+        self.created = created
+        #: A master's own submit counter (each submit and resubmit of it).
+        self.attempt = 0
+        #: The postprocessors failed the master: a master that would be completed is failed.
+        self.post_failed = False
+        self.postprocessing = False
+        self.merged_at = 0.0
+        self.order = order
+
+    # ------------------------------------------------------------ status
+    @property
+    def status(self) -> JobStatus:
+        """What the job shows: a single run's status, or a master's pinned or derived one."""
+        if not self.is_master:
+            return JobStatus.from_code(self.runs.status[0])
+        return self.pinned or self.derived
+
+    def derive(self) -> JobStatus:
+        counts = self.runs.counts
+        status = master_status({s: counts[s.code] for s in JobStatus if counts[s.code]}, self.order)
+        if status == S.COMPLETED and (self.post_failed or self.partition.get("failed")):
+            return S.FAILED
+        return status
+
+    def all_final(self) -> bool:
+        return self.is_master and len(self.runs) > 0 and self.runs.count(FINAL) == len(self.runs)
+
+    def active(self, *, postprocess: bool = True) -> bool:
+        """Something of the job is submitting, submitted, running or completing (or post-processing)."""
+        if postprocess and self.postprocessing:
+            return True
+        if self.is_master:
+            if self.pinned is not None and self.pinned in ACTIVE:
+                return True
+            return self.runs.count(ACTIVE) > 0
+        return self.status in ACTIVE
+
+    def counts(self) -> dict[JobStatus, int]:
+        """A master's subjobs per status (``{}`` for a job that runs itself)."""
+        if not self.is_master:
+            return {}
+        counts = self.runs.counts
+        return {s: counts[s.code] for s in JobStatus if counts[s.code]}
+
+    # ------------------------------------------------------------ subjobs
+    def split(self, n: int) -> None:
+        """The job now has ``n`` subjobs, all ``new``."""
+        self.runs = RunTable(n)
+        self.is_master = True
+        self.derived = S.NEW
+
+    def unsplit(self) -> None:
+        """Back to a job without subjobs, ``new`` (a rolled-back submission)."""
+        self.runs = RunTable(1)
+        self.is_master = False
+        self.pinned = None
+        self.derived = S.NEW
+        self.top.timestamps = {"new": self.created}
+
+    def note_master_times(self, status: JobStatus, time: float) -> None:
+        """A master's start times are its earliest subjob's, its end times its latest."""
+        stamps = self.top.timestamps
+        key = status.value
+        if status in START_STATUSES:
+            stamps[key] = min(stamps.get(key, time), time)
+        else:
+            stamps[key] = max(stamps.get(key, time), time)
+            if status in FINAL:
+                stamps["final"] = max(stamps.get("final", time), time)
+
+
+__all__ = ["JobState"]

@@ -1,0 +1,139 @@
+"""What backends say about runs, and what a restart finds: judged here, never in a driver.
+
+- A report of the status a run already has is no news (nothing changes,
+  nothing is recorded: a held run reported held each tick stays one entry).
+- A run that moves on (running, completing) moves where the table allows;
+  a report the table forbids is recorded on the run, never applied.
+- A run that ended (completed, failed, held, killed, or a backend verdict)
+  is judged (:mod:`.retry`): it completes, fails, is held, or is failed and
+  submitted again at once within its limits.
+- A lost run is judged as an orchestrator-level failure and killed where it
+  can still be reached, so a late line from it never mixes with its retry.
+- After a restart (``Started``), runs a crash caught between ``submitting``
+  and ``submitted`` are looked up by key where the driver can, sent again
+  when the backend never got them, and otherwise left ``new`` with a reason
+  (an automatic retry caught midway is carried on: its earlier attempt had
+  ended). Postprocessing that fell due while no orchestrator ran is started.
+"""
+
+from __future__ import annotations
+
+from .base import Core, positions
+from .events import RetryDue, RunLost, RunReport, Started, StatusReport
+from .instructions import Lookup, RunPostprocess
+from .jobs import JobState
+from .partition import settle
+from .retry import judge
+from .sending import send_kill, send_submit
+from .statuses import ACTIVE, FINAL, JobStatus
+
+S = JobStatus
+#: Reported statuses that end a run (or ask for a judgement).
+ENDINGS = frozenset({S.COMPLETED, S.FAILED, S.HELD, S.KILLED})
+#: Statuses a backend may report of a run on its way.
+ON_THE_WAY = frozenset({S.SUBMITTED, S.RUNNING, S.COMPLETING})
+_ACTIVE_CODES = frozenset(s.code for s in ACTIVE if s != S.SUBMITTING)
+
+
+def handle_status_report(core: Core, event: StatusReport) -> None:
+    for report in event.reports:
+        js = core.jobs.get(report.runs.job)
+        if js is None:
+            core.refuse((report.runs.job,), "report for an unknown job", event.stimulus_id)
+            continue
+        apply_report(core, js, report, event.stimulus_id)
+
+
+def apply_report(core: Core, js: JobState, report: RunReport, sid: str) -> None:
+    idx = positions(js, report.runs)
+    if len(js.runs) and max(idx, default=0) >= len(js.runs):
+        core.refuse((js.id,), "report for runs the job does not have", sid)
+        return
+    status = report.status
+    if status in ON_THE_WAY and report.verdict is None:
+        news = [i for i in idx if js.runs.status[i] != status.code]
+        core.move(js, news, status, sid, report=True)
+        settle(core, js, sid)
+        return
+    runs = js.runs
+    ending = [i for i in idx if runs.status[i] in _ACTIVE_CODES]
+    if not ending:
+        return
+    if status == S.COMPLETED and report.verdict is None and not js.profile.wrapper:
+        for i in ending:  # the backend's word is final (no wrapper log to read): a clean ending
+            if (extra := runs.extras.get(i)) is not None:
+                extra.reason = None
+        core.move(js, ending, S.COMPLETED, sid, report=True)
+        settle(core, js, sid)
+        return
+    by_status: dict[JobStatus, list[int]] = {}
+    retries: list[int] = []
+    for i in ending:
+        verdict = judge(js, i, report, core.now)
+        by_status.setdefault(verdict.status, []).append(i)
+        if verdict.retry:
+            retries.append(i)
+    for target in (S.HELD, S.COMPLETED, S.FAILED, S.KILLED):
+        if target in by_status:
+            core.move(js, by_status[target], target, sid, report=True)
+    core.mark(js.id, ending)
+    if retries:
+        retry(core, js, retries, sid)
+    settle(core, js, sid)
+
+
+def retry(core: Core, js: JobState, indexes: list[int], sid: str) -> None:
+    """Failed runs the limits allow to run again: submitted again now, from their newest state."""
+    ready = [i for i in indexes if js.runs.status[i] == S.FAILED.code]
+    core.move(js, ready, S.SUBMITTING, sid)
+    send_submit(core, js, ready, sid, kind="retry", start="resume")
+
+
+def handle_run_lost(core: Core, event: RunLost) -> None:
+    js = core.jobs.get(event.runs.job)
+    if js is None:
+        return
+    sid = event.stimulus_id
+    idx = [i for i in positions(js, event.runs) if js.runs.status[i] in _ACTIVE_CODES]
+    send_kill(core, js, idx, sid, to=None)  # best effort: its late lines must not reach its retry
+    apply_report(core, js, RunReport(core.runs_of(js, idx), S.FAILED, reason=event.reason, verdict="lost"), sid)
+
+
+def handle_retry_due(core: Core, event: RetryDue) -> None:
+    js = core.jobs.get(event.runs.job)
+    if js is not None:
+        retry(core, js, list(positions(js, event.runs)), event.stimulus_id)
+
+
+def handle_started(core: Core, event: Started) -> None:
+    sid = event.stimulus_id
+    for js in list(core.jobs.values()):
+        interrupted = js.runs.indexes_in([S.SUBMITTING])
+        if interrupted:
+            _recover(core, js, interrupted, sid)
+        if js.is_master and js.profile.postprocess and js.all_final() and js.pinned is None and \
+                js.merged_at < max(js.runs.times["final"], default=0.0):
+            js.postprocessing = True  # it ended while no orchestrator was there to run them
+            core.emit(RunPostprocess(stimulus_id=sid, job=js.id))
+
+
+def _recover(core: Core, js: JobState, interrupted: list[int], sid: str) -> None:
+    if js.profile.lookup:
+        core.emit(Lookup(stimulus_id=sid, backend=js.profile.backend, runs=core.runs_of(js, interrupted)))
+        return
+    carry_on = []
+    back = []
+    for i in interrupted:
+        extra = js.runs.extras.get(i)
+        if extra is not None and extra.history and extra.history[-1].get("action") == "retry":
+            carry_on.append(i)
+        else:
+            back.append(i)
+            js.runs.extra(i).reason = ("submission interrupted by a restart; the backend cannot say whether "
+                                       "it got it: check, then resubmit")
+    core.move(js, back, S.NEW, sid)
+    send_submit(core, js, carry_on, sid, kind="resend", persist=False)
+    settle(core, js, sid)
+
+
+__all__ = ["ENDINGS", "FINAL", "handle_retry_due", "handle_run_lost", "handle_started", "handle_status_report"]

@@ -1,0 +1,305 @@
+"""The requests users make, one handler each: what is allowed, on which runs, and what to send.
+
+Each ``begin_*`` takes one group of a request's targets (the targets in one
+top-level job), checks them against DESIGN.md's rules (raising ``JobError``
+for a refusal, which :mod:`.flow` turns into the request's answer by
+keep_going), moves what moves now, and sends the instructions whose
+outcomes finish the group. It returns how many outcomes the group waits for.
+"""
+
+from __future__ import annotations
+
+from .base import Core, Pending
+from .errors import JobError
+from .events import (
+    AddRequested,
+    ForceStatusRequested,
+    KillRequested,
+    ReleaseRequested,
+    RemoveRequested,
+    ResubmitRequested,
+    SubmitRequested,
+)
+from .flow import refused, register, start
+from .ids import FQID
+from .instructions import Forget, Prepare, SetBackend, Unwatch
+from .jobs import JobState
+from .partition import active_linked, resubmit_refusal, settle
+from .sending import send_kill, send_submit
+from .statuses import ACTIVE, FINAL, KILLABLE, MONITORED, RESUBMITTABLE, JobStatus
+
+S = JobStatus
+
+
+def _job(core: Core, job: int, fq: FQID) -> JobState:
+    js = core.job_of(fq)
+    if js is None:
+        raise refused("no such job", fq)
+    return js
+
+
+def _is_master_target(js: JobState, fq: FQID) -> bool:
+    return len(fq) == 1 and js.is_master
+
+
+# ------------------------------------------------------------------ add
+def handle_add(core: Core, event: AddRequested) -> None:
+    """A job the runtime stored is known from now on, ``new``."""
+    job = event.targets[0][0]
+    js = JobState(job, event.profile, event.time, core.order)
+    js.top.timestamps["new"] = event.time
+    js.link = event.link
+    core.jobs[job] = js
+    core.reply(event.stimulus_id, acted=1)
+
+
+# ------------------------------------------------------------------ submit
+def begin_submit(core: Core, pending: Pending, job: int, targets: list[FQID]) -> int:
+    for fq in targets:
+        js = _job(core, job, fq)
+        if len(fq) > 1:
+            raise refused("a subjob cannot be submitted on its own (use resubmit())", fq)
+        if js.status != S.NEW or js.is_master:
+            raise refused(f"cannot submit a job that is {js.status.value} (use resubmit())", fq)
+        if js.profile.splits:
+            js.is_master = True  # no subjobs yet: it shows "submitting" while it is split
+            js.attempt += 1
+            core.pin(js, S.SUBMITTING, pending.sid)
+        core.emit(Prepare(stimulus_id=pending.sid, job=job))
+        pending.acted += 1
+        return 1
+    return 0
+
+
+# ------------------------------------------------------------------ kill
+def begin_kill(core: Core, pending: Pending, job: int, targets: list[FQID]) -> int:
+    js = core.jobs.get(job)
+    chosen: list[int] = []
+    linked: list[JobState] = []
+    refusal: JobError | None = None
+    for fq in targets:
+        try:
+            js = _job(core, job, fq)
+            if _is_master_target(js, fq):
+                chosen += js.runs.indexes_in(KILLABLE)
+                linked += active_linked(core, js)
+                if submitting := js.runs.indexes_in([S.SUBMITTING]):  # retries under way: killed once out
+                    core.kill_after.setdefault(job, set()).update(submitting)
+                    pending.acted += len(submitting)
+                continue
+            i = fq[1] if len(fq) > 1 else 0
+            status = js.runs.get(i)
+            if status == S.NEW:
+                raise refused("cannot kill a job that was never submitted", fq)
+            if status in FINAL:
+                continue
+            if status not in KILLABLE:
+                raise refused(f"cannot kill a job that is {status.value}", fq)
+            chosen.append(i)
+        except JobError as exc:
+            refusal = exc
+            if not pending.keep_going:
+                break
+            pending.errors.append((exc, False))
+    waits = 0
+    if js is not None and chosen:
+        send_kill(core, js, sorted(set(chosen)), pending.sid, request=pending.sid,
+                  stop_on_failure=not pending.keep_going)
+        pending.acted += len(set(chosen))
+        waits += 1
+    for other in linked:
+        send_kill(core, other, [0], pending.sid, request=pending.sid)
+        pending.running[other.id] = pending.running.get(other.id, 0) + 1
+        pending.acted += 1
+    if refusal is not None and not pending.keep_going:
+        if waits:
+            pending.errors.append((refusal, False))
+            return waits
+        raise refusal
+    return waits
+
+
+# ------------------------------------------------------------------ resubmit
+def begin_resubmit(core: Core, pending: Pending, job: int, targets: list[FQID]) -> int:
+    event = pending.event
+    assert isinstance(event, ResubmitRequested)
+    js = core.jobs.get(job)
+    chosen: list[int] = []
+    refusal: JobError | None = None
+    for fq in targets:
+        try:
+            js = _job(core, job, fq)
+            chosen += _resubmit_targets(js, fq, event.only_failed)
+        except JobError as exc:
+            refusal = exc
+            if not pending.keep_going:
+                break
+            pending.errors.append((exc, False))
+    if js is None or (refusal is not None and not pending.keep_going and not chosen):
+        if refusal is not None:
+            raise refusal
+        return 0
+    if event.backend is not None:
+        _change_backend(core, js, event, pending.sid)
+    chosen = sorted(set(chosen))
+    if js.is_master and any(len(fq) == 1 for fq in targets):
+        js.attempt += 1
+        core.dirty_tops.add(js.id)
+    was_new = frozenset(i for i in chosen if js.runs.status[i] == S.NEW.code)
+    for i in chosen:
+        if (extra := js.runs.extras.get(i)) is not None:
+            extra.reason = None
+    core.move(js, chosen, S.SUBMITTING, pending.sid)
+    settle(core, js, pending.sid)
+    send_submit(core, js, chosen, pending.sid, kind="resubmit", request=pending.sid,
+                stop_on_failure=not pending.keep_going, start=event.start, was_new=was_new)
+    pending.acted += len(chosen)
+    if refusal is not None and not pending.keep_going:
+        pending.errors.append((refusal, False))
+    return 1 if chosen else 0
+
+
+def _resubmit_targets(js: JobState, fq: FQID, only_failed: bool) -> list[int]:
+    if _is_master_target(js, fq):
+        why = resubmit_refusal(js)
+        if why is not None:
+            raise refused(why, fq)
+        wanted = [S.FAILED, S.NEW] + ([] if only_failed else [S.KILLED])
+        return js.runs.indexes_in(wanted)
+    i = fq[1] if len(fq) > 1 else 0
+    status = js.runs.get(i)
+    if status == S.NEW and len(fq) == 1:
+        raise refused("was never submitted (use submit())", fq)
+    if status == S.HELD:
+        raise refused("is held (use release())", fq)
+    if status not in RESUBMITTABLE:
+        raise refused(f"cannot resubmit a job that is {status.value}", fq)
+    return [i]
+
+
+def _change_backend(core: Core, js: JobState, event: ResubmitRequested, sid: str) -> None:
+    assert event.profile is not None
+    if event.profile.backend != js.profile.backend:
+        raise refused(f"resubmit may change the backend's settings, not its type ({js.profile.backend} -> "
+                      f"{event.profile.backend})", (js.id,), "backend")
+    js.profile = event.profile
+    core.emit(SetBackend(stimulus_id=sid, job=js.id, backend=event.backend))
+
+
+# ------------------------------------------------------------------ release
+def begin_release(core: Core, pending: Pending, job: int, targets: list[FQID]) -> int:
+    event = pending.event
+    assert isinstance(event, ReleaseRequested)
+    chosen: list[int] = []
+    js = core.jobs.get(job)
+    for fq in targets:
+        js = _job(core, job, fq)
+        if _is_master_target(js, fq):
+            held = js.runs.indexes_in([S.HELD])
+            if not held:
+                raise refused("has no held subjobs to release", fq)
+            chosen += held
+            continue
+        i = fq[1] if len(fq) > 1 else 0
+        if js.runs.get(i) != S.HELD:
+            raise refused(f"cannot release a job that is {js.runs.get(i).value} (only held jobs)", fq)
+        chosen.append(i)
+    if js is None or not chosen:
+        return 0
+    chosen = sorted(set(chosen))
+    for i in chosen:
+        extra = js.runs.extra(i)
+        if event.retry_args is not None:
+            extra.retry_args = [str(a) for a in event.retry_args]
+        extra.reason = None
+    core.move(js, chosen, S.SUBMITTING, pending.sid)
+    settle(core, js, pending.sid)
+    send_submit(core, js, chosen, pending.sid, kind="release", request=pending.sid, start="resume")
+    pending.acted += len(chosen)
+    return 1
+
+
+# ------------------------------------------------------------------ force_status
+def begin_force(core: Core, pending: Pending, job: int, targets: list[FQID]) -> int:
+    event = pending.event
+    assert isinstance(event, ForceStatusRequested)
+    to = event.status
+    if to not in (S.FAILED, S.COMPLETED):
+        raise refused(f"force_status takes 'failed' or 'completed', not {to.value!r}", targets[0], "status")
+    js = core.jobs.get(job)
+    now_idx: list[int] = []
+    kill_idx: list[int] = []
+    for fq in targets:
+        js = _job(core, job, fq)
+        if _is_master_target(js, fq):
+            candidates = [i for i in range(len(js.runs)) if js.runs.get(i) not in FINAL]
+        else:
+            candidates = [fq[1] if len(fq) > 1 else 0]
+        for i in candidates:
+            status = js.runs.get(i)
+            if status in ACTIVE and not event.force:
+                if status == S.SUBMITTING:
+                    raise refused("is being submitted: try again once it is submitted", fq, "status")
+                kill_idx.append(i)
+            else:
+                now_idx.append(i)
+    if js is None:
+        return 0
+    waits = 0
+    if now_idx:
+        force_now(core, js, now_idx, to, pending.sid)
+        pending.acted += len(now_idx)
+    if kill_idx:
+        send_kill(core, js, kill_idx, pending.sid, request=pending.sid, to=to, forced=True)
+        pending.acted += len(kill_idx)
+        waits = 1
+    return waits
+
+
+def force_now(core: Core, js: JobState, indexes: list[int], to: JobStatus, sid: str) -> None:
+    """Move runs to ``to`` outside the table, on record as forced; their backend is left alone."""
+    watched = [i for i in indexes if js.runs.get(i) in MONITORED]
+    for i in indexes:
+        extra = js.runs.extra(i)
+        was = js.runs.get(i)
+        extra.history = [*extra.history, {"time": core.now, "level": "user", "verdict": "forced",
+                                          "reason": f"forced from {was.value} to {to.value} by the user",
+                                          "attempt": js.runs.attempt[i], "action": to.value}]
+        extra.reason = f"forced to {to.value} by the user" if to == S.FAILED else None
+    core.move(js, indexes, to, sid, forced=True)
+    if watched:
+        core.emit(Unwatch(stimulus_id=sid, backend=js.profile.backend, runs=core.runs_of(js, watched)))
+    settle(core, js, sid)
+
+
+# ------------------------------------------------------------------ remove
+def begin_remove(core: Core, pending: Pending, job: int, targets: list[FQID]) -> int:
+    for fq in targets:
+        js = _job(core, job, fq)
+        if len(fq) > 1:
+            raise refused("a subjob cannot be removed on its own (remove its master)", fq)
+        if js.active() or js.status not in FINAL | {S.NEW}:
+            raise refused(f"cannot remove a job that is {js.status.value} (kill it first)", fq)
+    js = core.jobs.pop(job)
+    for other in core.jobs.values():  # links to it go: its master sees "removed" when its phase looks
+        if other.link is not None and other.link[0] == job:
+            other.link = None
+    core.emit(Forget(stimulus_id=pending.sid, job=job))
+    pending.acted += 1
+    return 0
+
+
+KINDS = {
+    SubmitRequested: "submit", KillRequested: "kill", ResubmitRequested: "resubmit",
+    ReleaseRequested: "release", ForceStatusRequested: "force_status", RemoveRequested: "remove",
+}
+BEGINS = {"submit": begin_submit, "kill": begin_kill, "resubmit": begin_resubmit, "release": begin_release,
+          "force_status": begin_force, "remove": begin_remove}
+for _kind, _begin in BEGINS.items():
+    register(_kind, _begin)
+
+
+def handle_request(core: Core, event: SubmitRequested | KillRequested | ResubmitRequested | ReleaseRequested
+                   | ForceStatusRequested | RemoveRequested) -> None:
+    kind = KINDS[type(event)]
+    start(core, event, kind, BEGINS[kind])

@@ -1,0 +1,102 @@
+"""Judging a run's end (GBS): the analyser's verdict, the retry limits, checkpoint restarts, the history.
+
+``judge`` turns a backend's report on one finished run into the run's next
+status and whether it is retried, and writes the run's reason, counters,
+retry arguments and failure history. Pure: the log, the stderr tail and the
+newest saved state came with the report.
+
+A checkpointable run (one with steps, or that saved a state) that failed for
+a cause outside itself (orchestrator, backend, batch or worker level) is
+resumed from its newest state whatever the limits say, and so is one the
+limits retry; either way the restarts from one same state are counted, and
+past ``max_restarts_per_state`` the run is failed, so a job that crashes
+right after each load stops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .analyser import Decision, Outcome, decide
+from .events import RunReport
+from .jobs import JobState
+from .runlog import RunLog
+from .statuses import JobStatus
+from .table import HISTORY_KEPT
+
+S = JobStatus
+#: Levels at which a run failed for a cause outside itself.
+EXTERNAL = frozenset({"orchestrator", "backend", "batch", "worker"})
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    status: JobStatus
+    retry: bool
+
+
+def judge(js: JobState, i: int, report: RunReport, now: float) -> Verdict:
+    """Classify run ``i`` of ``js`` from ``report``; record why; say what becomes of it."""
+    runs = js.runs
+    extra = runs.extra(i)
+    started = runs.time_of(i, "running") or runs.time_of(i, "submitted")
+    seconds = now - started if started else None
+    wrapper = js.profile.wrapper
+    log = report.log if (wrapper and report.verdict is None and report.log is not None) else RunLog()
+    outcome = Outcome(report.status, report.exit_code, report.reason, report.verdict)
+    decision = decide(outcome, log, js.profile.limits, extra.counters, extra.retry_args, seconds, wrapper=wrapper)
+    attempt = runs.attempt[i]
+    extra.counters = dict(decision.counters)
+    if report.state:
+        extra.checkpoint.update(report.state)
+    if report.usage:
+        extra.usage = [*extra.usage, {"attempt": attempt, **report.usage}][-HISTORY_KEPT:]
+    for _, word, data in log.keywords:
+        if word == "REFUSED":  # the wrapper refused a RETURN_FILE or an output file: kept on record
+            extra.history = [*extra.history, {"time": now, "level": "user", "verdict": "refused",
+                                              "reason": f"RETURN_FILE {data}", "attempt": attempt}]
+    if decision.status == S.COMPLETED:
+        extra.outputs = list(decision.outputs)
+        extra.reason = None
+        return Verdict(S.COMPLETED, False)
+    reason = decision.reason
+    if report.stderr_tail and decision.level in ("application", "worker", "batch") and decision.verdict != "failed":
+        reason = f"{reason}; stderr: {report.stderr_tail}"
+    extra.reason = reason
+    if decision.retry or decision.status == S.HELD:
+        extra.retry_args = list(decision.retry_args)
+    exit_code = report.exit_code if report.exit_code is not None else log.exit_code
+    entry = decision.history_entry(now, exit_code, attempt)
+    entry["reason"] = reason
+    extra.history = [*extra.history, entry][-HISTORY_KEPT:]
+    retry = decision.retry
+    if decision.status == S.FAILED and (js.profile.checkpointable or "seq" in extra.checkpoint):
+        retry = _resume(js, i, decision, entry)
+    return Verdict(S.FAILED if retry else decision.status, retry)
+
+
+def _resume(js: JobState, i: int, decision: Decision, entry: dict[str, object]) -> bool:
+    """Whether a failed checkpointable run starts again from its newest state; updates the restart counter."""
+    external = decision.level in EXTERNAL and decision.verdict not in ("killed", "hold")
+    if not (external or decision.retry):
+        return False
+    extra = js.runs.extra(i)
+    cp = extra.checkpoint
+    seq = int(cp.get("seq", 0))
+    label = str(cp.get("label", f"?:{seq}"))
+    if cp.get("restart_seq") == seq:
+        cp["restarts"] = int(cp.get("restarts", 0)) + 1
+    else:
+        cp["restart_seq"], cp["restarts"] = seq, 1
+    base = decision.reason.split("; retry limit ")[0]
+    limit = js.profile.max_restarts
+    if cp["restarts"] > limit:
+        why = (f"{base}; restarted {limit} time(s) from state {label} without a new save: "
+               f"max_restarts_per_state={limit} reached")
+        extra.reason = why
+        entry.update(action="failed", reason=why, limit="max_restarts_per_state", state=label)
+        return False
+    entry.pop("limit", None)
+    entry.update(action="retry", reason=base, state=label, restart=cp["restarts"])
+    extra.reason = f"{base}; resumed from state {label}"
+    return True

@@ -1,0 +1,57 @@
+"""What the job wrapper's log says about one run, parsed: pure, so the analyser can judge without I/O.
+
+The wrapper (``orchestrator/scripts/wrapper.sh``) writes one line per event,
+``<time> <WORD> <data>``: ``START <pid>``, the application's keywords
+(``SUCCEEDED``, ``FAILED``, ``RETRY``, ``HOLD``, ``INFO``, ``RETURN_FILE``),
+``REFUSED`` for a returned file it would not move, ``EXIT <code>`` and
+``END <code>``. The runtime reads the file; this module only reads its text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RunLog:
+    """What the wrapper's log says about one run."""
+
+    started: float | None = None
+    exit_code: int | None = None
+    ended: float | None = None
+    end_code: int | None = None
+    keywords: list[tuple[float, str, str]] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.end_code is not None
+
+
+def parse_log(text: str) -> RunLog:
+    """Read ``orch.log``'s text; malformed lines are skipped, never a crash."""
+    log = RunLog()
+    for line in text.splitlines():
+        parts = line.split(" ", 2)
+        if len(parts) < 2:
+            continue
+        try:
+            ts = float(parts[0])
+        except ValueError:
+            continue
+        word, data = parts[1], parts[2] if len(parts) > 2 else ""
+        if word == "START":
+            log.started = ts
+        elif word == "EXIT":
+            log.exit_code = _int(data)
+        elif word == "END":
+            log.ended, log.end_code = ts, _int(data)
+        else:
+            log.keywords.append((ts, word, data))
+    return log
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(text.split()[0])
+    except (ValueError, IndexError):
+        return None

@@ -1,0 +1,152 @@
+"""Per-run state in compact arrays: what a million subjobs cost is a few dozen bytes each.
+
+A :class:`RunTable` holds the runs of one top-level job: a master's subjobs,
+or the single run of a job without subjobs. Everything every run has (its
+status, its attempt counter, the times it entered the active statuses) is
+an array slot; what only some runs have (a reason, a failure history, retry
+counters and arguments, a checkpoint) lives in a sparse ``extras`` dict, so
+a run that went through cleanly costs no Python object at all.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .statuses import ALL_STATUSES, JobStatus
+
+S = JobStatus
+#: Statuses whose latest entry time every run keeps (an array each); the final one is under "final".
+TIMED = ("submitting", "submitted", "running")
+#: Statuses whose entry time only the runs that reached them keep (in their extras).
+SPARSE_TIMED = frozenset({S.COMPLETING, S.HELD, S.FAILED, S.KILLED})
+#: Failure-history entries kept per run, newest last.
+HISTORY_KEPT = 100
+#: Refused backend reports kept per run, for the record.
+REFUSED_KEPT = 20
+
+
+@dataclass(slots=True)
+class RunExtra:
+    """What only some runs have; every field is part of the run's public ``info``."""
+
+    reason: str | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    #: Retries used, per verdict (``early``, ``late_handled``, ``late_unhandled``).
+    counters: dict[str, int] = field(default_factory=dict)
+    retry_args: list[str] = field(default_factory=list)
+    #: The data of the application's SUCCEEDED line: the files it produced.
+    outputs: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    #: Newest saved state (``seq``, ``label``, ``final``, ``time``) and restarts from it.
+    checkpoint: dict[str, Any] = field(default_factory=dict)
+    timestamps: dict[str, float] = field(default_factory=dict)
+    #: CPU and wall seconds per attempt, as the wrapper recorded them.
+    usage: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored form: only what is set (a clean run's info is ``{}``)."""
+        out: dict[str, Any] = {}
+        for name in self.__slots__:
+            value = getattr(self, name)
+            if value:
+                out[name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunExtra:
+        known = {k: v for k, v in data.items() if k in cls.__slots__}
+        return cls(**known)
+
+
+class RunTable:
+    """The runs of one top-level job, by index."""
+
+    __slots__ = ("status", "attempt", "times", "extras", "counts")
+
+    def __init__(self, n: int, status: JobStatus = S.NEW) -> None:
+        self.status = bytearray([status.code]) * n
+        self.attempt = array("I", bytes(4 * n))
+        self.times = {kind: array("d", bytes(8 * n)) for kind in (*TIMED, "final")}
+        self.extras: dict[int, RunExtra] = {}
+        self.counts = [0] * len(ALL_STATUSES)
+        self.counts[status.code] = n
+
+    @classmethod
+    def restore(cls, status: bytearray, attempt: Iterable[int], times: dict[str, Iterable[float]],
+                extras: dict[int, RunExtra]) -> RunTable:
+        """A table as the repository stored it."""
+        table = cls(0)
+        table.status = status
+        table.attempt = array("I", attempt)
+        for kind in table.times:
+            table.times[kind] = array("d", times.get(kind, bytes(8 * len(status))))
+        table.extras = extras
+        table.counts = [0] * len(ALL_STATUSES)
+        for code in status:
+            table.counts[code] += 1
+        return table
+
+    def __len__(self) -> int:
+        return len(self.status)
+
+    def get(self, index: int) -> JobStatus:
+        return JobStatus.from_code(self.status[index])
+
+    def extra(self, index: int) -> RunExtra:
+        """The run's extras, made on first use."""
+        extra = self.extras.get(index)
+        if extra is None:
+            extra = self.extras[index] = RunExtra()
+        return extra
+
+    def indexes_in(self, statuses: Iterable[JobStatus]) -> list[int]:
+        """Indexes of runs in any of ``statuses``, ascending; skips the scan when the counters say none."""
+        codes = [s.code for s in statuses if self.counts[s.code]]
+        if not codes:
+            return []
+        if sum(self.counts[c] for c in codes) == len(self.status):
+            return list(range(len(self.status)))
+        if len(codes) == 1:
+            return _find_all(self.status, codes[0])
+        marks = bytes(1 if i in codes else 0 for i in range(256))
+        return _find_all(bytearray(self.status.translate(marks)), 1)
+
+    def count(self, statuses: Iterable[JobStatus]) -> int:
+        return sum(self.counts[s.code] for s in statuses)
+
+    def time_of(self, index: int, status: str) -> float | None:
+        """When the run last entered ``status`` (``None``: never)."""
+        array_ = self.times.get(status)
+        if array_ is not None:
+            value = array_[index]
+            return value or None
+        extra = self.extras.get(index)
+        return extra.timestamps.get(status) if extra is not None else None
+
+    def timestamps(self, index: int) -> dict[str, float]:
+        """Every entry time the run keeps, by status name (and ``final``)."""
+        out = {kind: t for kind in TIMED if (t := self.times[kind][index])}
+        extra = self.extras.get(index)
+        if extra is not None:
+            out.update(extra.timestamps)
+        final = self.times["final"][index]
+        if final:
+            out["final"] = final
+            status = self.get(index)
+            if status in (S.COMPLETED, S.FAILED, S.KILLED):
+                out.setdefault(status.value, final)
+        return out
+
+
+def _find_all(data: bytearray, code: int) -> list[int]:
+    """Every position of one byte value, found by ``bytearray.find`` (C speed, not a Python loop per run)."""
+    out: list[int] = []
+    needle = bytes([code])
+    i = data.find(needle)
+    while i != -1:
+        out.append(i)
+        i = data.find(needle, i + 1)
+    return out

@@ -1,0 +1,206 @@
+"""Monitoring and the run's end: reports, the retry policy, hold and release, kill, lost runs, force_status."""
+
+from __future__ import annotations
+
+from orchestrator.core.events import (
+    ForceStatusRequested,
+    KillRequested,
+    ReleaseRequested,
+    RemoveRequested,
+    RunLost,
+    Started,
+)
+from orchestrator.core.ids import Runs
+from orchestrator.core.instructions import Lookup, Persist, Reply, SendKill, SendSubmit, Unwatch
+from orchestrator.core.statuses import JobStatus
+
+from .harness import Harness, limits, log, only, profile, reply
+
+S = JobStatus
+
+
+def running_master(h: Harness, n: int = 3, **kw: object) -> int:
+    job = h.add(profile(**kw))  # type: ignore[arg-type]
+    h.submit_all(job, n)
+    h.report(job, list(range(n)), S.RUNNING)
+    return job
+
+
+def test_no_news_is_no_change_and_no_record() -> None:
+    h = Harness()
+    job = running_master(h)
+    step = h.report(job, [0, 1, 2], S.RUNNING)
+    assert not step and h.sm.take_dirty() != ({}, set())  # (the earlier moves are dirty, this one added none)
+    h.report(job, [0], S.HELD)
+    for _ in range(3):  # a held run reported held each tick: one entry, no refusal (issue: history grew)
+        step = h.report(job, [0], S.HELD)
+        assert not step
+    assert len(h.sm.info((job, 0))["history"]) == 1
+
+
+def test_a_report_the_table_forbids_is_recorded_not_applied() -> None:
+    h = Harness()
+    job = running_master(h)
+    h.report(job, [0], S.COMPLETED)
+    step = h.report(job, [0], S.RUNNING)
+    assert [r.reason for r in step.refusals] == ["illegal transition completed -> running"]
+    assert h.status(job, 0) == S.COMPLETED
+    assert h.sm.info((job, 0))["refused"] == ["completed->running: illegal transition completed -> running"]
+
+
+def test_failure_within_the_limits_is_retried_at_once_with_its_arguments() -> None:
+    h = Harness()
+    job = running_master(h, wrapper=True, limits=limits(handled=2, early_seconds=0))
+    h.tick(100)
+    step = h.report(job, [1], S.FAILED, exit_code=3,
+                    log=log("1000 START 1", "1090 RETRY 7 x", "1090 EXIT 3", "1090 END 3"))
+    send = only(step, SendSubmit)
+    assert send.runs == Runs(job, [1]) and send.start == "resume" and Persist in map(type, step.instructions)
+    assert h.status(job, 1) == S.SUBMITTING and h.sm.attempt((job, 1)) == 2
+    info = h.sm.info((job, 1))
+    assert info["retry_args"] == ["7", "x"] and info["counters"] == {"late_handled": 1}
+    assert info["history"][-1]["action"] == "retry" and info["history"][-1]["verdict"] == "late_handled"
+    assert [c.new for c in step.changes if c.indexes == [1]] == [S.FAILED, S.SUBMITTING]
+    h.outcomes(send)
+    assert h.status(job, 1) == S.SUBMITTED
+
+
+def test_past_the_limit_the_run_fails_and_says_which_limit() -> None:
+    h = Harness()
+    job = running_master(h, wrapper=True, limits=limits(early=1))
+    for attempt in (1, 2):
+        step = h.report(job, [0], S.FAILED, exit_code=1, log=log("1000 START 1", "1000 EXIT 1", "1000 END 1"))
+        if attempt == 1:
+            h.outcomes(only(step, SendSubmit))
+            h.report(job, [0], S.RUNNING)
+    assert h.status(job, 0) == S.FAILED and not step.of(SendSubmit)
+    info = h.sm.info((job, 0))
+    assert info["history"][-1]["limit"] == "max_early" and "max_early=1 reached" in info["reason"]
+
+
+def test_stderr_tail_is_quoted_in_an_application_failure() -> None:
+    h = Harness()
+    job = running_master(h, wrapper=True)
+    h.report(job, [0], S.FAILED, exit_code=127, stderr_tail="sh: 1: foo: not found",
+             log=log("1000 START 1", "1000 EXIT 127", "1000 END 127"))
+    assert h.sm.info((job, 0))["reason"].endswith("stderr: sh: 1: foo: not found")
+
+
+def test_hold_then_release_with_and_without_new_arguments() -> None:
+    h = Harness()
+    job = running_master(h, wrapper=True)
+    h.report(job, [0], S.COMPLETED, log=log("1000 START 1", "1001 HOLD 5 x", "1001 EXIT 0", "1001 END 0"))
+    assert h.status(job, 0) == S.HELD and h.status(job) == S.HELD or h.status(job) == S.RUNNING
+    step = h.request(ReleaseRequested, (job, 0))
+    send = only(step, SendSubmit)
+    assert send.start == "resume" and h.status(job, 0) == S.SUBMITTING
+    assert h.sm.retry_args((job, 0)) == ["5", "x"]  # the hold's data comes back as the retry arguments
+    assert reply(h.outcomes(send)).error is None
+    error = reply(h.request(ReleaseRequested, (job, 0))).error
+    assert error is not None and "only held jobs" in str(error)
+
+
+def test_release_with_arguments_replaces_the_holds() -> None:
+    h = Harness()
+    job = running_master(h, wrapper=True)
+    h.report(job, [2], S.COMPLETED, log=log("1000 START 1", "1001 HOLD 5", "1001 EXIT 0", "1001 END 0"))
+    h.request(ReleaseRequested, job, retry_args=("42",))
+    assert h.sm.retry_args((job, 2)) == ["42"]
+
+
+def test_kill_master_kills_every_active_subjob_and_final_ones_stay() -> None:
+    h = Harness()
+    job = running_master(h, n=4)
+    h.report(job, [0], S.COMPLETED)
+    h.report(job, [1], S.HELD)
+    send = only(h.request(KillRequested, job), SendKill)
+    assert list(send.runs.indexes or ()) == [1, 2, 3]
+    h.report(job, [3], S.COMPLETED)  # ended meanwhile: it keeps its ending
+    step = h.killed(send)
+    assert [JobStatus.from_code(c).value for c in h.sm.statuses(job)] == ["completed", "killed", "killed",
+                                                                            "completed"]
+    assert reply(step).acted == 3
+
+
+def test_kill_refusals_and_no_ops() -> None:
+    h = Harness()
+    new = h.add(profile(splits=False))
+    error = reply(h.request(KillRequested, new)).error
+    assert error is not None and "never submitted" in str(error) and str(error).startswith("kill stopped")
+    job = running_master(h, n=1)
+    h.report(job, [0], S.COMPLETED)
+    r = reply(h.request(KillRequested, job))
+    assert r.error is None and r.acted == 0  # killing a final job is a no-op
+
+
+def test_slice_kill_follows_keep_going() -> None:
+    h = Harness()
+    new = h.add(profile(splits=False))
+    job = running_master(h, n=2)
+    step = h.request(KillRequested, new, job, keep_going=False)
+    assert reply(step).error is not None and not step.of(SendKill)  # stopped at the first refusal
+    step = h.request(KillRequested, new, job, keep_going=True)
+    send = only(step, SendKill)
+    assert not step.of(Reply)
+    step = h.killed(send)
+    assert reply(step).error is None and h.status(job) == S.KILLED
+
+
+def test_a_lost_run_is_killed_where_reachable_and_judged_at_orchestrator_level() -> None:
+    h = Harness()
+    job = running_master(h, wrapper=True, limits=limits(unhandled=1))
+    step = h.post(RunLost(stimulus_id="lost-1", time=h.tick(), runs=Runs(job, [0]), reason="no answer"))
+    kinds = [type(i).__name__ for i in step.instructions]
+    assert kinds.index("SendKill") < kinds.index("SendSubmit")  # the old run is stopped before its retry
+    entry = h.sm.info((job, 0))["history"][-1]
+    assert entry["level"] == "orchestrator" and entry["verdict"] == "late_unhandled"
+    kill = only(step, SendKill)
+    h.killed(kill)
+    assert h.status(job, 0) == S.SUBMITTING  # the kill of a lost run moves nothing
+
+
+def test_force_status_moves_stuck_jobs_on_record_and_kills_active_ones_first() -> None:
+    h = Harness()
+    job = running_master(h, n=3)
+    h.report(job, [0], S.COMPLETED)
+    h.report(job, [1], S.HELD)
+    step = h.request(ForceStatusRequested, job, status=S.FAILED)
+    assert only(step, Unwatch).runs == Runs(job, [1])  # held: forced now, monitoring stops
+    send = only(step, SendKill)
+    assert send.runs == Runs(job, [2])
+    step = h.killed(send)
+    assert [JobStatus.from_code(c).value for c in h.sm.statuses(job)] == ["completed", "failed", "failed"]
+    assert h.sm.info((job, 2))["history"][-1]["verdict"] == "forced" and reply(step).error is None
+    single = h.add(profile(splits=False))
+    h.request(ForceStatusRequested, single, status=S.COMPLETED)
+    assert h.status(single) == S.COMPLETED
+
+
+def test_force_true_leaves_the_backend_alone() -> None:
+    h = Harness()
+    job = running_master(h, n=2)
+    step = h.request(ForceStatusRequested, job, status=S.COMPLETED, force=True)
+    assert not step.of(SendKill) and only(step, Unwatch).runs == Runs(job, [0, 1])
+    assert h.status(job) == S.COMPLETED
+
+
+def test_remove_only_final_or_new_toplevel_jobs() -> None:
+    h = Harness()
+    job = running_master(h, n=1)
+    assert "kill it first" in str(reply(h.request(RemoveRequested, job)).error)
+    assert "on its own" in str(reply(h.request(RemoveRequested, (job, 0))).error)
+    h.report(job, [0], S.COMPLETED)
+    assert reply(h.request(RemoveRequested, job)).error is None and (job,) not in h.sm
+
+
+def test_started_looks_up_interrupted_runs_or_leaves_them_new() -> None:
+    h = Harness()
+    looked = h.add(profile(lookup=True))
+    step = h.request(__import__("orchestrator.core.events", fromlist=["SubmitRequested"]).SubmitRequested, looked)
+    h.prepared(step, looked, 2)  # a crash here: both are on disk as submitting
+    blind = h.add(profile(lookup=False))
+    step = h.request(__import__("orchestrator.core.events", fromlist=["SubmitRequested"]).SubmitRequested, blind)
+    h.prepared(step, blind, 1)
+    step = h.post(Started(stimulus_id="start", time=h.tick()))
+    assert only(step, Lookup).runs == Runs(looked, [0, 1])
+    assert h.status(blind, 0) == S.NEW and "interrupted by a restart" in h.sm.info((blind, 0))["reason"]
