@@ -1,30 +1,19 @@
 """orchestrator: an asynchronous, event-driven job orchestrator for batch and grid computing."""
 
-from .drivers import (
-    Capabilities,
-    Driver,
-    DriverContext,
-    RunHandle,
-    RunSpec,
-    SettingsError,
-    StatusUpdate,
-    SubmitError,
-    SubmitOutcome,
-)
-from .errors import ConfigError, HomeLockedError, JobError, OrchestratorError
-from .job import Job, JobSlice, SubjobList
-from .mergers import Merger, TextMerger
-from .model import Backend, Executable, JobInfo, RetryPolicy
-from .orchestrator import Orchestrator
-from .splitters import ArgSplitter, FileSplitter, GenericSplitter, Splitter, StepSplitter
-from .status import JobStatus
+from .api.job import Job, SubjobList
+from .api.orchestrator import Orchestrator
+from .api.slices import JobSlice
+from .core.errors import ConfigError, HomeLockedError, JobError, OrchestratorError
+from .core.model import Backend, Executable, JobInfo, RetryPolicy
+from .core.splitters import ArgSplitter, FileSplitter, GenericSplitter, Splitter, StepSplitter
+from .core.statuses import JobStatus
+from .features.postprocessors import TextMerger
+from .plugin.postprocess import Merger, Postprocessor
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
-    "ArgSplitter", "Backend", "Capabilities", "ConfigError", "Driver", "DriverContext", "Executable",
-    "FileSplitter", "GenericSplitter", "HomeLockedError", "Job", "JobError", "JobInfo", "JobSlice",
-    "JobStatus", "Merger", "Orchestrator", "OrchestratorError", "RetryPolicy", "RunHandle", "RunSpec",
-    "SettingsError", "Splitter", "StepSplitter", "StatusUpdate", "SubjobList", "SubmitError", "SubmitOutcome",
-    "TextMerger",
+    "ArgSplitter", "Backend", "ConfigError", "Executable", "FileSplitter", "GenericSplitter", "HomeLockedError",
+    "Job", "JobError", "JobInfo", "JobSlice", "JobStatus", "Merger", "Orchestrator", "OrchestratorError",
+    "Postprocessor", "RetryPolicy", "Splitter", "StepSplitter", "SubjobList", "TextMerger",
 ]

@@ -26,8 +26,8 @@ change a step made (see :mod:`.step`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .analyser import Limits
@@ -107,7 +107,9 @@ class AddRequested(Request):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SubmitRequested(Request):
-    """Split and submit new top-level jobs."""
+    """Split and submit new top-level jobs; ``profiles``: those whose definition changed since they were added."""
+
+    profiles: Mapping[int, Profile] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -190,6 +192,9 @@ class SubmitOutcomes(Event):
     rejected: Sequence[tuple[int, str]] = ()
     not_attempted: Sequence[int] = ()
     native: bool = True
+    #: The checkpoint state each accepted run (by position) starts from, when it has one that is new
+    #: (``seq``, ``label``, ``final``, ``time``): the run's newest state from now on.
+    states: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def ids(self) -> tuple[FQID, ...]:

@@ -47,7 +47,11 @@ class Persist(Instruction):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Prepare(Instruction):
+    """Make ``job`` ready to run; its subjobs are stored ``submitting`` (the write-ahead record of the
+    submission that follows) unless ``submitting`` is false (they wait, ``new``, for a pre-job)."""
+
     job: int
+    submitting: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

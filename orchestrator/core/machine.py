@@ -49,7 +49,7 @@ from .ids import FQID
 from .jobs import JobState
 from .statuses import JobStatus, master_status
 from .step import Step
-from .table import RunTable
+from .table import RunExtra, RunTable
 
 Handler = Callable[[Core, Any], None]
 
@@ -99,16 +99,14 @@ class StateMachine:
     # ------------------------------------------------------------ loading
     def load(self, job_id: int, profile: Profile, *, created: float, table: RunTable | None = None,
              top: dict[str, Any] | None = None, partition: dict[str, Any] | None = None, attempt: int = 0,
-             link: tuple[int, str] | None = None, post_failed: bool = False, merged_at: float = 0.0) -> None:
-        """Restore one top-level job as the repository stored it (``table``: its runs; a master's if
-        ``profile.splits`` and it has subjobs)."""
-        from .table import RunExtra
-
+             link: tuple[int, str] | None = None, post_failed: bool = False, merged_at: float = 0.0,
+             master: bool = False) -> None:
+        """Restore one top-level job as the repository stored it (``table``: its runs, a master's subjobs
+        when ``master``)."""
         js = JobState(job_id, profile, created, self._core.order)
         if table is not None:
             js.runs = table
-        js.is_master = profile.splits and table is not None and len(table) > 0 and bool(
-            top is None or top.get("master", True))
+        js.is_master = master and table is not None and len(table) > 0
         js.top = RunExtra.from_dict(top or {})
         js.top.timestamps.setdefault("new", created)
         js.partition = dict(partition or {})
@@ -213,6 +211,11 @@ class StateMachine:
     def job_state(self, job_id: int) -> JobState:
         """The job's whole state, read-only by contract (the runtime's writer and loader use it)."""
         return self._core.jobs[job_id]
+
+    def mark_dirty(self, job_id: int, indexes: set[int] | None) -> None:
+        """Mark runs of a job (``None``: all) as still to be written (a write that failed gives them back)."""
+        if job_id in self._core.jobs:
+            self._core.mark(job_id, indexes)
 
     def take_dirty(self) -> tuple[dict[int, set[int] | None], set[int]]:
         """What changed since the last call: the runtime's writer takes it at each flush."""

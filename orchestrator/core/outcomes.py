@@ -108,6 +108,10 @@ def handle_submit_outcomes(core: Core, event: SubmitOutcomes) -> None:
         return
     idx = positions(js, event.runs)
     accepted = [idx[k] for k in event.accepted] if js.is_master else ([0] if event.accepted else [])
+    for k, state in event.states.items():
+        i = idx[k] if js.is_master else 0
+        js.runs.extra(i).checkpoint.update(state)
+        core.mark(js.id, [i])
     core.move(js, accepted, S.SUBMITTED, sid)
     failures: list[tuple[str, str]] = []
     to_new: list[int] = [idx[k] for k in event.not_attempted] if js.is_master else (

@@ -61,11 +61,14 @@ def begin_submit(core: Core, pending: Pending, job: int, targets: list[FQID]) ->
             raise refused("a subjob cannot be submitted on its own (use resubmit())", fq)
         if js.status != S.NEW or js.is_master:
             raise refused(f"cannot submit a job that is {js.status.value} (use resubmit())", fq)
+        event = pending.event
+        if isinstance(event, SubmitRequested) and job in event.profiles:  # defined anew before its submission
+            js.profile = event.profiles[job]
         if js.profile.splits:
             js.is_master = True  # no subjobs yet: it shows "submitting" while it is split
             js.attempt += 1
             core.pin(js, S.SUBMITTING, pending.sid)
-        core.emit(Prepare(stimulus_id=pending.sid, job=job))
+        core.emit(Prepare(stimulus_id=pending.sid, job=job, submitting=not js.profile.prejob))
         pending.acted += 1
         return 1
     return 0

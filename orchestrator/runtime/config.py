@@ -13,8 +13,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
-from .status import MASTER_ORDERS
+from ..core.errors import ConfigError
+from ..core.statuses import MASTER_ORDERS
 
 
 def _defaults() -> dict[str, Any]:

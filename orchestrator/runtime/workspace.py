@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .ids import FQID
+from ..core.ids import FQID
 
 
 class Workspace:
@@ -33,11 +33,3 @@ class Workspace:
 
     def remove(self, fqid: FQID) -> None:
         shutil.rmtree(self.jobdir(fqid), ignore_errors=True)
-
-    def remove_subjob_dirs(self, master: int) -> None:
-        """Remove every subjob's directory, keeping the master's own."""
-        base = self.jobdir((master,))
-        if base.is_dir():
-            for entry in base.iterdir():
-                if entry.name.isdigit():
-                    shutil.rmtree(entry, ignore_errors=True)

@@ -1,0 +1,178 @@
+"""The embedded transport: the API over a runtime in this process.
+
+Reads answer from the state machine and the definitions (and, for a
+subjob's definition or backend id, the repository's reader); operations are
+requests on the bus, answered by the state machine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import JobError
+from ..core.events import (
+    ForceStatusRequested,
+    KillRequested,
+    ReleaseRequested,
+    RemoveRequested,
+    ResubmitRequested,
+    SubmitRequested,
+)
+from ..core.ids import FQID
+from ..core.instructions import Reply
+from ..core.model import Backend
+from ..core.splitters import apply_delta
+from ..core.statuses import JobStatus
+from ..runtime.bus import Lagging
+from ..runtime.runtime import Runtime
+from .peek import read_file
+from .transport import Done, JobRecord
+
+
+class Embedded:
+    """See the module docstring."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.home: Path = runtime.home
+
+    # ------------------------------------------------------------ reads
+    def job_ids(self) -> list[int]:
+        return self.runtime.sm.job_ids()
+
+    def record(self, job: int) -> JobRecord:
+        defs = self.runtime.definitions
+        return JobRecord(job, defs.names.get(job, ""), defs.spec(job), self.runtime.sm.job_state(job).created)
+
+    def exists(self, fq: FQID) -> bool:
+        return fq in self.runtime.sm
+
+    def status(self, fq: FQID) -> JobStatus:
+        return self.runtime.sm.status(fq)
+
+    def n_subjobs(self, job: int) -> int:
+        return self.runtime.sm.n_subjobs(job) if job in self.runtime.sm.job_ids() else 0
+
+    def counts(self, job: int) -> dict[JobStatus, int]:
+        return self.runtime.sm.counts(job)
+
+    def indexes(self, job: int, statuses: Sequence[JobStatus]) -> list[int]:
+        return self.runtime.sm.indexes(job, statuses)
+
+    def active(self, fq: FQID) -> bool:
+        return self.runtime.sm.active(fq)
+
+    def info(self, fq: FQID) -> dict[str, Any]:
+        return self.runtime.sm.info(fq)
+
+    def backend_id(self, fq: FQID) -> str | None:
+        return self.runtime.writer.backend_id(fq[0], fq[1] if len(fq) == 2 else None)
+
+    def subjob_specs(self, job: int, indexes: Sequence[int]) -> dict[int, dict[str, Any]]:
+        defs = self.runtime.definitions
+        master = defs.spec(job)
+        return {i: apply_delta(master, delta) for i, delta in defs.deltas(job, indexes).items()}
+
+    # ------------------------------------------------------------ operations
+    async def add(self, name: str, spec: dict[str, Any]) -> int:
+        return await self.runtime.add(name, spec)
+
+    async def _ask(self, make: Any, kind: str) -> Done:
+        reply: Reply = await self.runtime.request(make, kind)
+        if reply.error is not None:
+            raise reply.error
+        return Done(reply.acted)
+
+    async def submit(self, targets: Sequence[FQID], keep_going: bool,
+                     definitions: dict[int, tuple[str, dict[str, Any]]] | None = None) -> Done:
+        profiles = {}
+        for job, (name, spec) in (definitions or {}).items():
+            if self.exists((job,)) and self.status((job,)) == JobStatus.NEW:
+                self.runtime.definitions.add(job, name, spec)
+                self.runtime.definitions.dirty.add(job)
+                profiles[job] = self.runtime.definitions.profile(job)
+        return await self._ask(lambda sid: SubmitRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
+                                                           keep_going=keep_going, profiles=profiles), "submit")
+
+    async def kill(self, targets: Sequence[FQID], keep_going: bool) -> Done:
+        return await self._ask(lambda sid: KillRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
+                                                         keep_going=keep_going), "kill")
+
+    async def resubmit(self, targets: Sequence[FQID], *, only_failed: bool, keep_going: bool,
+                       backend: dict[str, Any] | None, from_state: str | None) -> Done:
+        defs = self.runtime.definitions
+        profile = None
+        chosen = None
+        if backend is not None:
+            chosen = Backend.from_dict(backend)
+            job = targets[0][0]
+            profile = defs.profile(job, {**defs.spec(job), "backend": chosen.to_dict()})
+        if from_state is not None and any(len(fq) == 1 and self.runtime.sm.is_master(fq[0]) for fq in targets):
+            raise JobError("a state belongs to one run: resubmit one subjob (ID.i) from it",
+                           fqid=".".join(map(str, targets[0])), field="from_state")
+        if from_state is not None:
+            from ..checkpoint import State, StateError
+
+            try:
+                State.from_text(from_state, fqid=".".join(map(str, targets[0])))
+            except StateError as exc:
+                raise JobError(f"not a state: {exc}", fqid=".".join(map(str, targets[0])),
+                               field="from_state") from None
+
+        def make(sid: str) -> ResubmitRequested:
+            if from_state is not None:
+                self.runtime.given_state(sid, from_state)
+            return ResubmitRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets), keep_going=keep_going,
+                                     only_failed=only_failed, profile=profile, backend=chosen,
+                                     start="given" if from_state is not None else "initial")
+
+        return await self._ask(make, "resubmit")
+
+    async def release(self, targets: Sequence[FQID], retry_args: Sequence[str] | None) -> Done:
+        args = tuple(str(a) for a in retry_args) if retry_args is not None else None
+        return await self._ask(lambda sid: ReleaseRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
+                                                            retry_args=args), "release")
+
+    async def force_status(self, targets: Sequence[FQID], status: JobStatus, force: bool, keep_going: bool) -> Done:
+        return await self._ask(lambda sid: ForceStatusRequested(stimulus_id=sid, time=time.time(),
+                                                                targets=tuple(targets), status=status, force=force,
+                                                                keep_going=keep_going), "force")
+
+    async def remove(self, targets: Sequence[FQID], keep_going: bool) -> Done:
+        return await self._ask(lambda sid: RemoveRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
+                                                           keep_going=keep_going), "remove")
+
+    async def wait(self, targets: Sequence[FQID], timeout: float | None) -> None:
+        sm = self.runtime.sm
+        await self.runtime.wait_until(lambda: not any(sm.active(fq) for fq in targets), timeout)
+        await self.runtime.writer.flush()  # what a caller is told has ended is on disk
+
+    async def peek(self, fq: FQID, name: str, tail: int | None) -> str:
+        if not self.exists(fq):
+            raise JobError("no such job", fqid=".".join(map(str, fq)))
+        status = self.status(fq)
+        jobdir = self.home.joinpath("workspace", *map(str, fq))
+        return read_file(jobdir, name, tail, running=status in (JobStatus.RUNNING, JobStatus.COMPLETING),
+                         fqid=".".join(map(str, fq)))
+
+    def annotate(self, job: int, comment: str | None, metadata: dict[str, Any] | None) -> None:
+        spec = self.runtime.definitions.spec(job)
+        if comment is not None:
+            spec["comment"] = comment
+        if metadata is not None:
+            spec["metadata"] = metadata
+        self.runtime.definitions.dirty.add(job)
+
+    async def events(self) -> AsyncIterator[Any]:
+        stream = self.runtime.bus.subscribe()
+        async with stream:
+            async for item in stream:
+                if isinstance(item, Lagging):
+                    raise item
+                yield item
+
+    async def refresh(self) -> None:
+        await self.runtime.refresh()

@@ -1,0 +1,300 @@
+"""``Job``: a definition until ``orch.jobs.add()`` binds it, then a handle on a job of an orchestrator.
+
+Once bound, everything that changes (status, info, backend id) is read
+through the transport, never kept on the object, and every operation is a
+request to the state machine. Subjob objects are made on demand from their
+master's definition and the splitter's delta, and kept only while someone
+holds them, so a master of a million subjobs costs nothing here until
+someone looks.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..core.errors import JobError
+from ..core.ids import FQID, fqid_str
+from ..core.model import Backend, JobInfo
+from ..core.statuses import ACTIVE, JobStatus, parse_status
+from .definition import Definition
+from .slices import JobSlice, select_statuses
+
+if TYPE_CHECKING:
+    from .orchestrator import JobRegistry
+
+
+class Job(Definition):
+    """A job: an application, its files, a splitter, a backend (see :class:`Definition` for the fields)."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.id: int | None = None
+        self.parent: Job | None = None
+        self._registry: JobRegistry | None = None
+        self._subjobs = SubjobList(self)
+
+    # ------------------------------------------------------------ identity
+    @property
+    def fqid_tuple(self) -> FQID:
+        if self.id is None:
+            raise JobError("the job has not been added to an orchestrator yet", fqid="(new)")
+        return (*self.parent.fqid_tuple, self.id) if self.parent is not None else (self.id,)
+
+    @property
+    def fqid(self) -> str:
+        return fqid_str(self.fqid_tuple)
+
+    @property
+    def fqid_or_new(self) -> str:
+        if self.id is None:
+            return f"(new {self.name or 'job'})"
+        return self.fqid
+
+    @property
+    def master(self) -> Job | None:
+        """Ganga's name for ``parent``."""
+        return self.parent
+
+    @property
+    def registry(self) -> JobRegistry:
+        if self._registry is None:
+            raise JobError("the job has not been added to an orchestrator (await orch.jobs.add(job))",
+                           fqid=self.fqid_or_new)
+        return self._registry
+
+    # ------------------------------------------------------------ state, read through the transport
+    @property
+    def status(self) -> JobStatus:
+        if self._registry is None:
+            return JobStatus.NEW
+        return self._registry.transport.status(self.fqid_tuple)
+
+    @property
+    def subjobs(self) -> SubjobList:
+        return self._subjobs
+
+    @property
+    def info(self) -> JobInfo:
+        if self._registry is None:
+            return JobInfo()
+        return JobInfo.from_dict(self._registry.transport.info(self.fqid_tuple))
+
+    @property
+    def backend_id(self) -> str | None:
+        return self._registry.transport.backend_id(self.fqid_tuple) if self._registry is not None else None
+
+    @property
+    def comment(self) -> str:
+        return self._comment
+
+    @comment.setter
+    def comment(self, value: str) -> None:
+        if not isinstance(value, str):
+            raise JobError("comment must be a string", fqid=self.fqid_or_new, field="comment")
+        self._comment = value
+        self._annotate()
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self._metadata
+
+    @metadata.setter
+    def metadata(self, value: dict[str, Any]) -> None:
+        from .validate import check_metadata
+
+        check_metadata(value, self.fqid_or_new)
+        self._metadata = copy.deepcopy(dict(value))
+        self._annotate()
+
+    def _annotate(self) -> None:
+        if self._registry is not None and self.parent is None:
+            self._registry.transport.annotate(self.fqid_tuple[0], self._comment, self._metadata)
+
+    @property
+    def prejob(self) -> Definition | None:
+        """The pre-job: once submitted, the top-level job that runs it (else its definition)."""
+        return self._linked("prejob") or self._prejob
+
+    @prejob.setter
+    def prejob(self, value: Definition | None) -> None:
+        self._prejob = value
+
+    @property
+    def aggregator(self) -> Definition | None:
+        """The aggregator: once started, the top-level job that runs it (else its definition)."""
+        return self._linked("aggregator") or self._aggregator
+
+    @aggregator.setter
+    def aggregator(self, value: Definition | None) -> None:
+        self._aggregator = value
+
+    def _linked(self, role: str) -> Job | None:
+        if self._registry is None or self.parent is not None:
+            return None
+        job_id = self.info.partition.get(role)
+        return self._registry.get(job_id) if job_id is not None else None
+
+    @property
+    def workspace(self) -> Path:
+        """This job's directory under the home: ``workspace/<id>`` or ``workspace/<id>/<i>``."""
+        return self.registry.transport.home.joinpath("workspace", *map(str, self.fqid_tuple))
+
+    @property
+    def inputdir(self) -> Path:
+        return self.workspace / "input"
+
+    @property
+    def outputdir(self) -> Path:
+        return self.workspace / "output"
+
+    def is_active(self) -> bool:
+        """Something of this job is submitting, submitted, running or completing."""
+        return self._registry is not None and self._registry.transport.active(self.fqid_tuple)
+
+    # ------------------------------------------------------------ operations
+    async def submit(self, keep_going: bool = False) -> None:
+        await JobSlice([self]).submit(keep_going=keep_going)
+
+    async def kill(self, keep_going: bool = False) -> None:
+        await JobSlice([self]).kill(keep_going=keep_going)
+
+    async def resubmit(self, only_failed: bool = True, backend: str | Backend | None = None,
+                       keep_going: bool = False, from_state: str | None = None) -> None:
+        """Run again. ``from_state``: the text of a saved state (``orchestrator checkpoint get``) to start from."""
+        await JobSlice([self]).resubmit(only_failed=only_failed, backend=backend, keep_going=keep_going,
+                                        from_state=from_state)
+
+    async def release(self, retry_args: Sequence[str] | None = None) -> None:
+        """Resume a held job; ``retry_args`` reach it as ``ORCH_RETRY_ARG_1..n`` (else the hold's own data)."""
+        await self.registry.transport.release([self.fqid_tuple], retry_args)
+
+    async def force_status(self, status: str | JobStatus, force: bool = False) -> None:
+        """Mark a stuck job ``failed`` or ``completed``; an active one is killed first unless ``force``."""
+        await JobSlice([self]).force_status(status, force=force)
+
+    async def copy(self) -> Job:
+        """A new top-level ``new`` job with the same definition, sharing no object with this one."""
+        return (await JobSlice([self]).copy())[0]
+
+    async def remove(self) -> None:
+        await JobSlice([self]).remove()
+
+    async def wait(self, timeout: float | None = None) -> None:
+        """Return once nothing of the job is active (no subjob submitting, submitted, running or completing)."""
+        await self.registry.transport.wait([self.fqid_tuple], timeout)
+
+    async def peek(self, name: str = "stdout", tail: int | None = None) -> str:
+        """The text of a file of the run: its output dir once ended, its work dir while it runs."""
+        return await self.registry.transport.peek(self.fqid_tuple, name, tail)
+
+    # ------------------------------------------------------------ definitions
+    def template(self) -> Job:
+        """A detached copy of the whole definition (shares no object with this job)."""
+        twin = Job()
+        Definition.load(twin, self.name, self.spec())
+        return twin
+
+    @classmethod
+    def from_spec(cls, name: str, spec: dict[str, Any]) -> Job:
+        job = cls()
+        job.load(name, spec)
+        return job
+
+    def __repr__(self) -> str:
+        ident = self.fqid if self.id is not None else "new"
+        return f"<Job {ident} {self.name!r} {self.status.value} on {self.backend.name}>"
+
+
+class SubjobList:
+    """A master's subjobs: ``j.subjobs[i]``, ``j.subjobs(i)``, ``select()``, ``len()``.
+
+    A subjob object is made on first access and kept while someone holds it,
+    so the same index gives the same object as long as it is in use.
+    """
+
+    def __init__(self, master: Job) -> None:
+        self._master = master
+        self._built: weakref.WeakValueDictionary[int, Job] = weakref.WeakValueDictionary()
+
+    def __len__(self) -> int:
+        m = self._master
+        if m._registry is None or m.parent is not None or m.id is None:
+            return 0
+        return m._registry.transport.n_subjobs(m.id)
+
+    def build(self, indexes: Sequence[int]) -> list[Job]:
+        """The subjobs at ``indexes`` (their definitions read in one go where they are not built yet)."""
+        m = self._master
+        assert m.id is not None and m._registry is not None
+        missing = [i for i in indexes if i not in self._built]
+        if missing:
+            specs = m._registry.transport.subjob_specs(m.id, missing)
+            for i in missing:
+                spec = specs[i]
+                sub = Job.from_spec(spec.pop("name", None) or m.name, spec)
+                sub.id, sub.parent, sub._registry = i, m, m._registry
+                self._built[i] = sub
+        out = []
+        for i in indexes:
+            sub = self._built.get(i)
+            if sub is None:  # collected between the two loops: build it again
+                sub = self.build([i])[0]
+            out.append(sub)
+        return out
+
+    def _get(self, index: int) -> Job:
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"job {self._master.fqid_or_new} has no subjob {index} (it has {n})")
+        return self.build([index])[0]
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return JobSlice(self.build(list(range(len(self))[index])))
+        return self._get(index)
+
+    def __call__(self, index: int) -> Job:
+        return self._get(index)
+
+    def __iter__(self) -> Iterator[Job]:
+        n = len(self)
+        for start in range(0, n, 1000):  # a page at a time: a million subjobs are never all held
+            yield from self.build(range(start, min(start + 1000, n)))
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (JobSlice, SubjobList, list, tuple)):
+            return len(self) == len(other) and all(a is b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} subjobs of job {self._master.fqid_or_new}>"
+
+    def select(self, ids: Any = None, status: Any = None, name: str | None = None, backend: str | None = None,
+               application: str | None = None, since: Any = None, until: Any = None) -> JobSlice:
+        """Subjobs by index, status, name glob...: a slice that counts from the counters, and builds its jobs
+        only when iterated."""
+        from .slices import SubjobSelection
+
+        m = self._master
+        if len(self) == 0:
+            return JobSlice([])
+        return SubjobSelection(self, ids=ids, status=select_statuses(status), name=name, backend=backend,
+                               application=application, since=since, until=until)
+
+    async def kill(self, keep_going: bool = False) -> None:
+        await self.select().kill(keep_going=keep_going)
+
+    async def resubmit(self, keep_going: bool = False, backend: str | Backend | None = None) -> None:
+        await self.select().resubmit(keep_going=keep_going, backend=backend)
+
+
+__all__ = ["ACTIVE", "Job", "SubjobList", "parse_status"]

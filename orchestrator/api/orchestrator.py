@@ -1,0 +1,157 @@
+"""``Orchestrator``: the entry point of the API, an async context manager, over either transport.
+
+``async with Orchestrator(home=...) as orch:`` goes through the service that
+holds the home if one does (the remote transport), and otherwise opens the
+home here (the embedded transport: the runtime runs in this process, in a
+task group of its own, until the block ends). Either way ``orch`` is the
+same class with the same jobs, slices, statuses and errors. Leaving the
+block writes every change; runs still going on at their backends keep
+going and are found again by the next orchestrator on the home.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import anyio
+import structlog
+
+from ..core.errors import JobError, OrchestratorError
+from ..runtime.config import Config
+from ..runtime.homelock import SERVICE_ROLE
+from ..runtime.logs import configure as configure_logs
+from ..runtime.runtime import Runtime
+from .embedded import Embedded
+from .registry import JobRegistry
+from .transport import Transport
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("ORCHESTRATOR_HOME") or Path.home() / ".orchestrator")
+
+
+class Orchestrator:
+    """One orchestrator home, open for use.
+
+    ``home`` defaults to ``$ORCHESTRATOR_HOME`` or ``~/.orchestrator``;
+    ``config`` overrides settings of ``orchestrator.toml`` (same tables).
+    ``service``: ``None`` goes through the service that holds the home if one
+    does, else opens the home here; ``False`` always opens it here (refused
+    while a service holds it); ``True`` requires a service.
+    """
+
+    def __init__(self, home: str | os.PathLike[str] | None = None, config: dict[str, Any] | None = None, *,
+                 role: str = "", service: bool | None = None) -> None:
+        self.home = Path(home).expanduser().resolve() if home is not None else default_home()
+        self._overrides = config
+        self._role = SERVICE_ROLE if role == "service" else role
+        self._service = service
+        self._stack: AsyncExitStack | None = None
+        self._transport: Transport | None = None
+        self._registry: JobRegistry | None = None
+        self._runtime: Runtime | None = None
+
+    # ------------------------------------------------------------ the API
+    @property
+    def jobs(self) -> JobRegistry:
+        if self._registry is None:
+            raise JobError("the orchestrator is not open (use 'async with Orchestrator(...)')")
+        return self._registry
+
+    @property
+    def transport(self) -> Transport:
+        if self._transport is None:
+            raise JobError("the orchestrator is not open (use 'async with Orchestrator(...)')")
+        return self._transport
+
+    @property
+    def config(self) -> Config:
+        if self._runtime is None:
+            raise OrchestratorError("settings are the service's: this orchestrator works through it")
+        return self._runtime.config
+
+    @property
+    def runtime(self) -> Runtime:
+        """The runtime of an embedded orchestrator (the service hosts one); refused through a service."""
+        if self._runtime is None:
+            raise OrchestratorError(f"{self.home} is open through its service: this needs the home itself")
+        return self._runtime
+
+    @property
+    def remote(self) -> bool:
+        """True when this orchestrator works through a service."""
+        return self._transport is not None and self._runtime is None
+
+    async def events(self) -> AsyncIterator[Any]:
+        """From now on, every event and every status change, in order, each with its ``stimulus_id``."""
+        async for item in self.transport.events():
+            yield item
+
+    # ------------------------------------------------------------ life
+    async def __aenter__(self) -> Orchestrator:
+        if not structlog.is_configured():
+            configure_logs()
+        stack = AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            transport = await self._through_service(stack)
+            if transport is None:
+                transport = await self._open_here(stack)
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._stack, self._transport = stack, transport
+        self._registry = JobRegistry(transport)
+        return self
+
+    async def _open_here(self, stack: AsyncExitStack) -> Transport:
+        self.home.mkdir(parents=True, exist_ok=True)
+        config = Config.load(self.home, self._overrides)
+        runtime = Runtime(self.home, config, role=self._role)
+        tg = await stack.enter_async_context(anyio.create_task_group())
+        stack.callback(tg.cancel_scope.cancel)
+        await runtime.open(tg)
+        stack.push_async_callback(runtime.close)
+        self._runtime = runtime
+        return Embedded(runtime)
+
+    async def _through_service(self, stack: AsyncExitStack) -> Transport | None:
+        """The service's transport, when one holds the home and it is to be used (see ``service``)."""
+        if self._service is False or self._role == SERVICE_ROLE:
+            return None
+        from .remote import connect_remote
+
+        transport = await connect_remote(self.home, stack, required=bool(self._service))
+        if transport is not None and self._overrides:
+            structlog.get_logger().warning("config overrides are ignored: the service's own settings apply",
+                                           home=str(self.home))
+        return transport
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        stack, self._stack = self._stack, None
+        self._transport, self._registry, self._runtime = None, None, None
+        if stack is None:
+            return
+        try:
+            await stack.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:
+            # The task group wraps the body's own exception: let the original through unwrapped.
+            leaves = _leaves(group)
+            if exc is not None and leaves == [exc]:
+                return
+            if len(leaves) == 1:
+                raise leaves[0] from None
+            raise
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for e in group.exceptions:
+        out += _leaves(e) if isinstance(e, BaseExceptionGroup) else [e]
+    return out

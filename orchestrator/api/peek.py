@@ -1,0 +1,40 @@
+"""``job.peek()``: the text of a run's file, without hunting for paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..core.errors import JobError
+
+#: The most a peek reads of a file's end when ``tail`` is not given.
+MAX_BYTES = 4 * 1024 * 1024
+
+
+def read_file(jobdir: Path, name: str, tail: int | None, *, running: bool, fqid: str) -> str:
+    """``name`` in the output dir once the run ended, in its work dir while it runs (stdout and stderr are
+    always written to the output dir). ``tail``: the last n lines."""
+    if not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        raise JobError(f"{name!r} is not a file of the job's directory", fqid=fqid, field="name")
+    if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
+        raise JobError(f"tail must be a number of lines >= 0, not {tail!r}", fqid=fqid, field="tail")
+    places = [jobdir / "output" / name]
+    if running:
+        places.insert(0, jobdir / "work" / name)
+    for path in places:
+        try:
+            resolved = path.resolve()
+            if not resolved.is_relative_to(jobdir.resolve()):
+                raise JobError(f"{name!r} leads out of the job's directory", fqid=fqid, field="name")
+            with resolved.open("rb") as f:
+                f.seek(0, 2)
+                size = f.tell()
+                f.seek(max(0, size - MAX_BYTES))
+                text = f.read().decode(errors="replace")
+        except FileNotFoundError:
+            continue
+        if tail is not None:
+            lines = text.splitlines(keepends=True)
+            return "".join(lines[-tail:]) if tail else ""
+        return text
+    raise JobError(f"has no file {name!r} (looked in {', '.join(str(p.parent) for p in places)})", fqid=fqid,
+                   field="name")

@@ -1,0 +1,228 @@
+"""Slices: jobs picked out together, with collective operations.
+
+A slice has ``len()``, iteration and indexing, and ``submit``, ``kill``,
+``resubmit``, ``copy``, ``remove``, ``wait`` and ``force_status`` for all its
+jobs at once, each one request following keep_going: with
+``keep_going=False`` it stops at the first failure (what was done before it
+stays done) and raises; with ``True`` it does what it can.
+
+``select()`` filters by ``ids``, ``status``, ``name`` (a glob), ``backend``,
+``application`` (its type's name), and ``since``/``until`` (when the job was
+added; a naive datetime is local time), all combined with *and*. A
+selection of a master's subjobs by status counts from the state machine's
+counters and builds subjob objects only when iterated.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fnmatch
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from ..core.errors import JobError
+from ..core.ids import FQID
+from ..core.model import Backend
+from ..core.statuses import JobStatus, parse_status
+
+
+def select_statuses(status: str | JobStatus | Iterable[str | JobStatus] | None) -> list[JobStatus] | None:
+    if status is None:
+        return None
+    if isinstance(status, str):
+        return [parse_status(status)]
+    return [parse_status(s) for s in status]
+
+
+def timestamp(value: Any, field: str) -> float | None:
+    """A datetime (naive: local time), a date, or epoch seconds, as epoch seconds."""
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        return value.timestamp()
+    if isinstance(value, dt.date):
+        return dt.datetime(value.year, value.month, value.day).timestamp()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    raise JobError(f"{field} must be a datetime, not {value!r}", field=field)
+
+
+def matches(job: Any, *, ids: Any, status: list[JobStatus] | None, name: str | None, backend: str | None,
+            application: str | None, since: float | None, until: float | None, added: float | None) -> bool:
+    if ids is not None and job.id not in ids:
+        return False
+    if status is not None and job.status not in status:
+        return False
+    if name is not None and not fnmatch.fnmatchcase(job.name, name):
+        return False
+    if backend is not None and job.backend.name != backend:
+        return False
+    if application is not None and type(job.application).__name__ != application:
+        return False
+    if since is not None and (added is None or added < since):
+        return False
+    return until is None or (added is not None and added <= until)
+
+
+class JobSlice:
+    """A list of jobs with collective operations; see the module docstring."""
+
+    def __init__(self, jobs: Iterable[Any]) -> None:
+        self._jobs = list(jobs)
+
+    # ------------------------------------------------------------ a sequence
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._jobs)
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return JobSlice(self._jobs[i])
+        return self._jobs[i]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (JobSlice, list, tuple)) or hasattr(other, "_master"):
+            others = list(other)  # type: ignore[call-overload]
+            return len(self) == len(others) and all(a is b for a, b in zip(self, others, strict=True))
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"JobSlice({self._jobs!r})"
+
+    def select(self, ids: Any = None, status: Any = None, name: str | None = None, backend: str | None = None,
+               application: str | None = None, since: Any = None, until: Any = None) -> JobSlice:
+        wanted = select_statuses(status)
+        lo, hi = timestamp(since, "since"), timestamp(until, "until")
+        return JobSlice([j for j in self._jobs if matches(j, ids=ids, status=wanted, name=name, backend=backend,
+                                                          application=application, since=lo, until=hi,
+                                                          added=_added(j))])
+
+    # ------------------------------------------------------------ collective operations
+    def _transport(self) -> Any:
+        return self._jobs[0].registry.transport
+
+    def _targets(self) -> list[FQID]:
+        return [j.fqid_tuple for j in self._jobs]
+
+    async def submit(self, keep_going: bool = False) -> None:
+        if not len(self):
+            return
+        transport = self._transport()
+        definitions = {}
+        for job in self._jobs:  # a new job is submitted as it is defined now
+            if job.parent is None and job.id is not None and transport.exists(job.fqid_tuple) \
+                    and job.status == JobStatus.NEW:
+                from .validate import validate
+
+                validate(job, job.fqid)
+                definitions[job.id] = (job.name, job.spec())
+        await transport.submit(self._targets(), keep_going, definitions)
+
+    async def kill(self, keep_going: bool = False) -> None:
+        if len(self):
+            await self._transport().kill(self._targets(), keep_going)
+
+    async def resubmit(self, keep_going: bool = False, backend: str | Backend | None = None,
+                       only_failed: bool = True, from_state: str | None = None) -> None:
+        if not len(self):
+            return
+        settings = None
+        if backend is not None:
+            from .validate import checked_backend
+
+            settings = checked_backend(backend, self._jobs[0].fqid).to_dict()
+        await self._transport().resubmit(self._targets(), only_failed=only_failed, keep_going=keep_going,
+                                         backend=settings, from_state=from_state)
+
+    async def force_status(self, status: str | JobStatus, force: bool = False, keep_going: bool = False) -> None:
+        if len(self):
+            await self._transport().force_status(self._targets(), parse_status(status), force, keep_going)
+
+    async def remove(self, keep_going: bool = False) -> None:
+        if not len(self):
+            return
+        try:
+            await self._transport().remove(self._targets(), keep_going)
+        finally:
+            for job in self._jobs:
+                registry = job._registry
+                if registry is not None and job.parent is None and not registry.transport.exists(job.fqid_tuple):
+                    registry.forget(job)
+
+    async def wait(self, timeout: float | None = None) -> None:
+        if len(self):
+            await self._transport().wait(self._targets(), timeout)
+
+    async def copy(self) -> JobSlice:
+        """A new top-level ``new`` job for each, with the same definition (sharing no object)."""
+        out = []
+        for job in self._jobs:
+            out.append(await job.registry.add(job.template()))
+        return JobSlice(out)
+
+
+class SubjobSelection(JobSlice):
+    """A master's subjobs picked out by index and status: counted from the counters, built when iterated."""
+
+    def __init__(self, subjobs: Any, *, ids: Any, status: list[JobStatus] | None, name: str | None,
+                 backend: str | None, application: str | None, since: Any, until: Any) -> None:
+        self._subjobs = subjobs
+        master = subjobs._master
+        transport = master.registry.transport
+        n = len(subjobs)
+        indexes: Sequence[int] = range(n) if status is None else transport.indexes(master.id, status)
+        if ids is not None:
+            wanted = set(ids)
+            indexes = [i for i in indexes if i in wanted]
+        self._indexes = indexes
+        self._filters = dict(name=name, backend=backend, application=application, since=timestamp(since, "since"),
+                             until=timestamp(until, "until"))
+        self._lazy = all(v is None for v in self._filters.values())
+        super().__init__([])
+        if not self._lazy:
+            self._jobs = [j for j in self._build(indexes) if matches(j, ids=None, status=None, **self._filters,
+                                                                     added=_added(master))]
+
+    def _build(self, indexes: Sequence[int]) -> Iterator[Any]:
+        for start in range(0, len(indexes), 1000):
+            yield from self._subjobs.build(list(indexes[start:start + 1000]))
+
+    def __len__(self) -> int:
+        return len(self._indexes) if self._lazy else len(self._jobs)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._build(self._indexes) if self._lazy else iter(self._jobs)
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if not self._lazy:
+            return super().__getitem__(i)
+        if isinstance(i, slice):
+            return JobSlice(self._subjobs.build(list(self._indexes[i])))
+        return self._subjobs.build([self._indexes[i]])[0]
+
+    def _targets(self) -> list[FQID]:
+        if not self._lazy:
+            return super()._targets()
+        master = self._subjobs._master.id
+        return [(master, i) for i in self._indexes]
+
+    def _transport(self) -> Any:
+        return self._subjobs._master.registry.transport
+
+    async def copy(self) -> JobSlice:
+        return await JobSlice(list(self)).copy()
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} subjobs of job {self._subjobs._master.fqid_or_new}>"
+
+
+def _added(job: Any) -> float | None:
+    top = job
+    while top.parent is not None:
+        top = top.parent
+    registry = top._registry
+    if registry is None or top.id is None:
+        return None
+    return float(registry.transport.record(top.id).added)

@@ -1,0 +1,1 @@
+"""Features built on the API and the runtime: postprocessors, checkpoint operations, workflows."""

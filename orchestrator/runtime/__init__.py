@@ -1,0 +1,1 @@
+"""The runtime: carries out what the core decides (bus, executor, driver actors, repository, workspaces)."""

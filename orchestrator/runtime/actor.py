@@ -1,0 +1,267 @@
+"""A driver actor: the one task that calls one backend's driver.
+
+It takes the instructions meant for its backend in the order the state
+machine gave them, and carries each out: submissions that arrive within a
+tick go to the driver as one bulk call (grouped by settings, since a bulk
+call carries runs of one kind), or run by run where the driver has no bulk
+form; kills likewise; lookups after a restart. Each answer becomes the
+event the instruction's stimulus id is waiting for.
+
+It holds the runs its driver answered for (their handles) until they end:
+a status query that does not mention a run, or a slow host elsewhere, is no
+reason to let go of one. Monitoring them is :mod:`.monitor`'s part.
+
+An instruction is bound, when the runtime takes it, to the attempt each of
+its runs was at: a kill issued before a retry's submission in the same
+step kills the attempt before, never the retry.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from ..core.events import Event, KillOutcomes, LookupOutcomes, SubmitOutcomes
+from ..core.ids import Runs
+from ..core.instructions import Instruction, Lookup, SendKill, SendSubmit, Unwatch
+from ..core.statuses import JobStatus
+from ..plugin.contract import Driver, RunHandle, RunSpec
+from . import bulk
+
+#: A run as an actor holds it: (job, subjob index or None for a job that runs itself).
+RunKey = tuple[int, int | None]
+
+
+@dataclass(slots=True)
+class Bound:
+    """An instruction, with what it was bound to when taken: each run's attempt, and retry arguments."""
+
+    instruction: Instruction
+    attempts: Sequence[int] = ()
+    retry_args: dict[int, list[str]] = field(default_factory=dict)
+    #: A state the user handed in for ``start="given"``.
+    state: str | None = None
+
+
+def keys(runs: Runs) -> list[RunKey]:
+    return [(runs.job, None)] if runs.indexes is None else [(runs.job, i) for i in runs.indexes]
+
+
+class Actor:
+    """One backend's actor; see the module docstring. ``prepare`` gets runs ready to start (their state);
+    ``post`` puts an event on the bus."""
+
+    def __init__(self, name: str, driver: Driver, *, post: Callable[[Event], Awaitable[None]],
+                 run_specs: Callable[[Runs, Sequence[int], dict[int, list[str]]], list[RunSpec]],
+                 prepare: Callable[[Sequence[RunSpec], str, str | None],
+                                   Awaitable[tuple[dict[str, str], dict[str, dict[str, Any]]]]],
+                 record_id: Callable[[RunKey, str | None], None], concurrency: int, log: Any) -> None:
+        self.name = name
+        self.driver = driver
+        self.post = post
+        self.run_specs = run_specs
+        self.prepare = prepare
+        self.record_id = record_id
+        self.concurrency = concurrency
+        self.log = log
+        #: The runs this driver holds, until they end.
+        self.held: dict[RunKey, RunHandle] = {}
+        #: Runs declared lost: no longer watched, kept for the kill the state machine sends after them.
+        self.lost: dict[RunKey, RunHandle] = {}
+        #: Held while a driver call's answers are being registered: a reporting driver's word on a run it
+        #: just accepted waits until the run is held (its report may come before the call returns).
+        self.registering = anyio.Lock()
+        self._mailbox: deque[Bound] = deque()
+        self._wake = anyio.Event()
+        self._idle = anyio.Event()
+        self._idle.set()
+
+    # ------------------------------------------------------------ intake
+    def put(self, bound: Bound) -> None:
+        """Take an instruction (never blocks: the mailbox holds instructions, each a batch of runs)."""
+        self._mailbox.append(bound)
+        self._idle = anyio.Event() if self._idle.is_set() else self._idle
+        self._wake.set()
+
+    async def drained(self) -> None:
+        """Until every instruction taken so far was carried out."""
+        await self._idle.wait()
+
+    async def run(self) -> None:
+        while True:
+            if not self._mailbox:
+                self._idle.set()
+                await self._wake.wait()
+            self._wake = anyio.Event()
+            taken = list(self._mailbox)
+            self._mailbox.clear()
+            for group in _coalesce(taken):
+                try:
+                    async with self.registering:
+                        await self._carry_out(group)
+                except Exception as exc:  # a bug here must not stop the backend's actor: log and go on
+                    self.log.exception("instruction failed", backend=self.name, error=repr(exc))
+
+    async def _carry_out(self, group: list[Bound]) -> None:
+        first = group[0].instruction
+        if isinstance(first, SendSubmit):
+            await self._submit(group)
+        elif isinstance(first, SendKill):
+            for bound in group:
+                await self._kill(bound)
+        elif isinstance(first, Lookup):
+            for bound in group:
+                await self._lookup(bound)
+        elif isinstance(first, Unwatch):
+            for bound in group:
+                assert isinstance(bound.instruction, Unwatch)
+                gone = [h for k in keys(bound.instruction.runs) if (h := self.held.pop(k, None)) is not None]
+                if gone:
+                    await self.driver.forget(gone)
+
+    # ------------------------------------------------------------ submit
+    async def _submit(self, group: list[Bound]) -> None:
+        """Every SendSubmit of the group, as few driver calls as the settings and the rules allow."""
+        specs: list[list[RunSpec]] = []
+        unready: list[dict[str, str]] = []
+        states: dict[str, dict[str, Any]] = {}
+        for bound in group:
+            ins = bound.instruction
+            assert isinstance(ins, SendSubmit)
+            batch = self.run_specs(ins.runs, bound.attempts, bound.retry_args)
+            specs.append(batch)
+            refused, started = await self.prepare(batch, ins.start, bound.state)
+            unready.append(refused)
+            states.update(started)
+        answers: list[list[Any]] = [[None] * len(s) for s in specs]
+        native_of: list[bool] = [True] * len(group)
+        ins0 = group[0].instruction
+        assert isinstance(ins0, SendSubmit)
+        # One call per settings (a bulk call carries runs of one kind); a stop-at-first-failure series alone.
+        by_settings: dict[str, list[tuple[int, int]]] = {}
+        for g, batch in enumerate(specs):
+            for k, run in enumerate(batch):
+                if run.fqid in unready[g]:
+                    answers[g][k] = ("reject", unready[g][run.fqid])
+                else:
+                    by_settings.setdefault(json.dumps(run.settings, sort_keys=True, default=str), []).append((g, k))
+        for members in by_settings.values():
+            runs = [specs[g][k] for g, k in members]
+            outcomes, native = await bulk.submit(self.driver, runs, native=ins0.native,
+                                                 stop_on_failure=ins0.stop_on_failure, concurrency=self.concurrency)
+            for (g, k), outcome in zip(members, outcomes, strict=True):
+                native_of[g] = native_of[g] and native
+                answers[g][k] = outcome
+        for g, bound in enumerate(group):
+            await self._answer_submit(bound, specs[g], answers[g], native_of[g], states)
+
+    async def _answer_submit(self, bound: Bound, specs: list[RunSpec], answers: list[Any], native: bool,
+                             states: dict[str, dict[str, Any]]) -> None:
+        ins = bound.instruction
+        assert isinstance(ins, SendSubmit)
+        accepted, rejected, not_attempted = [], [], []
+        for k, (run, answer) in enumerate(zip(specs, answers, strict=True)):
+            if answer is None:
+                not_attempted.append(k)
+            elif isinstance(answer, tuple):
+                rejected.append((k, answer[1]))
+            elif answer.ok:
+                accepted.append(k)
+                key: RunKey = (ins.runs.job, None if ins.runs.indexes is None else run.index)
+                self.record_id(key, answer.backend_id)
+                self.held[key] = RunHandle(run.fqid, run.index, answer.backend_id, run.settings, run.outputdir,
+                                           JobStatus.SUBMITTED, run.key, run.attempt, run.jobdir)
+            else:
+                rejected.append((k, answer.error or "submission refused"))
+        started = {k: states[specs[k].fqid] for k in accepted if specs[k].fqid in states}
+        await self.post(SubmitOutcomes(stimulus_id=ins.stimulus_id, time=_now(), runs=ins.runs, accepted=accepted,
+                                       rejected=rejected, not_attempted=not_attempted, native=native, states=started))
+
+    # ------------------------------------------------------------ kill
+    async def _kill(self, bound: Bound) -> None:
+        ins = bound.instruction
+        assert isinstance(ins, SendKill)
+        positions, handles, gone = [], [], []
+        for k, key in enumerate(keys(ins.runs)):
+            handle = self.lost.pop(key, None) or self.held.get(key)
+            attempt = bound.attempts[k] if k < len(bound.attempts) else 0
+            if handle is None or (attempt and handle.attempt and handle.attempt != attempt):
+                gone.append(k)  # it ended, or that attempt is no longer the one held: nothing runs to kill
+            else:
+                positions.append(k)
+                handles.append(handle)
+        results = await bulk.kill(self.driver, handles, native=ins.native, stop_on_failure=ins.stop_on_failure,
+                                  concurrency=self.concurrency) if handles else []
+        killed, failed, not_attempted = list(gone), [], []
+        for k, handle, result in zip(positions, handles, results, strict=True):
+            if result is None:
+                killed.append(k)
+                self.held.pop(keys(ins.runs)[k], None)
+            elif result is False:
+                not_attempted.append(k)
+            else:
+                failed.append((k, f"{handle.fqid}: {result}" if isinstance(result, str) else "kill failed"))
+        await self.post(KillOutcomes(stimulus_id=ins.stimulus_id, time=_now(), runs=ins.runs, killed=sorted(killed),
+                                     failed=failed, not_attempted=not_attempted))
+
+    # ------------------------------------------------------------ lookup
+    async def _lookup(self, bound: Bound) -> None:
+        """Runs a crash caught mid-submission: asked of the backend by key until it can answer."""
+        ins = bound.instruction
+        assert isinstance(ins, Lookup)
+        specs = self.run_specs(ins.runs, bound.attempts, bound.retry_args)
+        while True:
+            try:
+                found = list(await self.driver.lookup(specs))
+                if len(found) != len(specs):
+                    raise RuntimeError(f"lookup answered {len(found)} ids for {len(specs)} runs")
+                break
+            except Exception as exc:  # the backend's fault: its runs stay submitting, it is asked again
+                self.log.warning("lookup of interrupted submissions failed; will ask again", backend=self.name,
+                                 error=repr(exc), fqid=str(ins.runs.job))
+                await anyio.sleep(1.0)
+        have, absent = [], []
+        for k, (run, backend_id) in enumerate(zip(specs, found, strict=True)):
+            if backend_id:
+                key: RunKey = (ins.runs.job, None if ins.runs.indexes is None else run.index)
+                self.record_id(key, backend_id)
+                self.held[key] = RunHandle(run.fqid, run.index, backend_id, run.settings, run.outputdir,
+                                           JobStatus.SUBMITTED, run.key, run.attempt, run.jobdir)
+                have.append(k)
+            else:
+                absent.append(k)
+        if have:
+            self.log.info("interrupted submissions found at the backend: adopted", backend=self.name,
+                          fqid=str(ins.runs.job), count=len(have))
+        if absent:
+            self.log.info("interrupted submissions never reached the backend: sent again", backend=self.name,
+                          fqid=str(ins.runs.job), count=len(absent))
+        await self.post(LookupOutcomes(stimulus_id=ins.stimulus_id, time=_now(), runs=ins.runs, found=have,
+                                       absent=absent))
+
+
+def _coalesce(taken: list[Bound]) -> list[list[Bound]]:
+    """Consecutive instructions of one kind go together; submissions merge only when they may share a call."""
+    groups: list[list[Bound]] = []
+    for bound in taken:
+        ins = bound.instruction
+        last = groups[-1][0].instruction if groups else None
+        if isinstance(ins, SendSubmit) and isinstance(last, SendSubmit) and not ins.stop_on_failure \
+                and not last.stop_on_failure and ins.native == last.native:
+            groups[-1].append(bound)
+        elif type(ins) is type(last) and not isinstance(ins, SendSubmit):
+            groups[-1].append(bound)
+        else:
+            groups.append([bound])
+    return groups
+
+
+def _now() -> float:
+    import time
+
+    return time.time()

@@ -1,0 +1,92 @@
+"""Calling a driver in bulk: natively when it declares it, emulated run by run otherwise.
+
+Emulated bulk follows DESIGN.md: a series that must stop at the first
+failure (keep_going=False) goes one run at a time in index order and
+reports the rest as not attempted; otherwise every run is attempted, at
+most ``concurrency`` at once. A bulk call that raises, or answers the wrong
+number of outcomes, counts as nothing submitted (every run left as it was).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+import anyio
+
+from ..plugin.contract import Driver, RunHandle, RunSpec, SubmitError, SubmitOutcome
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def describe(exc: BaseException) -> str:
+    if isinstance(exc, SubmitError):
+        return str(exc) or "submission refused"
+    return f"{type(exc).__name__}: {exc}"
+
+
+async def each(items: Sequence[T], call: Callable[[T], Awaitable[R]], *, stop: Callable[[R], bool] | None,
+               concurrency: int) -> list[R | None]:
+    """``call`` each item; with ``stop``, one at a time until ``stop(result)``. ``None``: never attempted."""
+    results: list[R | None] = [None] * len(items)
+    if stop is not None:
+        for i, item in enumerate(items):
+            results[i] = result = await call(item)
+            if stop(result):
+                break
+        return results
+    limiter = anyio.CapacityLimiter(max(1, concurrency))
+
+    async def one(i: int, item: T) -> None:
+        async with limiter:
+            results[i] = await call(item)
+
+    async with anyio.create_task_group() as tg:
+        for i, item in enumerate(items):
+            tg.start_soon(one, i, item)
+    return results
+
+
+async def submit(driver: Driver, runs: Sequence[RunSpec], *, native: bool, stop_on_failure: bool,
+                 concurrency: int) -> tuple[list[SubmitOutcome | None], bool]:
+    """One outcome per run (``None``: not attempted), and whether it went out as one native call."""
+    if native:
+        try:
+            outcomes = list(await driver.submit_bulk(runs))
+        except Exception as exc:  # the whole call failed: nothing was submitted
+            return [SubmitOutcome(r.fqid, None, describe(exc)) for r in runs], False
+        if len(outcomes) != len(runs):
+            wrong = f"the driver answered {len(outcomes)} outcomes for {len(runs)} runs"
+            return [SubmitOutcome(r.fqid, None, wrong) for r in runs], False
+        return list[SubmitOutcome | None](outcomes), True
+
+    async def one(run: RunSpec) -> SubmitOutcome:
+        try:
+            return SubmitOutcome(run.fqid, await driver.submit(run))
+        except Exception as exc:  # any driver failure leaves this run unsubmitted
+            return SubmitOutcome(run.fqid, None, describe(exc))
+
+    stop = (lambda o: not o.ok) if stop_on_failure else None
+    return await each(runs, one, stop=stop, concurrency=concurrency), False
+
+
+async def kill(driver: Driver, handles: Sequence[RunHandle], *, native: bool, stop_on_failure: bool,
+               concurrency: int) -> list[str | None | bool]:
+    """One entry per handle: ``None`` killed, a message on failure, ``False`` not attempted."""
+    if native:
+        try:
+            return list(await driver.kill_bulk(handles))
+        except Exception as exc:  # the bulk call failed as a whole
+            return [describe(exc)] * len(handles)
+
+    async def one(h: RunHandle) -> str:
+        try:
+            await driver.kill(h)
+        except Exception as exc:  # reported per run: the core decides by keep_going
+            return describe(exc) or "kill failed"
+        return ""
+
+    stop = (lambda r: r != "") if stop_on_failure else None
+    results = await each(handles, one, stop=stop, concurrency=concurrency)
+    return [False if r is None else (None if r == "" else r) for r in results]

@@ -1,0 +1,109 @@
+"""The event bus: every event, one at a time, through the state machine; every step to its observers.
+
+Producers (the API's requests, the actors' outcomes and reports, timers)
+``await post(event)`` on a bounded stream: when the loop falls behind they
+wait, so nothing grows without bound. The one consumer takes each event,
+binds its stimulus id into the log context, hands it to the state machine,
+tells the observers (the event and every change it made, in order), and
+has the executor carry out the step before it takes the next event.
+
+Observers (``orch.events()``, the service's stream, the status page,
+metrics) each get a bounded stream of their own; one that falls too far
+behind is dropped with an error rather than allowed to stall the loop.
+Waiters (``job.wait()``) are woken after every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import structlog
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from ..core.events import Event
+from ..core.machine import StateMachine
+from ..core.step import Step
+from .executor import Executor
+
+#: Events that may wait on the bus before producers wait too.
+CAPACITY = 1024
+
+
+class Lagging(Exception):
+    """An observer fell too far behind and was dropped."""
+
+
+class Observed:
+    """What an observer receives: an event, or a change a step made (``StatusChanged``)."""
+
+
+class Bus:
+    def __init__(self, sm: StateMachine, executor: Executor, log: Any) -> None:
+        self.sm = sm
+        self.executor = executor
+        self.log = log
+        send, receive = anyio.create_memory_object_stream[Event](CAPACITY)
+        self._in: MemoryObjectSendStream[Event] = send
+        self._out: MemoryObjectReceiveStream[Event] = receive
+        self._observers: list[MemoryObjectSendStream[Any]] = []
+        self._changed = anyio.Event()
+        #: Hooks called with every step (the writer's wake-up, metrics).
+        self.hooks: list[Callable[[Event, Step], None]] = []
+        self.handled = 0
+
+    async def post(self, event: Event) -> None:
+        await self._in.send(event)
+
+    async def run(self) -> None:
+        async for event in self._out:
+            with structlog.contextvars.bound_contextvars(stimulus_id=event.stimulus_id):
+                step = self.sm.handle(event)
+                self.handled += 1
+                for refusal in step.refusals:
+                    self.log.info("refused", fqid=".".join(map(str, refusal.fqid)), reason=refusal.reason)
+                self._tell(event, step)
+                for hook in self.hooks:
+                    hook(event, step)
+                try:
+                    await self.executor.carry_out(step)
+                finally:
+                    self._changed.set()
+                    self._changed = anyio.Event()
+
+    # ------------------------------------------------------------ observers
+    def subscribe(self, capacity: int = 100_000) -> MemoryObjectReceiveStream[Any]:
+        send, receive = anyio.create_memory_object_stream[Any](capacity)
+        self._observers.append(send)
+        return receive
+
+    def _tell(self, event: Event, step: Step) -> None:
+        if not self._observers:
+            return
+        items: list[Any] = [event, *(c.as_event() for c in step.changes)]
+        keep = []
+        for send in self._observers:
+            try:
+                for item in items:
+                    send.send_nowait(item)
+                keep.append(send)
+            except anyio.WouldBlock:
+                try:
+                    send.send_nowait(Lagging("the observer fell behind the event bus and was dropped"))
+                except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    pass
+                send.close()
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                send.close()
+        self._observers = keep
+
+    async def changed(self) -> None:
+        """Until the next step has been carried out."""
+        await self._changed.wait()
+
+    def close(self) -> None:
+        self._in.close()
+        for send in self._observers:
+            send.close()
+        self._observers = []

@@ -1,0 +1,151 @@
+"""Checkpoint mechanics (DataGrid): the state each run starts from, and the states runs save.
+
+Every backend that runs the wrapper runs the job in its working directory
+(``RunSpec.workdir``, the job's ``$ORCH_HOME``), where the State API
+(:mod:`orchestrator.checkpoint`, ``$ORCH_STATE``) keeps ``.orch-state/``.
+
+- Before a run starts, the state it starts from is written there: the
+  initial state (the job's steps, nothing done), the newest saved one
+  (``resume``: retries and releases), or one the user handed in (``given``,
+  ``resubmit --from-state``). A new starting state is stored, and the run's
+  checkpoint record updated through the ``SubmitOutcomes`` the actor posts.
+- While a run goes on, and when it ends (before it is judged), the states
+  it saved since the last look are read into the repository, which keeps the
+  newest ``states_kept`` of each job; the newest reaches the state machine
+  with the run's report.
+
+Which state a run starts from, and whether a failed run resumes, are the
+state machine's decisions (``SendSubmit.start``, :mod:`orchestrator.core.retry`).
+Only jobs with ``steps``, or that saved a state, are concerned.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint import STATE_DIR, State, StateError, initial_text, relabel, write_state_dir
+from ..core.errors import ConfigError
+from ..core.steps import Steps
+from ..plugin.contract import RunSpec
+from .repository import Repository, StateRow
+
+_SETTINGS = {"states_kept": 1, "max_state_size": 1, "max_restarts_per_state": 0, "default_partitions": 1}
+
+
+class Checkpoints:
+    def __init__(self, settings: Mapping[str, Any], repo: Repository,
+                 record: Callable[[str], Mapping[str, Any]], spec_of: Callable[[str], Mapping[str, Any]],
+                 store: Callable[[StateRow], None], log: Any) -> None:
+        for key, least in _SETTINGS.items():
+            value = settings.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ConfigError(f"checkpoint.{key} must be an integer >= {least}, not {value!r}")
+        self.keep: int = settings["states_kept"]
+        self.max_size: int = settings["max_state_size"]
+        self.max_restarts: int = settings["max_restarts_per_state"]
+        self.default_partitions: int = settings["default_partitions"]
+        self.repo = repo
+        #: A run's checkpoint record in the state machine (``seq``, ``label``, ``final``, ``time``), by fqid.
+        self.record = record
+        #: A run's definition, by fqid (steps).
+        self.spec_of = spec_of
+        self.store = store
+        self.log = log
+
+    def env(self) -> dict[str, str]:
+        """What the State API on the worker needs to know (exported through the run file)."""
+        return {"ORCH_STATE_MAX": str(self.max_size), "ORCH_STATE_KEEP": str(self.keep)}
+
+    def concerned(self, fqid: str) -> bool:
+        return self.spec_of(fqid).get("steps") is not None or "seq" in self.record(fqid)
+
+    # ------------------------------------------------------------ before a run
+    async def prepare(self, runs: Sequence[RunSpec], start: str, given: str | None
+                      ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+        """Write each run's starting state into its work dir.
+
+        Returns the runs whose state could not be written (with why: they must not start) and, for runs
+        given a new starting state, that state's record (stored by the caller once the run is accepted).
+        """
+        unready: dict[str, str] = {}
+        records: dict[str, dict[str, Any]] = {}
+        now = time.time()
+        for run in runs:
+            if start != "given" and not self.concerned(run.fqid):
+                continue
+            cp = self.record(run.fqid)
+            seq: int | None = cp.get("seq")
+            new = True
+            if start == "given" and given is not None:
+                seq = 0 if seq is None else seq + 1
+                text = relabel(given, run.fqid, seq, now)
+                final = State.from_text(text).final
+            elif seq is None or (start == "initial" and seq != 0):
+                seq = 0 if seq is None else seq + 1
+                text, final = initial_text(run.fqid, self.spec_of(run.fqid).get("steps"), seq, now), False
+            elif seq == 0:
+                text, final, new = initial_text(run.fqid, self.spec_of(run.fqid).get("steps"), 0,
+                                                float(cp.get("time", now))), False, False
+            else:
+                row = await self.repo.state(run.fqid, seq)
+                if row is None:
+                    self.log.warning("newest state missing; starting from the initial state", fqid=run.fqid, seq=seq)
+                    seq += 1
+                    text, final = initial_text(run.fqid, self.spec_of(run.fqid).get("steps"), seq, now), False
+                else:
+                    text, final, new = row.data, row.final, False
+            try:
+                write_state_dir(run.workdir / STATE_DIR, text, seq, await self._exports(run))
+            except OSError as exc:
+                unready[run.fqid] = f"could not write its starting state: {exc}"
+                continue
+            if new:
+                self.store(StateRow(run.fqid, seq, now, final, text))
+                records[run.fqid] = {"seq": seq, "label": f"{run.fqid}:{seq}", "final": final, "time": now}
+        return unready, records
+
+    async def _exports(self, run: RunSpec) -> dict[str, str] | None:
+        """The states an aggregator loads by label (its steps), from the repository."""
+        spec = self.spec_of(run.fqid)
+        if not spec.get("aggregates"):
+            return None
+        out: dict[str, str] = {}
+        for label in Steps(spec.get("steps")):
+            fqid, _, seq = label.rpartition(":")
+            row = await self.repo.state(fqid, int(seq)) if seq.isdigit() else None
+            if row is not None:
+                out[label] = row.data
+        return out
+
+    # ------------------------------------------------------------ while and after
+    def harvest(self, fqid: str, workdir: Path) -> dict[str, Any] | None:
+        """The states a run saved since the last look, stored; the newest's record, or ``None``."""
+        directory = workdir / STATE_DIR
+        try:
+            current = int((directory / "current").read_text(encoding="ascii").strip())
+        except (OSError, ValueError):
+            return None
+        known = int(self.record(fqid).get("seq", -1))
+        if current <= known:
+            return None
+        newest: dict[str, Any] | None = None
+        for seq in range(max(known + 1, current - self.keep + 1), current + 1):
+            path = directory / f"{seq}.state"
+            try:
+                if path.is_symlink():
+                    raise StateError(f"{path} is a symbolic link")
+                text = path.read_text(encoding="utf-8", errors="replace")
+                state = State.from_text(text, fqid=fqid)
+            except OSError:
+                continue  # pruned by the job meanwhile: newer ones follow
+            except StateError as exc:
+                self.log.warning("unreadable state", fqid=fqid, seq=seq, error=str(exc))
+                continue
+            if state.label != f"{fqid}:{seq}" or state.seq != seq:
+                text = state.dump(f"{fqid}:{seq}", seq, state.time)
+            self.store(StateRow(fqid, seq, state.time or time.time(), state.final, text))
+            newest = {"seq": seq, "label": f"{fqid}:{seq}", "final": state.final, "time": state.time}
+        return newest

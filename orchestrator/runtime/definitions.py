@@ -1,0 +1,135 @@
+"""Job definitions: what each job runs, held by the runtime (the state machine never sees them).
+
+A top-level job's definition is its stored ``spec`` (application, files,
+backend, retry policy, splitter, postprocessors, steps...). A subjob's is
+its master's with the splitter's delta applied; deltas stay in the
+repository and are read when runs are built, so a master of a million
+subjobs holds one definition in memory, not a million.
+
+From a definition come the :class:`~orchestrator.plugin.RunSpec` a driver
+gets for each attempt, and the :class:`~orchestrator.core.events.Profile`
+the state machine decides with (the backend's capabilities, the resolved
+retry limits, what runs after the subjobs).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..core.analyser import Limits
+from ..core.events import Profile
+from ..core.ids import Runs, fqid_str
+from ..core.splitters import apply_delta
+from ..plugin.contract import Capabilities, RunSpec
+from .repository import Repository
+from .workspace import Workspace
+
+
+class Definitions:
+    """Every job's definition; see the module docstring."""
+
+    def __init__(self, repo: Repository, workspace: Workspace, home_key: str, *, retry_defaults: Mapping[str, Any],
+                 max_restarts: int, extra_env: Callable[[], Mapping[str, str]],
+                 capabilities: Callable[[str, Mapping[str, Any]], Capabilities]) -> None:
+        self.repo = repo
+        self.workspace = workspace
+        self.home_key = home_key
+        self.retry_defaults = retry_defaults
+        self.max_restarts = max_restarts
+        self._extra_env = extra_env
+        self._capabilities = capabilities
+        self.specs: dict[int, dict[str, Any]] = {}
+        self.names: dict[int, str] = {}
+        #: Definitions changed since the last write (``SetBackend``, a comment...), and subjob deltas.
+        self.dirty: set[int] = set()
+        self.dirty_deltas: dict[tuple[int, int], dict[str, Any]] = {}
+
+    # ------------------------------------------------------------ the store
+    def add(self, job: int, name: str, spec: dict[str, Any]) -> None:
+        self.specs[job] = spec
+        self.names[job] = name
+
+    def forget(self, job: int) -> None:
+        self.specs.pop(job, None)
+        self.names.pop(job, None)
+        self.dirty.discard(job)
+
+    def spec(self, job: int) -> dict[str, Any]:
+        return self.specs[job]
+
+    def set_backend(self, job: int, backend: Mapping[str, Any], subjobs: Sequence[int] = ()) -> None:
+        """``resubmit(backend=...)``: new settings for the job and, dropping their own, for these subjobs."""
+        self.specs[job]["backend"] = dict(backend)
+        self.dirty.add(job)
+        if subjobs:
+            for idx, delta in self.deltas(job, subjobs).items():
+                if any(k.startswith("backend.") for k in delta):
+                    self.dirty_deltas[(job, idx)] = {k: v for k, v in delta.items() if not k.startswith("backend.")}
+
+    def deltas(self, job: int, indexes: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """The splitter's deltas of these subjobs (changes not yet written included)."""
+        if isinstance(indexes, range) and len(indexes) > 5000:
+            rows = self.repo.all_deltas(job)
+            out = {i: json.loads(d) if (d := rows[i]) else {} for i in indexes}
+        else:
+            out = {i: json.loads(d) if d else {} for i, (_, d) in self.repo.subjob_rows(job, indexes).items()}
+        for (m, i), delta in self.dirty_deltas.items():
+            if m == job and i in out:
+                out[i] = delta
+        return out
+
+    def subjob_spec(self, job: int, index: int) -> dict[str, Any]:
+        return apply_delta(self.specs[job], self.deltas(job, [index]).get(index, {}))
+
+    # ------------------------------------------------------------ what the core decides with
+    def profile(self, job: int, spec: Mapping[str, Any] | None = None) -> Profile:
+        spec = spec if spec is not None else self.specs[job]
+        backend = spec["backend"]
+        caps = self._capabilities(backend["name"], backend.get("settings", {}))
+        policy = spec.get("retry") or {}
+        return Profile(
+            backend=backend["name"], native_submit=caps.bulk_submit, native_kill=caps.bulk_kill,
+            wrapper=caps.runs_wrapper, lookup=caps.lookup,
+            limits=Limits.resolve(policy, self.retry_defaults),
+            checkpointable=spec.get("steps") is not None, max_restarts=self.max_restarts,
+            splits=spec.get("splitter") is not None,
+            postprocess=bool(spec.get("postprocessors") or spec.get("merger")),
+            prejob=spec.get("prejob") is not None, aggregator=spec.get("aggregator") is not None,
+            min_success=float(spec.get("min_success", 1.0)),
+        )
+
+    # ------------------------------------------------------------ what a driver gets
+    def run_specs(self, runs: Runs, attempts: Sequence[int], retry_args: Mapping[int, Sequence[str]]) -> list[RunSpec]:
+        """A driver's view of each run of the batch, at the attempt it was sent under."""
+        job = runs.job
+        master = self.specs[job]
+        extra = self._extra_env()
+        if runs.indexes is None:
+            return [self._run_spec((job,), master, attempts[0], retry_args.get(0, ()), extra)]
+        deltas = self.deltas(job, runs.indexes)
+        out = []
+        for k, i in enumerate(runs.indexes):
+            delta = deltas.get(i)
+            spec = apply_delta(master, delta) if delta else master
+            out.append(self._run_spec((job, i), spec, attempts[k], retry_args.get(i, ()), extra))
+        return out
+
+    def _run_spec(self, fq: tuple[int, ...], spec: Mapping[str, Any], attempt: int, retry_args: Sequence[str],
+                  extra_env: Mapping[str, str]) -> RunSpec:
+        fqid = fqid_str(fq)
+        jobdir = self.workspace.jobdir(fq)
+        shared = jobdir / "input" if len(fq) == 1 else jobdir.parent / "input"
+        app = spec["application"]
+        return RunSpec(
+            fqid=fqid, index=fq[-1] if len(fq) > 1 else 0, attempt=attempt,
+            key=f"orch-{self.home_key}-{fqid}-{attempt}",
+            executable=app["exe"], args=tuple(app.get("args", ())), env={**extra_env, **app.get("env", {})},
+            settings=dict(spec["backend"].get("settings", {})),
+            inputs=tuple(shared / Path(f).name for f in spec.get("inputfiles", ())),
+            outputfiles=tuple(spec.get("outputfiles", ())),
+            jobdir=jobdir, inputdir=jobdir / "input", outputdir=jobdir / "output", workdir=jobdir / "work",
+            mode=spec.get("mode", "production"), retry_count=max(attempt - 1, 0), retry_args=tuple(retry_args),
+        )

@@ -1,0 +1,156 @@
+"""The executor: carries out a step's instructions, in order, and decides nothing.
+
+``Persist`` is awaited (write-ahead); instructions for a backend go to its
+actor's mailbox, bound to the attempts their runs are at now; long work
+(preparing a job, running postprocessors, adding a linked job, a timer)
+runs as a task of its own that posts its outcome as the next event;
+``Reply`` answers the request waiting on it. The executor and the actors
+are the only callers of drivers and of the repository.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from ..core.errors import JobError
+from ..core.events import Event, RetryDue
+from ..core.instructions import (
+    CreateLinked,
+    Forget,
+    Instruction,
+    Lookup,
+    Notify,
+    Persist,
+    Prepare,
+    Reply,
+    RunPostprocess,
+    ScheduleRetry,
+    SendKill,
+    SendSubmit,
+    SetBackend,
+    Unprepare,
+    Unwatch,
+)
+from ..core.machine import StateMachine
+from ..core.step import Step
+from .actor import Actor, Bound
+
+
+@dataclass(slots=True)
+class Waiting:
+    """A request's caller, waiting for its ``Reply``."""
+
+    done: anyio.Event = field(default_factory=anyio.Event)
+    reply: Reply | None = None
+
+
+class Executor:
+    def __init__(self, sm: StateMachine, *, actor: Callable[[str], Awaitable[Actor]],
+                 flush: Callable[[], Awaitable[None]], work: dict[type[Instruction], Callable[[Any], Awaitable[None]]],
+                 forget: Callable[[Forget], Awaitable[None]], set_backend: Callable[[SetBackend], None],
+                 given_state: Callable[[str], str | None], post: Callable[[Event], Awaitable[None]],
+                 log: Any) -> None:
+        self.sm = sm
+        self._actor = actor
+        self._flush = flush
+        self._work = work
+        self._forget = forget
+        self._set_backend = set_backend
+        self._given_state = given_state
+        self._post = post
+        self.log = log
+        self.waiting: dict[str, Waiting] = {}
+        self.tg: TaskGroup | None = None
+        #: Tasks under way (preparations, postprocessing...): a closing home lets them finish.
+        self.busy = 0
+        self.idle = anyio.Event()
+        self.idle.set()
+
+    def expect(self, stimulus_id: str) -> Waiting:
+        """Register the caller of a request before it is posted."""
+        waiting = self.waiting[stimulus_id] = Waiting()
+        return waiting
+
+    async def carry_out(self, step: Step) -> None:
+        for ins in step.instructions:
+            if isinstance(ins, Persist):
+                await self._flush()
+            elif isinstance(ins, (SendSubmit, SendKill, Lookup, Unwatch)):
+                actor = await self._actor(ins.backend)
+                actor.put(self._bind(ins))
+            elif isinstance(ins, Reply):
+                waiting = self.waiting.pop(ins.stimulus_id, None)
+                if waiting is not None:
+                    waiting.reply = ins
+                    waiting.done.set()
+            elif isinstance(ins, Forget):
+                await self._forget(ins)
+            elif isinstance(ins, SetBackend):
+                self._set_backend(ins)
+            elif isinstance(ins, ScheduleRetry):
+                self.spawn(self._retry_at(ins))
+            elif isinstance(ins, (Prepare, Unprepare, RunPostprocess, CreateLinked, Notify)):
+                work = self._work.get(type(ins))
+                if work is not None:
+                    if isinstance(ins, Unprepare):
+                        await work(ins)  # a rollback completes before the request is answered
+                    else:
+                        self.spawn(work(ins))
+            else:
+                self.log.warning("no one carries out this instruction", instruction=repr(ins))
+
+    def _bind(self, ins: SendSubmit | SendKill | Lookup | Unwatch) -> Bound:
+        """The instruction with each run's attempt now (and its retry arguments, for a submission)."""
+        if isinstance(ins, Unwatch):
+            return Bound(ins)
+        fqs = list(ins.runs)
+        attempts = [self.sm.attempt(fq) for fq in fqs] if len(fqs) < 4096 else self._attempts_fast(ins)
+        retry_args: dict[int, list[str]] = {}
+        state = None
+        if isinstance(ins, SendSubmit):
+            for fq in fqs:
+                args = self.sm.retry_args(fq) if self._may_have_args(fq) else []
+                if args:
+                    retry_args[fq[1] if len(fq) == 2 else 0] = args
+            if ins.start == "given":
+                state = self._given_state(ins.stimulus_id)
+        return Bound(ins, attempts, retry_args, state)
+
+    def _attempts_fast(self, ins: SendSubmit | SendKill | Lookup) -> list[int]:
+        table = self.sm.job_state(ins.runs.job).runs.attempt
+        return [table[i] for i in (ins.runs.indexes or [0])]
+
+    def _may_have_args(self, fq: tuple[int, ...]) -> bool:
+        runs = self.sm.job_state(fq[0]).runs
+        return (fq[1] if len(fq) == 2 else 0) in runs.extras
+
+    def spawn(self, work: Awaitable[None]) -> None:
+        """Run long work in the runtime's task group; it posts its own outcome."""
+        assert self.tg is not None, "the runtime is not running"
+        self.busy += 1
+        self.idle = anyio.Event()
+
+        async def run() -> None:
+            try:
+                await work
+            except JobError as exc:
+                self.log.warning("work failed", error=str(exc))
+            except Exception as exc:  # a bug in one piece of work must not stop the runtime
+                self.log.exception("work failed", error=repr(exc))
+            finally:
+                self.busy -= 1
+                if not self.busy:
+                    self.idle.set()
+
+        self.tg.start_soon(run)
+
+    async def _retry_at(self, ins: ScheduleRetry) -> None:
+        import time
+
+        await anyio.sleep(max(0.0, ins.at - time.time()))
+        await self._post(RetryDue(stimulus_id=ins.stimulus_id, time=time.time(), runs=ins.runs))

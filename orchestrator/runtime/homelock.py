@@ -1,0 +1,53 @@
+"""One process owns a home at a time: an exclusive ``flock`` on ``<home>/lock``.
+
+A second process is refused with an error naming the holder (its role, PID
+and host); the lock goes with the process, however it ends.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+from pathlib import Path
+
+from ..core.errors import HomeLockedError
+
+#: The lock holder's name for ``orchestrator serve``.
+SERVICE_ROLE = "the orchestrator service"
+
+
+class HomeLock:
+    """An exclusive, advisory lock on a home, released when the process exits."""
+
+    def __init__(self, path: Path, role: str = "") -> None:
+        self.path = path
+        #: Written in the lock file, for the message another process gets ("the orchestrator service").
+        self.role = role
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise HomeLockedError(
+                f"orchestrator home {self.path.parent} is in use by {holder}; " + (
+                    "the CLI and Orchestrator(home) go through it (service=False asks for the home itself); "
+                    "or stop the service first" if holder.startswith(SERVICE_ROLE) else
+                    "close that orchestrator (or talk to its service) first")
+            ) from None
+        os.ftruncate(fd, 0)
+        who = f"{self.role}, " if self.role else ""
+        os.pwrite(fd, f"{who}pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            os.close(self._fd)
+            self._fd = None
+
+

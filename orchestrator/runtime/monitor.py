@@ -1,0 +1,222 @@
+"""Monitoring one backend: what its driver says of the runs it holds, made into ``StatusReport`` events.
+
+A polled driver is asked every ``poll_interval`` about the runs its actor
+holds; a reporting driver calls ``context.report`` when it learns
+something. Either way the answers go through the same steps:
+
+- sense: a report for a run nobody holds, or one that is not a
+  ``StatusUpdate``, is logged and counts as no answer; a backend whose query
+  raises is asked again with backoff. A run with no intelligible answer for
+  ``lost_after_seconds`` is reported lost (``RunLost``).
+- a run's end is read where it happened: the wrapper's log of that attempt,
+  the last lines of its stderr, the newest checkpoint it saved; the driver
+  lets go of it, and the state machine judges it from what came with the
+  report.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from ..core.events import Event, RunLost, RunReport, StatusReport
+from ..core.ids import Runs, parse_fqid_or_none
+from ..core.runlog import RunLog
+from ..core.statuses import JobStatus
+from ..plugin.contract import RunHandle, StatusUpdate
+from . import bulk
+from .actor import Actor, RunKey
+
+S = JobStatus
+ENDINGS = frozenset({S.COMPLETED, S.FAILED, S.HELD, S.KILLED})
+
+
+@dataclass
+class Health:
+    """Since when each run (and the backend) has had no intelligible answer."""
+
+    lost_after: float
+    poll_interval: float
+    runs: dict[RunKey, float] = field(default_factory=dict)
+    failures: int = 0
+    resume_at: float = 0.0
+
+    def may_poll(self, now: float) -> bool:
+        return now >= self.resume_at
+
+    def answered(self, keys: Sequence[RunKey]) -> None:
+        self.failures, self.resume_at = 0, 0.0
+        for key in keys:
+            self.runs.pop(key, None)
+
+    def silent(self, keys: Sequence[RunKey], now: float, *, whole_backend: bool) -> list[RunKey]:
+        """Record no answer for ``keys``; return those silent for longer than ``lost_after``."""
+        if whole_backend:
+            self.failures += 1
+            self.resume_at = now + min(self.poll_interval * 2 ** min(self.failures, 10), 30.0)  # backoff
+        lost = []
+        for key in keys:
+            since = self.runs.setdefault(key, now)
+            if now - since >= self.lost_after:
+                lost.append(key)
+                del self.runs[key]
+        return lost
+
+
+@dataclass
+class Ending:
+    """What a run left behind, read once it ended (for drivers that run the wrapper)."""
+
+    log: RunLog | None = None
+    stderr_tail: str | None = None
+    state: dict[str, Any] | None = None
+    usage: dict[str, float] | None = None
+
+
+class Monitor:
+    """Watches the runs an :class:`Actor` holds; see the module docstring."""
+
+    def __init__(self, actor: Actor, *, post: Callable[[Event], Awaitable[None]],
+                 status_of: Callable[[RunKey], JobStatus | None],
+                 read_ending: Callable[[RunHandle], Ending], harvest: Callable[[Sequence[RunHandle]], None],
+                 poll_interval: float, lost_after: float, concurrency: int, log: Any) -> None:
+        self.actor = actor
+        self.post = post
+        self.status_of = status_of
+        self.read_ending = read_ending
+        self.harvest = harvest
+        self.poll_interval = poll_interval
+        self.health = Health(lost_after, poll_interval)
+        self.concurrency = concurrency
+        self.log = log
+        self.ticks = 0
+        self._seq = 0
+
+    @property
+    def name(self) -> str:
+        return self.actor.name
+
+    # ------------------------------------------------------------ polled drivers
+    async def poll_forever(self) -> None:
+        while True:
+            await anyio.sleep(self.poll_interval)
+            await self.poll()
+
+    async def poll(self) -> None:
+        """One tick: one status query for every run the driver holds."""
+        now = time.time()
+        held = self.actor.held
+        if not held or not self.health.may_poll(now):
+            return
+        self.ticks += 1
+        handles = []
+        for key, handle in list(held.items()):
+            status = self.status_of(key)
+            if status is None:  # forgotten (removed) meanwhile
+                held.pop(key, None)
+                continue
+            if status != handle.status:
+                handle = held[key] = _with_status(handle, status)
+            handles.append(handle)
+        driver = self.actor.driver
+        caps = driver.capabilities_for(handles[0].settings if handles else {})
+        try:
+            if caps.bulk_status:
+                updates = list(await driver.status_bulk(handles))
+            else:
+                got = await bulk.each(handles, driver.status, stop=None, concurrency=self.concurrency)
+                updates = [u for u in got if u is not None]
+        except Exception as exc:  # a driver's fault is the backend's, never the job's
+            self.log.warning("status query failed", backend=self.name, error=repr(exc), runs=len(handles),
+                             fqid=",".join(sorted({str(k[0]) for k in held})))
+            lost = self.health.silent(list(held), now, whole_backend=True)
+            await self._lose(lost, f"no answer from backend {self.name} ({exc!r})")
+            return
+        self.harvest([h for h in handles if h.status in (S.RUNNING, S.COMPLETING)])
+        await self.receive(updates, sid=self._sid(), answered_all=True)
+
+    # ------------------------------------------------------------ every driver
+    async def receive(self, updates: Sequence[Any], *, sid: str | None = None, answered_all: bool = False) -> None:
+        """Reports from the driver (a poll's answer, or a reporting driver's own word)."""
+        if not answered_all:  # a reporting driver: its runs just accepted are registered first
+            async with self.actor.registering:
+                pass
+        held = self.actor.held
+        now = time.time()
+        good: list[tuple[RunKey, RunHandle, StatusUpdate]] = []
+        garbage: list[RunKey] = []
+        for u in updates:
+            fq = parse_fqid_or_none(getattr(u, "fqid", None))
+            key: RunKey | None = None if fq is None else (fq[0], fq[1] if len(fq) > 1 else None)
+            handle = held.get(key) if key is not None else None
+            if handle is None or not isinstance(u, StatusUpdate) or not isinstance(u.status, JobStatus):
+                self.log.warning("unintelligible status report", backend=self.name,
+                                 fqid=str(getattr(u, "fqid", "?")), report=repr(u)[:200])
+                if key is not None and handle is not None:
+                    garbage.append(key)
+                continue
+            assert key is not None
+            good.append((key, handle, u))
+        if answered_all:
+            self.health.answered([k for k in held if k not in garbage])
+        else:
+            self.health.answered([k for k, _, _ in good])
+        lost = self.health.silent(garbage, now, whole_backend=False) if garbage else []
+        await self._report(good, sid or self._sid())
+        await self._lose(lost, f"unintelligible answers from backend {self.name}")
+
+    async def _report(self, good: list[tuple[RunKey, RunHandle, StatusUpdate]], sid: str) -> None:
+        reports: list[RunReport] = []
+        grouped: dict[tuple[int, JobStatus, int | None, str | None], list[int]] = {}
+        endings = [(k, h, u) for k, h, u in good if u.status in ENDINGS or u.backend_verdict is not None]
+        read = {}
+        if endings:
+            wrapper = self.actor.driver.capabilities_for(endings[0][1].settings).runs_wrapper
+            if wrapper:
+                read = await anyio.to_thread.run_sync(lambda: {k: self.read_ending(h) for k, h, _ in endings})
+        for key, handle, u in good:
+            job, idx = key
+            if u.status in ENDINGS or u.backend_verdict is not None:
+                self.actor.held.pop(key, None)
+                ending = read.get(key)
+                if ending is None and u.backend_verdict is None:
+                    grouped.setdefault((job, u.status, u.exit_code, u.reason), []).append(-1 if idx is None else idx)
+                    continue
+                ending = ending or Ending()
+                reports.append(RunReport(Runs(job, None if idx is None else [idx]), u.status, u.exit_code, u.reason,
+                                         u.backend_verdict, ending.log, ending.stderr_tail, ending.state,
+                                         ending.usage))
+            else:
+                self.actor.held[key] = _with_status(handle, u.status)
+                grouped.setdefault((job, u.status, u.exit_code, u.reason), []).append(-1 if idx is None else idx)
+        for (job, status, code, reason), idxs in grouped.items():
+            runs = Runs(job) if idxs == [-1] else Runs.of(job, sorted(idxs))
+            reports.append(RunReport(runs, status, code, reason))
+        if reports:
+            await self.post(StatusReport(stimulus_id=sid, time=time.time(), backend=self.name,
+                                         reports=tuple(reports)))
+
+    async def _lose(self, lost: list[RunKey], reason: str) -> None:
+        for key in lost:  # no longer watched; kept for the kill that follows
+            handle = self.actor.held.pop(key, None)
+            if handle is not None:
+                self.actor.lost[key] = handle
+        for job, idx in lost:
+            self.log.warning("run lost: no intelligible answer", backend=self.name, reason=reason,
+                             fqid=f"{job}" if idx is None else f"{job}.{idx}")
+            await self.post(RunLost(stimulus_id=self._sid("lost"), time=time.time(),
+                                    runs=Runs(job, None if idx is None else [idx]), reason=reason))
+
+    def _sid(self, kind: str = "poll") -> str:
+        self._seq += 1
+        return f"{kind}-{self.name}-{self._seq}"
+
+
+def _with_status(handle: RunHandle, status: JobStatus) -> RunHandle:
+    from dataclasses import replace
+
+    return replace(handle, status=status)

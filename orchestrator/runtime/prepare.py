@@ -1,0 +1,161 @@
+"""Preparing jobs to run, and undoing it: splitting, configuring shared inputs, storing subjobs; linked jobs.
+
+``Prepare``: the splitter (pure, in a worker thread) makes one delta per
+subjob; each is checked; the shared inputs are copied into the master's
+input dir once; the subjobs are stored in one transaction, already
+``submitting`` with attempt 1 when the state machine said so (the
+write-ahead record of the submission that follows). Any error removes what
+was made and answers ``PrepareFailed`` naming the field: the master stays
+``new`` with no subjobs and nothing of the attempt is left.
+
+``Unprepare`` removes a split (and the workspace) again after a submission
+that left nothing submitted. ``CreateLinked`` adds a pre-job or an
+aggregator as a top-level job of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from array import array
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from ..core.errors import JobError
+from ..core.events import Event, LinkedAdded, Prepared, PrepareFailed
+from ..core.ids import fqid_str
+from ..core.instructions import CreateLinked, Prepare, Unprepare
+from ..core.splitters import Master, apply_delta, check_path
+from ..core.statuses import JobStatus
+from . import registry
+from .definitions import Definitions
+from .repository import Repository, RunsRow
+from .workspace import Workspace
+from .writer import top_row
+
+S = JobStatus
+
+
+class Preparer:
+    def __init__(self, *, definitions: Definitions, repo: Repository, workspace: Workspace,
+                 post: Callable[[Event], Awaitable[None]], sm: Any, free_slots: Callable[[str], int],
+                 check_subjob: Callable[[Mapping[str, Any], str, bool], None],
+                 add_job: Callable[[str, dict[str, Any], tuple[int, str] | None], Awaitable[int]]) -> None:
+        self.definitions = definitions
+        self.repo = repo
+        self.workspace = workspace
+        self.post = post
+        self.sm = sm
+        self.free_slots = free_slots
+        self.check_subjob = check_subjob
+        self.add_job = add_job
+
+    # ------------------------------------------------------------ prepare
+    async def prepare(self, ins: Prepare) -> None:
+        job = ins.job
+        fq = (job,)
+        now = time.time()
+        try:
+            spec = self.definitions.spec(job)
+            self._configure_shared(job, spec)
+            if spec.get("splitter") is None:
+                await self.post(Prepared(stimulus_id=ins.stimulus_id, time=now, job=job, n_subjobs=0))
+                return
+            deltas = await anyio.to_thread.run_sync(self._split, job, spec)
+            n = len(deltas)
+            code = (S.SUBMITTING if ins.submitting else S.NEW).code
+            zeros = bytes(8 * n)
+            times = {"submitting": (array("d", [now]) * n).tobytes() if ins.submitting else zeros,
+                     "submitted": zeros, "running": zeros, "final": zeros}
+            attempts = (array("I", [1 if ins.submitting else 0]) * n).tobytes()
+            runs = RunsRow(job, bytes([code]) * n, attempts, times)
+            row = top_row(self.sm.job_state(job), self.definitions, with_spec=False)
+            row.n_subjobs = n
+            with anyio.CancelScope(shield=True):  # stored whole, or not at all
+                await self.repo.store_split(row, runs, (json.dumps(d, separators=(",", ":")) if d else None
+                                                        for d in deltas))
+        except BaseException as exc:
+            self.workspace.remove(fq)
+            error = exc if isinstance(exc, JobError) else JobError(
+                f"could not split or configure: {type(exc).__name__}: {exc}", fqid=fqid_str(fq))
+            if isinstance(exc, Exception):
+                await self.post(PrepareFailed(stimulus_id=ins.stimulus_id, time=time.time(), job=job, error=error))
+                return
+            raise
+        await self.post(Prepared(stimulus_id=ins.stimulus_id, time=now, job=job, n_subjobs=n))
+
+    def _split(self, job: int, spec: dict[str, Any]) -> list[dict[str, Any]]:
+        """The subjobs' deltas, each checked (runs in a worker thread: a split may be large)."""
+        fqid = str(job)
+        splitter = registry.load_splitter(spec["splitter"])
+        assert splitter is not None
+        master = Master(fqid, spec, self.free_slots(spec["backend"]["name"]), self.definitions.names.get(job, ""))
+        deltas = [dict(d) for d in splitter.split(master)]
+        if not deltas:
+            raise JobError("the splitter made no subjobs", fqid=fqid, field="splitter")
+        checked_paths: set[str] = set()
+        for i, delta in enumerate(deltas):
+            where = f"{fqid}.{i}"
+            for path in delta:
+                if path not in checked_paths:
+                    check_path(path, where)
+                    checked_paths.add(path)
+            if delta:
+                self.check_subjob(apply_delta(spec, delta) if len(delta) > 1 or "application.args" not in delta
+                                  else {**spec, "application": {**spec["application"],
+                                                                "args": delta["application.args"]}},
+                                  where, any(p.startswith("backend.") for p in delta))
+        return deltas
+
+    def _configure_shared(self, job: int, spec: Mapping[str, Any]) -> None:
+        """The application's shared part, once: the input files, copied into the job's input dir."""
+        target = self.workspace.inputdir((job,))
+        names: set[str] = set()
+        target.mkdir(parents=True, exist_ok=True)
+        for f in spec.get("inputfiles", ()):
+            src = Path(f).expanduser()
+            if not src.is_file():
+                raise JobError(f"input file {f!r} does not exist or is not a file", fqid=str(job), field="inputfiles")
+            if src.name in names:
+                raise JobError(f"two input files are named {src.name!r}", fqid=str(job), field="inputfiles")
+            names.add(src.name)
+            shutil.copy2(src, target / src.name)
+
+    # ------------------------------------------------------------ undo
+    async def unprepare(self, ins: Unprepare) -> None:
+        job = ins.job
+        js = self.sm.job_state(job)
+        if not js.is_master:  # the state machine undid the split: the stored one goes too
+            runs = RunsRow(job, bytes([S.NEW.code]), bytes(4), {k: bytes(8) for k in ("submitting", "submitted",
+                                                                                         "running", "final")})
+            row = top_row(js, self.definitions, with_spec=False)
+            with anyio.CancelScope(shield=True):
+                await self.repo.remove_split(row, runs)
+        self.workspace.remove((job,))
+
+    # ------------------------------------------------------------ linked jobs
+    async def create_linked(self, ins: CreateLinked) -> None:
+        master = self.definitions.spec(ins.master)
+        template = master.get(ins.role)
+        if template is None:
+            return
+        if ins.reuse is not None and ins.reuse in self.definitions.specs:
+            job = ins.reuse
+            self.definitions.specs[job]["steps"] = list(ins.steps or ())
+            self.definitions.dirty.add(job)
+        else:
+            spec = dict(template["spec"])
+            if ins.steps is not None:
+                spec["steps"] = list(ins.steps)
+            name = template.get("name") or f"{self.definitions.names.get(ins.master) or 'job'}-{ins.role}"
+            job = await self.add_job(name, spec, (ins.master, ins.role))
+        await self.post(LinkedAdded(stimulus_id=ins.stimulus_id, time=time.time(), job=job, master=ins.master,
+                                    role=ins.role, profile=self.definitions.profile(job)))
+
+
+def subjob_names(deltas: Sequence[Mapping[str, Any]]) -> bool:
+    return any("name" in d for d in deltas)

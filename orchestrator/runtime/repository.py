@@ -1,0 +1,302 @@
+"""The repository: jobs, their run arrays, subjob rows and saved states, in one SQLite file (aiosqlite, WAL).
+
+Writes are batched: one transaction stores a split (the subjob rows and
+the master's run arrays), one transaction writes everything a tick changed
+(:class:`Save`). Reads of single subjobs go through a small synchronous
+read connection, because the public API is synchronous where it looks jobs
+up (``j.subjobs[5].application``): in WAL mode a reader never blocks the
+writer, and reading one row by its key costs microseconds.
+
+The interface is the methods of :class:`Repository`; a server database can
+stand in for it (a shared service).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import anyio
+
+from . import schema, sqlite
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+@dataclass(slots=True)
+class TopRow:
+    """One top-level job. ``spec`` ``None`` in a save: the definition did not change."""
+
+    id: int
+    name: str
+    status: str
+    spec: dict[str, Any] | None
+    backend_id: str | None
+    info: dict[str, Any]
+    n_subjobs: int = 0
+    added: float = 0.0
+
+
+@dataclass(slots=True)
+class RunsRow:
+    """A job's run arrays, as the state machine's :class:`~orchestrator.core.table.RunTable` holds them."""
+
+    job: int
+    status: bytes
+    attempt: bytes
+    times: dict[str, bytes]
+
+    def values(self) -> tuple[Any, ...]:
+        return (self.job, self.status, self.attempt, *(self.times[c[2:]] for c in schema.TIME_COLUMNS))
+
+
+@dataclass(frozen=True, slots=True)
+class StateRow:
+    """One saved checkpoint state of one job (``data``: the state file's text)."""
+
+    job: str
+    seq: int
+    time: float
+    final: bool
+    data: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.job}:{self.seq}"
+
+
+@dataclass(slots=True)
+class Save:
+    """Everything one flush writes, in one transaction."""
+
+    tops: list[TopRow] = field(default_factory=list)
+    runs: list[RunsRow] = field(default_factory=list)
+    #: (master, index, extras JSON or None)
+    infos: list[tuple[int, int, str | None]] = field(default_factory=list)
+    #: (job, index or None for a job that runs itself, backend id)
+    backend_ids: list[tuple[int, int | None, str | None]] = field(default_factory=list)
+    #: (master, index, delta JSON): a subjob's own definition changed (``resubmit(backend=...)``)
+    deltas: list[tuple[int, int, str]] = field(default_factory=list)
+    states: list[StateRow] = field(default_factory=list)
+    keep: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.tops or self.runs or self.infos or self.backend_ids or self.deltas or self.states)
+
+
+@dataclass(slots=True)
+class Loaded:
+    """A home's whole state, as stored: what the runtime restores at open."""
+
+    tops: list[TopRow]
+    runs: dict[int, RunsRow]
+    #: master -> index -> extras (only runs that have any)
+    infos: dict[int, dict[int, dict[str, Any]]]
+
+
+class Repository:
+    """The SQLite repository of one home; see the module docstring."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._db: aiosqlite.Connection | None = None
+        self._reader: sqlite3.Connection | None = None
+        #: One connection, one transaction at a time.
+        self._tx_lock = anyio.Lock()
+
+    # ------------------------------------------------------------ life
+    async def open(self) -> None:
+        self._db = await sqlite.connect(self.path)
+        try:
+            version = await sqlite.checked_version(self._db, self.path, schema.VERSION)
+            if version < schema.VERSION:
+                async with sqlite.immediate(self._db):
+                    await schema.migrate(self._db, version)
+                    await self._db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
+                                           (str(schema.VERSION),))
+        except BaseException:
+            await self.close()
+            raise
+        reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        reader.execute("PRAGMA query_only=1")
+        self._reader = reader
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        if self._db is not None:
+            db, self._db = self._db, None
+            with anyio.CancelScope(shield=True):
+                await db.close()
+
+    @property
+    def db(self) -> aiosqlite.Connection:
+        assert self._db is not None, "repository is not open"
+        return self._db
+
+    @property
+    def reader(self) -> sqlite3.Connection:
+        assert self._reader is not None, "repository is not open"
+        return self._reader
+
+    async def schema_version(self) -> int:
+        return await sqlite.schema_version(self.db)
+
+    # ------------------------------------------------------------ writes
+    async def _transaction(self, statements: Iterable[tuple[str, Any, bool]]) -> None:
+        async with self._tx_lock, sqlite.immediate(self.db):
+            for sql, params, many in statements:
+                if many:
+                    await self.db.executemany(sql, params)
+                else:
+                    await self.db.execute(sql, params)
+
+    async def next_id(self) -> int:
+        async with self.db.execute("SELECT value FROM meta WHERE key='next_id'") as cur:
+            row = await cur.fetchone()
+        async with self.db.execute("SELECT COALESCE(MAX(id), -1) + 1 FROM jobs") as cur:
+            top = await cur.fetchone()
+        assert top is not None
+        return max(int(row[0]) if row else 0, int(top[0]))
+
+    async def add_job(self, row: TopRow, runs: RunsRow) -> None:
+        await self._transaction([
+            ("INSERT INTO jobs (id, name, status, spec, backend_id, info, n_subjobs, master, added) "
+             "VALUES (?, ?, ?, ?, ?, ?, 0, NULL, ?)",
+             (row.id, row.name, row.status, dumps(row.spec), row.backend_id, dumps(row.info), row.added), False),
+            ("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)", runs.values(), False),
+            ("INSERT OR REPLACE INTO meta VALUES ('next_id', ?)", (str(row.id + 1),), False),
+        ])
+
+    async def store_split(self, master: TopRow, runs: RunsRow, deltas: Iterable[str | None]) -> None:
+        """A master's subjobs (their deltas, in index order) and run arrays, with its row, in one transaction."""
+        job = master.id
+        await self._transaction([
+            ("INSERT INTO subjobs (master, idx, backend_id, info, delta) VALUES (?, ?, NULL, NULL, ?)",
+             ((job, i, d) for i, d in enumerate(deltas)), True),
+            ("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)", runs.values(), False),
+            *self._top_update([master]),
+        ])
+
+    async def remove_split(self, master: TopRow, runs: RunsRow) -> None:
+        """Undo a split: no subjob rows, no subjob states, the job's single run again."""
+        await self._transaction([
+            ("DELETE FROM subjobs WHERE master = ?", (master.id,), False),
+            ("DELETE FROM states WHERE job LIKE ?", (f"{master.id}.%",), False),
+            ("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)", runs.values(), False),
+            *self._top_update([master]),
+        ])
+
+    async def remove_job(self, job_id: int) -> None:
+        await self._transaction([
+            ("DELETE FROM subjobs WHERE master = ?", (job_id,), False),
+            ("DELETE FROM runs WHERE job = ?", (job_id,), False),
+            ("DELETE FROM jobs WHERE id = ?", (job_id,), False),
+            ("DELETE FROM states WHERE job = ? OR job LIKE ?", (str(job_id), f"{job_id}.%"), False),
+        ])
+
+    @staticmethod
+    def _top_update(rows: Sequence[TopRow]) -> list[tuple[str, Any, bool]]:
+        with_spec = [(r.name, r.status, dumps(r.spec), r.backend_id, dumps(r.info), r.n_subjobs, r.id)
+                     for r in rows if r.spec is not None]
+        plain = [(r.name, r.status, r.backend_id, dumps(r.info), r.n_subjobs, r.id) for r in rows if r.spec is None]
+        out: list[tuple[str, Any, bool]] = []
+        if with_spec:
+            out.append(("UPDATE jobs SET name=?, status=?, spec=?, backend_id=?, info=?, n_subjobs=? WHERE id=?",
+                        with_spec, True))
+        if plain:
+            out.append(("UPDATE jobs SET name=?, status=?, backend_id=?, info=?, n_subjobs=? WHERE id=?",
+                        plain, True))
+        return out
+
+    async def save(self, batch: Save) -> None:
+        """Write one flush's changes in one transaction; of each job's states only the newest ``keep`` stay."""
+        statements = self._top_update(batch.tops)
+        if batch.runs:
+            statements.append(("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)",
+                               [r.values() for r in batch.runs], True))
+        if batch.infos:
+            statements.append(("UPDATE subjobs SET info=? WHERE master=? AND idx=?",
+                               [(info, m, i) for m, i, info in batch.infos], True))
+        subs = [(b, m, i) for m, i, b in batch.backend_ids if i is not None]
+        tops = [(b, m) for m, i, b in batch.backend_ids if i is None]
+        if subs:
+            statements.append(("UPDATE subjobs SET backend_id=? WHERE master=? AND idx=?", subs, True))
+        if tops:
+            statements.append(("UPDATE jobs SET backend_id=? WHERE id=?", tops, True))
+        if batch.deltas:
+            statements.append(("UPDATE subjobs SET delta=? WHERE master=? AND idx=?",
+                               [(d, m, i) for m, i, d in batch.deltas], True))
+        if batch.states:
+            statements.append(("INSERT OR REPLACE INTO states (job, seq, time, final, data) VALUES (?, ?, ?, ?, ?)",
+                               [(r.job, r.seq, r.time, int(r.final), r.data) for r in batch.states], True))
+            if batch.keep > 0:
+                jobs = sorted({r.job for r in batch.states})
+                statements.append(("DELETE FROM states WHERE job = ? AND seq <= "
+                                   "(SELECT MAX(seq) FROM states WHERE job = ?) - ?",
+                                   [(j, j, batch.keep) for j in jobs], True))
+        if statements:
+            await self._transaction(statements)
+
+    # ------------------------------------------------------------- reads
+    async def load(self) -> Loaded:
+        """Every job, its run arrays, and the extras of the runs that have any."""
+        async with self.db.execute("SELECT id, name, status, spec, backend_id, info, n_subjobs, added "
+                                   "FROM jobs ORDER BY id") as cur:
+            rows = await cur.fetchall()
+        tops = [TopRow(r[0], r[1], r[2], json.loads(r[3]), r[4], json.loads(r[5]), r[6], r[7]) for r in rows]
+        async with self.db.execute("SELECT * FROM runs") as cur:
+            runs = {r[0]: RunsRow(r[0], r[1], r[2], {c[2:]: r[3 + k] for k, c in enumerate(schema.TIME_COLUMNS)})
+                    for r in await cur.fetchall()}
+        infos: dict[int, dict[int, dict[str, Any]]] = {}
+        async with self.db.execute("SELECT master, idx, info FROM subjobs WHERE info IS NOT NULL") as cur:
+            for master, idx, info in await cur.fetchall():
+                infos.setdefault(master, {})[idx] = json.loads(info)
+        return Loaded(tops, runs, infos)
+
+    def subjob_rows(self, master: int, indexes: Sequence[int]) -> dict[int, tuple[str | None, str | None]]:
+        """(backend id, delta JSON) of a master's subjobs, by index, in one query per 900."""
+        out: dict[int, tuple[str | None, str | None]] = {}
+        for start in range(0, len(indexes), 900):
+            chunk = list(indexes[start:start + 900])
+            marks = ",".join("?" * len(chunk))
+            for idx, backend_id, delta in self.reader.execute(
+                    f"SELECT idx, backend_id, delta FROM subjobs WHERE master=? AND idx IN ({marks})",
+                    (master, *chunk)):
+                out[idx] = (backend_id, delta)
+        return out
+
+    def all_deltas(self, master: int) -> list[str | None]:
+        """Every subjob's delta of a master, in index order (one query)."""
+        return [d for (d,) in self.reader.execute("SELECT delta FROM subjobs WHERE master=? ORDER BY idx", (master,))]
+
+    def top_backend_id(self, job: int) -> str | None:
+        row = self.reader.execute("SELECT backend_id FROM jobs WHERE id=?", (job,)).fetchone()
+        return row[0] if row else None
+
+    async def states(self, job: str) -> list[StateRow]:
+        """A job's stored states, oldest first."""
+        async with self.db.execute("SELECT job, seq, time, final, data FROM states WHERE job = ? ORDER BY seq",
+                                   (job,)) as cur:
+            rows = await cur.fetchall()
+        return [StateRow(r[0], r[1], r[2], bool(r[3]), r[4]) for r in rows]
+
+    async def state(self, job: str, seq: int | None = None) -> StateRow | None:
+        """State ``seq`` of a job, or its newest."""
+        sql = "SELECT job, seq, time, final, data FROM states WHERE job = ?"
+        params: tuple[Any, ...] = (job,)
+        if seq is None:
+            sql += " ORDER BY seq DESC LIMIT 1"
+        else:
+            sql, params = sql + " AND seq = ?", (job, seq)
+        async with self.db.execute(sql, params) as cur:
+            r = await cur.fetchone()
+        return StateRow(r[0], r[1], r[2], bool(r[3]), r[4]) if r else None

@@ -1,0 +1,373 @@
+"""The runtime of one home: the state machine, the bus, the executor, the actors, the repository.
+
+``await Runtime.open(home, config)`` inside a task group locks the home,
+opens the repository (migrating it forward), restores every job into the
+state machine and the definitions, hands each backend's actor the runs its
+driver held, starts the bus and the flush loop, and posts ``Started`` (so
+what a crash interrupted is settled). ``close()`` lets work under way finish
+within ``close_grace``, writes everything, and lets go of the home.
+
+Everything a user asks goes through :meth:`request`: an event on the bus,
+answered by the state machine's ``Reply``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+from anyio.abc import TaskGroup
+
+from ..core.errors import JobError
+from ..core.events import AddRequested, Event, Request, Started
+from ..core.ids import FQID, Runs, fqid_str
+from ..core.instructions import CreateLinked, Forget, Notify, Prepare, Reply, RunPostprocess, SetBackend, Unprepare
+from ..core.machine import StateMachine
+from ..core.statuses import MONITORED, JobStatus
+from ..plugin.contract import Capabilities, Driver, DriverContext, RunHandle
+from . import registry
+from .actor import Actor, RunKey
+from .bus import Bus
+from .checkpoints import Checkpoints
+from .config import Config
+from .definitions import Definitions
+from .executor import Executor
+from .homelock import HomeLock
+from .logs import get_logger
+from .monitor import Ending, Monitor
+from .postprocess import Postprocessing
+from .prepare import Preparer
+from .repository import Repository, RunsRow, StateRow, TopRow
+from .runs import read_ending
+from .workspace import Workspace
+from .writer import Writer, restore
+
+S = JobStatus
+
+
+async def _detached(loop: Callable[[], Awaitable[None]]) -> None:
+    """A long-lived task, started while some event was handled: it carries no stimulus id of its own."""
+    structlog.contextvars.clear_contextvars()
+    await loop()
+
+
+def home_key(home: Path) -> str:
+    """A short id of this home, stable across runs, used in idempotency keys."""
+    path = home / "home-id"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        key = secrets.token_hex(4)
+        path.write_text(key + "\n")
+        return key
+
+
+class Runtime:
+    """One open home; see the module docstring."""
+
+    def __init__(self, home: Path, config: Config, *, role: str = "") -> None:
+        self.home = home
+        self.config = config
+        self.role = role
+        self.log = get_logger(home=str(home))
+        self.sm = StateMachine(config.core["master_status_order"])
+        self.workspace = Workspace(home / "workspace")
+        self.repo = Repository(home / "repository.sqlite")
+        self._lock = HomeLock(home / "lock", role)
+        self._ids = itertools.count()
+        self._next_job: int | None = None
+        self._actors: dict[str, Actor] = {}
+        self._monitors: dict[str, Monitor] = {}
+        self._drivers: dict[str, Driver] = {}
+        self._given: dict[str, str] = {}
+        self.tg: TaskGroup | None = None
+        self.closing = False
+        checkpoint = config.data.get("checkpoint", {})
+        self.checkpoints = Checkpoints(checkpoint, self.repo, self._checkpoint_record, self._spec_of_fqid,
+                                       self._store_state, self.log)
+        self.definitions = Definitions(self.repo, self.workspace, home_key(home), retry_defaults=config.retry,
+                                       max_restarts=self.checkpoints.max_restarts, extra_env=self.checkpoints.env,
+                                       capabilities=self.capabilities)
+        self.writer = Writer(self.sm, self.repo, self.definitions, self.checkpoints.keep)
+        self.preparer = Preparer(definitions=self.definitions, repo=self.repo, workspace=self.workspace,
+                                 post=self.post, sm=self.sm, free_slots=self.free_slots,
+                                 check_subjob=self.check_subjob, add_job=self._store_job)
+        self.postprocessing = Postprocessing(self)
+        self.executor = Executor(
+            self.sm, actor=self.actor, flush=self.writer.flush, forget=self._forget, set_backend=self._set_backend,
+            given_state=self._given.get, post=self.post, log=self.log,
+            work={Prepare: self.preparer.prepare, Unprepare: self.preparer.unprepare,
+                  CreateLinked: self.preparer.create_linked, RunPostprocess: self.postprocessing.run,
+                  Notify: self.postprocessing.notify})
+        self.bus = Bus(self.sm, self.executor, self.log)
+
+    # ------------------------------------------------------------ life
+    async def open(self, tg: TaskGroup) -> None:
+        self._lock.acquire()
+        try:
+            await self.repo.open()
+            loaded = await self.repo.load()
+            restore(self.sm, loaded, self.definitions)
+            self._next_job = await self.repo.next_id()
+        except BaseException:
+            await self.repo.close()
+            self._lock.release()
+            raise
+        self.tg = self.executor.tg = tg
+        tg.start_soon(self.bus.run)
+        tg.start_soon(self._flush_loop)
+        await self._reattach()
+        await self.post(Started(stimulus_id=self.sid("start"), time=time.time()))
+
+    async def _reattach(self) -> None:
+        """Runs the backends had when the home was last closed go back to their actors."""
+        for job in self.sm.job_ids():
+            js = self.sm.job_state(job)
+            monitored = js.runs.indexes_in(MONITORED)
+            if not monitored:
+                continue
+            backend = js.profile.backend
+            actor = await self.actor(backend)
+            spec = self.definitions.spec(job)
+            if js.is_master:
+                rows = self.repo.subjob_rows(job, monitored)
+                deltas = {i: d for i, (_, d) in rows.items()}
+                pairs = [(i, rows.get(i, (None, None))[0]) for i in monitored]
+            else:
+                deltas = {}
+                pairs = [(0, self.repo.top_backend_id(job))]
+            handles: list[RunHandle] = []
+            for i, backend_id in pairs:
+                if backend_id is None:
+                    continue
+                fq = (job, i) if js.is_master else (job,)
+                settings = spec["backend"].get("settings", {})
+                if deltas.get(i) and '"backend.' in (deltas[i] or ""):
+                    settings = self.definitions.subjob_spec(job, i)["backend"].get("settings", {})
+                attempt = js.runs.attempt[i]
+                handle = RunHandle(fqid_str(fq), i, backend_id, settings, self.workspace.outputdir(fq),
+                                   js.runs.get(i), f"orch-{self.definitions.home_key}-{fqid_str(fq)}-{attempt}",
+                                   attempt, self.workspace.jobdir(fq))
+                actor.held[(job, i if js.is_master else None)] = handle
+                handles.append(handle)
+            if handles and self._drivers[backend].capabilities_for(handles[0].settings).reports:
+                await self._drivers[backend].track(handles)
+
+    async def close(self) -> None:
+        """Let work under way finish (within ``close_grace``), write everything, let go of the home."""
+        self.closing = True
+        try:
+            with anyio.move_on_after(float(self.config.core["close_grace"])):
+                await self.settle()
+            with anyio.CancelScope(shield=True):
+                await self.writer.flush()
+                for driver in self._drivers.values():
+                    try:
+                        await driver.aclose()
+                    except Exception as exc:  # a driver's close must not lose the home's state
+                        self.log.warning("driver close failed", backend=driver.name, error=repr(exc))
+                self.bus.close()
+                await self.repo.close()
+        finally:
+            self._lock.release()
+
+    async def settle(self) -> None:
+        """Until nothing posted is unhandled, no work is under way, and every actor has drained."""
+        while True:
+            await self.executor.idle.wait()
+            for actor in list(self._actors.values()):
+                await actor.drained()
+            stats = self.bus._in.statistics()
+            if stats.current_buffer_used == 0 and not self.executor.busy and not self._retrying():
+                await anyio.sleep(0)
+                if self.bus._in.statistics().current_buffer_used == 0 and not self.executor.busy:
+                    return
+            await self.bus.changed()
+
+    def _retrying(self) -> bool:
+        return any(self.sm.job_state(j).runs.counts[S.SUBMITTING.code] for j in self.sm.job_ids())
+
+    async def _flush_loop(self) -> None:
+        interval = float(self.config.core["flush_interval"])
+        while True:
+            await anyio.sleep(interval)
+            try:
+                await self.writer.flush()
+            except Exception as exc:  # the repository's fault: logged, the changes stay to be written
+                self.log.error("could not write to the repository", error=repr(exc))
+
+    # ------------------------------------------------------------ requests
+    def sid(self, kind: str) -> str:
+        return f"{kind}-{next(self._ids)}"
+
+    async def post(self, event: Event) -> None:
+        await self.bus.post(event)
+
+    async def request(self, make: Callable[[str], Request], kind: str) -> Reply:
+        """Post a request and wait for its answer."""
+        sid = self.sid(kind)
+        waiting = self.executor.expect(sid)
+        await self.post(make(sid))
+        await waiting.done.wait()
+        assert waiting.reply is not None
+        return waiting.reply
+
+    async def add(self, name: str, spec: dict[str, Any]) -> int:
+        """Store a new top-level job and make it known; returns its id."""
+        job = await self._store_job(name, spec, None)
+        reply = await self.request(lambda sid: AddRequested(stimulus_id=sid, time=time.time(), targets=((job,),),
+                                                            profile=self.definitions.profile(job)), "add")
+        if reply.error is not None:
+            raise reply.error
+        return job
+
+    async def _store_job(self, name: str, spec: dict[str, Any], link: tuple[int, str] | None) -> int:
+        if self._next_job is None:
+            self._next_job = await self.repo.next_id()
+        job = self._next_job
+        self._next_job += 1
+        now = time.time()
+        info: dict[str, Any] = {"top": {"timestamps": {"new": now}}, "attempt": 0, "run": {}}
+        if link is not None:
+            info["link"] = list(link)
+        runs = RunsRow(job, bytes([S.NEW.code]), bytes(4), {k: bytes(8) for k in ("submitting", "submitted",
+                                                                                     "running", "final")})
+        await self.repo.add_job(TopRow(job, name, S.NEW.value, spec, None, info, 0, now), runs)
+        self.definitions.add(job, name, spec)
+        return job
+
+    def given_state(self, sid: str, text: str) -> None:
+        """A state the user handed in for the resubmission ``sid`` (``resubmit --from-state``)."""
+        self._given[sid] = text
+
+    # ------------------------------------------------------------ actors
+    def capabilities(self, backend: str, settings: Mapping[str, Any]) -> Capabilities:
+        driver = self._drivers.get(backend)
+        if driver is not None:
+            return driver.capabilities_for(settings)
+        cls = registry.driver_class(backend)
+        return cls.capabilities
+
+    async def actor(self, backend: str) -> Actor:
+        actor = self._actors.get(backend)
+        if actor is not None:
+            return actor
+        assert self.tg is not None
+        statedir = self.home / "backends" / backend
+        statedir.mkdir(parents=True, exist_ok=True)
+        log = get_logger(backend=backend)
+        context = DriverContext(home=self.home, config=self.config.backend(backend), statedir=statedir, log=log)
+        driver = registry.driver_class(backend)(context)
+        concurrency = int(self.config.core["emulated_bulk_concurrency"])
+        actor = Actor(backend, driver, post=self.post, run_specs=self.definitions.run_specs,
+                      prepare=self._prepare_runs, record_id=self._record_id, concurrency=concurrency, log=log)
+        monitor = Monitor(actor, post=self.post, status_of=self._status_of, read_ending=self._read_ending,
+                          harvest=self._harvest, poll_interval=float(self.config.core["poll_interval"]),
+                          lost_after=float(self.config.core["lost_after_seconds"]), concurrency=concurrency, log=log)
+
+        async def report(updates: Sequence[Any]) -> None:
+            await monitor.receive(updates)
+
+        context.report = report
+        self._drivers[backend], self._actors[backend], self._monitors[backend] = driver, actor, monitor
+        for loop in (actor.run, driver.serve, *(() if driver.capabilities.reports else (monitor.poll_forever,))):
+            self.tg.start_soon(_detached, loop)
+        return actor
+
+    async def refresh(self) -> None:
+        """Ask every polled backend once, now (the CLI without a service, before a listing)."""
+        for monitor in list(self._monitors.values()):
+            if not monitor.actor.driver.capabilities.reports:
+                await monitor.poll()
+
+    def _status_of(self, key: RunKey) -> JobStatus | None:
+        fq: FQID = (key[0],) if key[1] is None else (key[0], key[1])
+        return self.sm.status(fq) if fq in self.sm else None
+
+    def _record_id(self, key: RunKey, backend_id: str | None) -> None:
+        self.writer.backend_ids[key] = backend_id
+
+    async def _prepare_runs(self, runs: Sequence[Any], start: str, given: str | None
+                            ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+        return await self.checkpoints.prepare(runs, start, given)
+
+    def _read_ending(self, handle: RunHandle) -> Ending:
+        ending = read_ending(handle)
+        if self.checkpoints.concerned(handle.fqid):
+            ending.state = self.checkpoints.harvest(handle.fqid, handle.jobdir / "work")
+        return ending
+
+    def _harvest(self, handles: Sequence[RunHandle]) -> None:
+        for handle in handles:
+            if self.checkpoints.concerned(handle.fqid):
+                self.checkpoints.harvest(handle.fqid, handle.jobdir / "work")
+
+    # ------------------------------------------------------------ helpers for the pieces
+    def free_slots(self, backend: str) -> int:
+        capacity = self.config.backend(backend).get("max_running")
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            capacity = self.checkpoints.default_partitions
+        actor = self._actors.get(backend)
+        return max(capacity - (len(actor.held) if actor is not None else 0), 1)
+
+    def check_subjob(self, spec: Mapping[str, Any], where: str, backend_changed: bool) -> None:
+        from ..core.model import Executable
+
+        app = spec["application"]
+        Executable(app["exe"], app.get("args", []), app.get("env", {})).validate(where)
+        if backend_changed:
+            cls = registry.driver_class(spec["backend"]["name"])
+            from ..plugin.settings import SettingsError
+
+            try:
+                cls.validate_settings(spec["backend"].get("settings", {}))
+            except SettingsError as exc:
+                raise JobError(str(exc), fqid=where, field=f"backend.{exc.field}") from None
+
+    def _checkpoint_record(self, fqid: str) -> Mapping[str, Any]:
+        fq = tuple(int(p) for p in fqid.split("."))
+        js = self.sm.job_state(fq[0])
+        extra = js.runs.extras.get(fq[1] if len(fq) == 2 else 0)
+        return extra.checkpoint if extra is not None else {}
+
+    def _spec_of_fqid(self, fqid: str) -> Mapping[str, Any]:
+        fq = tuple(int(p) for p in fqid.split("."))
+        if len(fq) == 1:
+            return self.definitions.spec(fq[0])
+        return self.definitions.subjob_spec(fq[0], fq[1])
+
+    def _store_state(self, row: StateRow) -> None:
+        self.writer.states.append(row)
+
+    async def _forget(self, ins: Forget) -> None:
+        await self.writer.flush()
+        self.sm.forget(ins.job)
+        self.definitions.forget(ins.job)
+        for actor in self._actors.values():
+            for key in [k for k in actor.held if k[0] == ins.job]:
+                actor.held.pop(key, None)
+        with anyio.CancelScope(shield=True):
+            await self.repo.remove_job(ins.job)
+        self.workspace.remove((ins.job,))
+
+    def _set_backend(self, ins: SetBackend) -> None:
+        backend = ins.backend
+        data = backend.to_dict() if hasattr(backend, "to_dict") else dict(backend)
+        js = self.sm.job_state(ins.job)
+        self.definitions.set_backend(ins.job, data, range(len(js.runs)) if js.is_master else ())
+
+    # ------------------------------------------------------------ waiting
+    async def wait_until(self, done: Callable[[], bool], timeout: float | None) -> None:
+        with anyio.fail_after(timeout if timeout is not None else math.inf):
+            while not done():
+                await self.bus.changed()
+
+    def runs_of(self, fq: FQID) -> Runs:
+        return Runs(fq[0], None if len(fq) == 1 else [fq[1]])

@@ -1,0 +1,159 @@
+"""Persistence: the state machine's changes, written behind in batches, and read back at open.
+
+The state machine marks what changed (runs of a job, a job's own row); at
+each flush the writer takes that, reads the current values, and writes
+them in one transaction: a job's run arrays as blobs, the extras of the runs
+that changed and have any, new backend ids, changed definitions, harvested
+checkpoint states. A ``Persist`` instruction is a flush the runtime waits
+for (write-ahead); otherwise the flush loop writes every ``flush_interval``.
+
+A flush is shielded from cancellation: a SIGTERM that lands mid-write lets
+the transaction finish (or roll back whole) and the next flush start clean;
+if the write fails, what it took is marked dirty again, so nothing is lost.
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from typing import Any
+
+import anyio
+
+from ..core.events import Profile
+from ..core.jobs import JobState
+from ..core.machine import StateMachine
+from ..core.table import RunExtra, RunTable
+from .definitions import Definitions
+from .repository import Loaded, Repository, RunsRow, Save, StateRow, TopRow, dumps
+
+
+class Writer:
+    def __init__(self, sm: StateMachine, repo: Repository, definitions: Definitions, states_kept: int) -> None:
+        self.sm = sm
+        self.repo = repo
+        self.definitions = definitions
+        self.states_kept = states_kept
+        #: Backend ids not written yet: (job, index or None) -> id.
+        self.backend_ids: dict[tuple[int, int | None], str | None] = {}
+        self.states: list[StateRow] = []
+        self._lock = anyio.Lock()
+
+    def backend_id(self, job: int, index: int | None) -> str | None:
+        """A run's backend id: the newest one, written or not."""
+        key = (job, index)
+        if key in self.backend_ids:
+            return self.backend_ids[key]
+        if index is None:
+            return self.repo.top_backend_id(job)
+        row = self.repo.subjob_rows(job, [index]).get(index)
+        return row[0] if row else None
+
+    async def flush(self) -> None:
+        """Write everything changed since the last flush, in one transaction."""
+        async with self._lock:
+            dirty, tops = self.sm.take_dirty()
+            ids, self.backend_ids = self.backend_ids, {}
+            states, self.states = self.states, []
+            specs, self.definitions.dirty = self.definitions.dirty, set()
+            deltas, self.definitions.dirty_deltas = self.definitions.dirty_deltas, {}
+            batch = self._batch(dirty, tops, ids, states, specs, deltas)
+            if not batch:
+                return
+            try:
+                with anyio.CancelScope(shield=True):
+                    await self.repo.save(batch)
+            except BaseException:
+                for job, indexes in dirty.items():
+                    self.sm.mark_dirty(job, indexes)
+                for job in tops:
+                    self.sm.mark_dirty(job, set())
+                self.backend_ids = {**ids, **self.backend_ids}
+                self.states[:0] = states
+                self.definitions.dirty |= specs
+                self.definitions.dirty_deltas = {**deltas, **self.definitions.dirty_deltas}
+                raise
+
+    def _batch(self, dirty: dict[int, set[int] | None], tops: set[int], ids: dict[tuple[int, int | None], str | None],
+               states: list[StateRow], specs: set[int], deltas: dict[tuple[int, int], dict[str, Any]]) -> Save:
+        batch = Save(states=states, keep=self.states_kept)
+        for job in sorted(tops | set(dirty) | specs):
+            if (job,) not in self.sm:
+                continue
+            js = self.sm.job_state(job)
+            batch.tops.append(top_row(js, self.definitions, with_spec=job in specs))
+            if job in dirty:
+                batch.runs.append(runs_row(js))
+                if js.is_master:
+                    indexes = dirty[job]
+                    extras = js.runs.extras
+                    for i in (extras if indexes is None else indexes):
+                        extra = extras.get(i)
+                        info = extra.to_dict() if extra is not None else {}
+                        batch.infos.append((job, i, dumps(info) if info else None))
+        batch.backend_ids = [(job, idx, b) for (job, idx), b in ids.items() if (job,) in self.sm]
+        batch.deltas = [(job, idx, dumps(d)) for (job, idx), d in deltas.items() if (job,) in self.sm]
+        return batch
+
+
+# ------------------------------------------------------------------ rows
+def top_info(js: JobState) -> dict[str, Any]:
+    """A top-level job's own state, as ``jobs.info`` stores it (v3)."""
+    out: dict[str, Any] = {"top": js.top.to_dict(), "attempt": js.attempt}
+    if not js.is_master:
+        extra = js.runs.extras.get(0)
+        out["run"] = extra.to_dict() if extra is not None else {}
+    if js.partition:
+        out["partition"] = js.partition
+    if js.link is not None:
+        out["link"] = list(js.link)
+    if js.post_failed:
+        out["post_failed"] = True
+    if js.merged_at:
+        out["merged_at"] = js.merged_at
+    return out
+
+
+def top_row(js: JobState, definitions: Definitions, *, with_spec: bool) -> TopRow:
+    return TopRow(js.id, definitions.names.get(js.id, ""), js.status.value,
+                  definitions.specs.get(js.id) if with_spec else None, None, top_info(js),
+                  len(js.runs) if js.is_master else 0, js.created)
+
+
+def runs_row(js: JobState) -> RunsRow:
+    runs = js.runs
+    return RunsRow(js.id, bytes(runs.status), runs.attempt.tobytes(),
+                   {kind: values.tobytes() for kind, values in runs.times.items()})
+
+
+def restore(sm: StateMachine, loaded: Loaded, definitions: Definitions,
+            profile_of: Any = None) -> list[int]:
+    """Load every stored job into the state machine and the definitions; returns the job ids."""
+    ids = []
+    for row in loaded.tops:
+        assert row.spec is not None
+        definitions.add(row.id, row.name, row.spec)
+        profile: Profile = definitions.profile(row.id)
+        info = row.info
+        stored = loaded.runs.get(row.id)
+        table = None
+        if stored is not None:
+            n = len(stored.status)
+            extras = {i: RunExtra.from_dict(e) for i, e in loaded.infos.get(row.id, {}).items()}
+            if not row.n_subjobs and info.get("run"):
+                extras = {0: RunExtra.from_dict(info["run"])}
+            table = RunTable.restore(bytearray(stored.status), array("I", stored.attempt),
+                                     {k: array("d", v) for k, v in stored.times.items()}, extras)
+            assert len(table) == n
+        link = info.get("link")
+        sm.load(row.id, profile, created=row.added, table=table, top=info.get("top"),
+                partition=info.get("partition"), attempt=int(info.get("attempt", 0)),
+                link=(int(link[0]), str(link[1])) if link else None, post_failed=bool(info.get("post_failed")),
+                merged_at=float(info.get("merged_at", 0.0)), master=row.n_subjobs > 0)
+        ids.append(row.id)
+    return ids
+
+
+def info_json(extra: RunExtra | None) -> str | None:
+    data = extra.to_dict() if extra is not None else {}
+    return json.dumps(data, separators=(",", ":")) if data else None
