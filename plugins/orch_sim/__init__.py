@@ -162,7 +162,7 @@ class SimDriver(Driver):
         return [got[r.key][-1] if r.key in got else None for r in runs]
 
     # ------------------------------------------------------------ submission
-    def _start(self, run: RunSpec, counted: list[str]) -> str:
+    def _start(self, run: RunSpec, counted: list[str], now: float) -> str:
         """Decide the run's fate now; raise SubmitError for a failing submission."""
         n = self._submits[run.fqid] = self._submits.get(run.fqid, 0) + 1
         counted.append(run.fqid)
@@ -173,16 +173,17 @@ class SimDriver(Driver):
                 raise SubmitError(f"sim: submission {n} of subjob {run.index} refused (fail_submit)")
         outcomes = _index_map(run.settings.get("outcome", {}), "outcome", _outcome).get(run.index, ["completed"])
         final = outcomes[min(run.attempt - 1, len(outcomes) - 1)]
-        end = time.time() + float(run.settings.get("run_seconds", 0.1))
+        end = now + float(run.settings.get("run_seconds", 0.1))  # one end per call: a batch ends together
         return f"sim:{run.fqid}:{run.attempt}:{end:.6f}:{final}"
 
     async def submit_bulk(self, runs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         self.calls["submit_bulk"] += 1
         outcomes = []
         counted: list[str] = []
+        now = time.time()
         for run in runs:
             try:
-                outcomes.append(SubmitOutcome(run.fqid, self._start(run, counted)))
+                outcomes.append(SubmitOutcome(run.fqid, self._start(run, counted, now)))
             except SubmitError as exc:
                 outcomes.append(SubmitOutcome(run.fqid, None, str(exc)))
         self._count(counted)
@@ -198,7 +199,7 @@ class SimDriver(Driver):
         await anyio.lowlevel.checkpoint()
         counted: list[str] = []
         try:
-            backend_id = self._start(run, counted)
+            backend_id = self._start(run, counted, time.time())
         finally:
             self._count(counted)
         self._record([(run.key, backend_id)])
