@@ -30,7 +30,7 @@ from .errors import OrchestratorError
 from .ids import fqid_str, parse_fqid
 from .job import Job
 from .jobfile import demo_job_text, load_job
-from .logs import configure as configure_logs
+from ..plugin.logs import configure as configure_logs
 from .orchestrator import Orchestrator, default_home
 from .status import ALL_STATUSES, JobStatus
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.analyser import Limits, Outcome, classify, decide
-from orchestrator.status import JobStatus
-from orchestrator.wrapper import parse_log
+from orchestrator.core.analyser import Limits, Outcome, classify, decide
+from orchestrator.core.statuses import JobStatus
+from orchestrator.core.runlog import parse_log
 
 S = JobStatus
 LIMITS = Limits(max_early=2, max_late_handled=3, max_late_unhandled=1, early_seconds=10)
@@ -44,7 +44,7 @@ FAILED_RUN = Outcome(S.FAILED, exit_code=1)
     (FAILED_RUN, log("100 START 1", "101 SUCCEEDED out.txt", "101 EXIT 1", "101 END 1"),
      ("user", "success", S.COMPLETED)),
     (FAILED_RUN, log("100 START 1", "101 FAILED bad input", "101 EXIT 1", "101 END 1"), ("user", "failed", S.FAILED)),
-    (FAILED_RUN, log("100 START 1", "101 HOLD disk full", "101 EXIT 0", "101 END 0"), ("user", "hold", S.HELD)),
+    (FAILED_RUN, log("100 START 1", "101 HOLD disk full", "101 EXIT 0", "101 END 0"), ("user", "early", S.HELD)),
     (FAILED_RUN, log("100 START 1", "101 RETRY 3", "101 EXIT 0", "101 END 0"), ("user", "early", None)),
     (FAILED_RUN, log("100 START 1", "190 RETRY 3", "190 EXIT 0", "190 END 0"), ("user", "late_handled", None)),
 ])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import pytest
 
 from orchestrator import (
@@ -144,22 +145,19 @@ async def test_single_job_without_splitter_follows_the_table(tmp_path: Path) -> 
 
 
 async def test_running_first_order_setting(tmp_path: Path) -> None:
+    """Subjob 0 runs while subjob 1 waits in the backend's queue: the order of rules 1 and 2 decides."""
+    backend = Backend("sim", run_seconds=30, queued={1: 30})
     config = {"core": {"master_status_order": "running-first"}}
-    async with Orchestrator(home=tmp_path, config=config) as orch:
-        j = await orch.jobs.add(Job(application=Executable("/bin/true"), splitter=ArgSplitter([["a"], ["b"]]),
-                                    backend=Backend("sim", run_seconds=30)))
-        await j.submit()
-        engine = orch.engine
-        engine.move([(j.id, 0)], JobStatus.RUNNING)
-        assert j.subjobs[1].status == "submitted" and j.status == "running"
-        await j.kill()
-    async with Orchestrator(home=tmp_path / "b") as orch:
-        j = await orch.jobs.add(Job(application=Executable("/bin/true"), splitter=ArgSplitter([["a"], ["b"]]),
-                                    backend=Backend("sim", run_seconds=30)))
-        await j.submit()
-        orch.engine.move([(j.id, 0)], JobStatus.RUNNING)
-        assert j.status == "submitted"
-        await j.kill()
+    for home, order, shown in ((tmp_path, config, "running"), (tmp_path / "b", None, "submitted")):
+        async with Orchestrator(home=home, config=order) as orch:
+            j = await orch.jobs.add(Job(application=Executable("/bin/true"), splitter=ArgSplitter([["a"], ["b"]]),
+                                        backend=backend))
+            await j.submit()
+            with anyio.fail_after(10):
+                while j.subjobs[0].status != "running":
+                    await anyio.sleep(0.01)
+            assert j.subjobs[1].status == "submitted" and j.status == shown
+            await j.kill()
 
 
 async def test_generic_and_file_splitters(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,13 @@ import anyio
 import pytest
 
 from orchestrator import ArgSplitter, Backend, Executable, Job, JobError, Orchestrator, RetryPolicy
-from orchestrator.drivers import StatusUpdate
+
+
+def sim_faults(home: Path, **faults: str) -> None:
+    """Switch the sim backend's faults (its documented ``faults.json``); none given switches them off."""
+    path = home / "backends" / "sim" / "faults.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(faults))
 
 pytestmark = pytest.mark.anyio
 FAST = {"core": {"poll_interval": 0.05}}
@@ -165,22 +172,13 @@ async def test_reopen_in_the_middle_of_a_retry_sequence(tmp_path: Path) -> None:
 async def test_a_driver_that_raises_or_babbles_for_a_while_fails_nothing(tmp_path: Path) -> None:
     async with Orchestrator(home=tmp_path, config=FAST) as orch:
         j = await orch.jobs.add(Job(application=Executable("/bin/true"), splitter=ArgSplitter([["a"], ["b"]]),
-                                    backend=Backend("sim", run_seconds=0.5)))
+                                    backend=Backend("sim", run_seconds=0.5, polled=True)))
+        sim_faults(tmp_path, status="alternate")  # one query raises, the next babbles, and so on
         await j.submit()
-        driver = await orch.engine.driver("sim")
-        real = driver.status_bulk
-        calls = {"n": 0}
-
-        async def flaky(handles: Any) -> list[Any]:
-            calls["n"] += 1
-            if calls["n"] % 2:
-                raise ConnectionError("backend down")
-            return [StatusUpdate("9.9", "weird"), "garbage", StatusUpdate(handles[0].fqid, "bogus")]  # type: ignore
-
-        driver.status_bulk = flaky  # type: ignore[method-assign]
         await anyio.sleep(1.5)
-        assert [s.status.value for s in j.subjobs] == ["submitted", "submitted"] and calls["n"] >= 2
-        driver.status_bulk = real  # type: ignore[method-assign]
+        calls = (await orch.metrics())["backends"]["sim"]["driver"]["calls"]
+        assert [s.status.value for s in j.subjobs] == ["submitted", "submitted"] and calls["status_bulk"] >= 2
+        sim_faults(tmp_path)
         await j.wait(timeout=30)
         assert j.status == "completed" and all(s.info.history == [] for s in j.subjobs)
 
@@ -188,19 +186,14 @@ async def test_a_driver_that_raises_or_babbles_for_a_while_fails_nothing(tmp_pat
 async def test_a_silent_backend_leads_to_a_late_unhandled_retry(tmp_path: Path) -> None:
     config = {"core": {"poll_interval": 0.05, "lost_after_seconds": 0.5}}
     async with Orchestrator(home=tmp_path, config=config) as orch:
-        j = await orch.jobs.add(Job(application=Executable("/bin/true"), backend=Backend("sim", run_seconds=30),
+        j = await orch.jobs.add(Job(application=Executable("/bin/true"),
+                                    backend=Backend("sim", run_seconds=30, polled=True),
                                     retry=RetryPolicy(max_late_unhandled=1)))
         await j.submit()
-        driver = await orch.engine.driver("sim")
-        real = driver.status_bulk
-
-        async def down(handles: Any) -> list[Any]:
-            raise TimeoutError("no answer")
-
-        driver.status_bulk = down  # type: ignore[method-assign]
+        sim_faults(tmp_path, status="raise")  # the backend stops answering
         with anyio.fail_after(20):
             while j.info.submit_counter < 2:
                 await anyio.sleep(0.05)
         assert j.info.history[0]["level"] == "orchestrator" and j.info.history[0]["verdict"] == "late_unhandled"
-        driver.status_bulk = real  # type: ignore[method-assign]
+        sim_faults(tmp_path)
         await j.kill()

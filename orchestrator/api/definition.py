@@ -25,6 +25,15 @@ FIELDS = ("name", "application", "inputfiles", "outputfiles", "splitter", "postp
           "fail_on_missing_output")
 
 
+#: What belongs to a master alone: a subjob (and a copy of one) has none of it.
+MASTER_ONLY = ("splitter", "merger", "postprocessors", "prejob", "aggregator", "min_success", "comment", "metadata")
+
+
+def subjob_part(spec: dict[str, Any]) -> dict[str, Any]:
+    """The part of a master's definition its subjobs inherit."""
+    return {k: v for k, v in spec.items() if k not in MASTER_ONLY}
+
+
 class Definition:
     """The definition fields of a job (the base of :class:`~.job.Job`)."""
 

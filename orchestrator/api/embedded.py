@@ -28,6 +28,7 @@ from ..core.splitters import apply_delta
 from ..core.statuses import JobStatus
 from ..runtime.bus import Lagging
 from ..runtime.runtime import Runtime
+from .definition import subjob_part
 from .peek import read_file
 from .transport import Done, JobRecord
 
@@ -73,7 +74,7 @@ class Embedded:
 
     def subjob_specs(self, job: int, indexes: Sequence[int]) -> dict[int, dict[str, Any]]:
         defs = self.runtime.definitions
-        master = defs.spec(job)
+        master = subjob_part(defs.spec(job))
         return {i: apply_delta(master, delta) for i, delta in defs.deltas(job, indexes).items()}
 
     # ------------------------------------------------------------ operations
@@ -176,3 +177,6 @@ class Embedded:
 
     async def refresh(self) -> None:
         await self.runtime.refresh()
+
+    async def metrics(self) -> dict[str, Any]:
+        return self.runtime.metrics()

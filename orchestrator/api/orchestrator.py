@@ -24,7 +24,7 @@ import structlog
 from ..core.errors import JobError, OrchestratorError
 from ..runtime.config import Config
 from ..runtime.homelock import SERVICE_ROLE
-from ..runtime.logs import configure as configure_logs
+from ..plugin.logs import configure as configure_logs
 from ..runtime.runtime import Runtime
 from .embedded import Embedded
 from .registry import JobRegistry
@@ -91,6 +91,10 @@ class Orchestrator:
         """From now on, every event and every status change, in order, each with its ``stimulus_id``."""
         async for item in self.transport.events():
             yield item
+
+    async def metrics(self) -> dict[str, Any]:
+        """Counters of the orchestrator and of each backend (``["backends"]["sim"]["driver"]["calls"]``...)."""
+        return await self.transport.metrics()
 
     # ------------------------------------------------------------ life
     async def __aenter__(self) -> Orchestrator:

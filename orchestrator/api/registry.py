@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ..core.errors import JobError
+from ..core.errors import JobError, UnknownJobError
 from ..core.ids import FQID, fqid_str, parse_fqid
 from .job import Job
 from .slices import JobSlice
@@ -40,7 +40,7 @@ class JobRegistry:
         job = self._tops.get(job_id)
         if job is None:
             if not self.transport.exists((job_id,)):
-                raise KeyError(f"no job {job_id}")
+                raise UnknownJobError(f"no job {job_id}", fqid=str(job_id))
             record = self.transport.record(job_id)
             job = Job.from_spec(record.name, record.spec)
             job.id, job._registry = job_id, self
@@ -49,7 +49,7 @@ class JobRegistry:
 
     def lookup(self, fq: FQID) -> Job:
         if not self.transport.exists(fq):
-            raise KeyError(f"no job {fqid_str(fq)}")
+            raise UnknownJobError(f"no job {fqid_str(fq)}", fqid=fqid_str(fq))
         job = self.top(fq[0])
         if len(fq) == 2:
             return job.subjobs(fq[1])
@@ -65,7 +65,7 @@ class JobRegistry:
             try:
                 return self.top(ids[key])
             except IndexError:
-                raise KeyError(f"no job at position {key} (there are {len(ids)})") from None
+                raise UnknownJobError(f"no job at position {key} (there are {len(ids)})") from None
         if isinstance(key, str) and not _looks_like_id(key):
             return self.by_name(key)
         try:
@@ -78,8 +78,9 @@ class JobRegistry:
         found = [j for j in self if j.name == name]
         if len(found) != 1:
             ids = ", ".join(j.fqid for j in found)
-            raise JobError(f"no job is named {name!r}" if not found else
-                           f"{len(found)} jobs are named {name!r} ({ids}): use an id", field="name")
+            if not found:
+                raise UnknownJobError(f"no job is named {name!r}", field="name")
+            raise JobError(f"{len(found)} jobs are named {name!r} ({ids}): use an id", field="name")
         return found[0]
 
     def __call__(self, key: Any) -> Any:

@@ -128,13 +128,20 @@ class JobSlice:
                        only_failed: bool = True, from_state: str | None = None) -> None:
         if not len(self):
             return
-        settings = None
+        chosen = None
         if backend is not None:
             from .validate import checked_backend
 
-            settings = checked_backend(backend, self._jobs[0].fqid).to_dict()
+            chosen = checked_backend(backend, self._jobs[0].fqid)
         await self._transport().resubmit(self._targets(), only_failed=only_failed, keep_going=keep_going,
-                                         backend=settings, from_state=from_state)
+                                         backend=chosen.to_dict() if chosen is not None else None,
+                                         from_state=from_state)
+        if chosen is not None:  # the objects show the settings the runs now have
+            for job in self:
+                top = job if job.parent is None else job.parent
+                top.backend = chosen.copy()
+                if job is not top:
+                    job.backend = chosen.copy()
 
     async def force_status(self, status: str | JobStatus, force: bool = False, keep_going: bool = False) -> None:
         if len(self):

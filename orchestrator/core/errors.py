@@ -24,3 +24,10 @@ class HomeLockedError(OrchestratorError):
 
 class ConfigError(OrchestratorError):
     """The configuration file is invalid; the message names the file and the key."""
+
+
+class UnknownJobError(JobError, KeyError):
+    """No job has this id (or name): a ``KeyError`` too, as ``orch.jobs[...]`` is a mapping."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])

@@ -263,6 +263,10 @@ class Driver:
         duplicate). Raise when the backend cannot be asked now: the runtime asks again later."""
         raise NotImplementedError(f"{type(self).__name__} declares lookup but has no lookup()")
 
+    def metrics(self) -> dict[str, Any]:
+        """The driver's own counters (calls made, queue lengths...), for ``orch.metrics()`` and monitoring."""
+        return {}
+
     # ------------------------------------------------------------ life
     async def serve(self) -> None:
         """A background loop, run in the runtime's task group until close."""

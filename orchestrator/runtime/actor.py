@@ -73,6 +73,8 @@ class Actor:
         self.held: dict[RunKey, RunHandle] = {}
         #: Runs declared lost: no longer watched, kept for the kill the state machine sends after them.
         self.lost: dict[RunKey, RunHandle] = {}
+        #: Of the runs held, those the driver must be polled about (its mode for their settings is not reporting).
+        self.polled: set[RunKey] = set()
         #: Held while a driver call's answers are being registered: a reporting driver's word on a run it
         #: just accepted waits until the run is held (its report may come before the call returns).
         self.registering = anyio.Lock()
@@ -80,6 +82,18 @@ class Actor:
         self._wake = anyio.Event()
         self._idle = anyio.Event()
         self._idle.set()
+
+    # ------------------------------------------------------------ the runs held
+    def hold(self, key: RunKey, handle: RunHandle) -> None:
+        """The driver answered for this run: it is held until it ends."""
+        self.held[key] = handle
+        if not self.driver.capabilities_for(handle.settings).reports:
+            self.polled.add(key)
+
+    def release(self, key: RunKey) -> RunHandle | None:
+        """The run ended (or is of no more interest): let go of it."""
+        self.polled.discard(key)
+        return self.held.pop(key, None)
 
     # ------------------------------------------------------------ intake
     def put(self, bound: Bound) -> None:
@@ -120,7 +134,7 @@ class Actor:
         elif isinstance(first, Unwatch):
             for bound in group:
                 assert isinstance(bound.instruction, Unwatch)
-                gone = [h for k in keys(bound.instruction.runs) if (h := self.held.pop(k, None)) is not None]
+                gone = [h for k in keys(bound.instruction.runs) if (h := self.release(k)) is not None]
                 if gone:
                     await self.driver.forget(gone)
 
@@ -174,8 +188,8 @@ class Actor:
                 accepted.append(k)
                 key: RunKey = (ins.runs.job, None if ins.runs.indexes is None else run.index)
                 self.record_id(key, answer.backend_id)
-                self.held[key] = RunHandle(run.fqid, run.index, answer.backend_id, run.settings, run.outputdir,
-                                           JobStatus.SUBMITTED, run.key, run.attempt, run.jobdir)
+                self.hold(key, RunHandle(run.fqid, run.index, answer.backend_id, run.settings, run.outputdir,
+                                         JobStatus.SUBMITTED, run.key, run.attempt, run.jobdir))
             else:
                 rejected.append((k, answer.error or "submission refused"))
         started = {k: states[specs[k].fqid] for k in accepted if specs[k].fqid in states}
@@ -201,7 +215,7 @@ class Actor:
         for k, handle, result in zip(positions, handles, results, strict=True):
             if result is None:
                 killed.append(k)
-                self.held.pop(keys(ins.runs)[k], None)
+                self.release(keys(ins.runs)[k])
             elif result is False:
                 not_attempted.append(k)
             else:
@@ -230,8 +244,8 @@ class Actor:
             if backend_id:
                 key: RunKey = (ins.runs.job, None if ins.runs.indexes is None else run.index)
                 self.record_id(key, backend_id)
-                self.held[key] = RunHandle(run.fqid, run.index, backend_id, run.settings, run.outputdir,
-                                           JobStatus.SUBMITTED, run.key, run.attempt, run.jobdir)
+                self.hold(key, RunHandle(run.fqid, run.index, backend_id, run.settings, run.outputdir,
+                                         JobStatus.SUBMITTED, run.key, run.attempt, run.jobdir))
                 have.append(k)
             else:
                 absent.append(k)

@@ -110,14 +110,16 @@ class Monitor:
         """One tick: one status query for every run the driver holds."""
         now = time.time()
         held = self.actor.held
-        if not held or not self.health.may_poll(now):
+        polled = self.actor.polled
+        if not polled or not self.health.may_poll(now):
             return
         self.ticks += 1
         handles = []
-        for key, handle in list(held.items()):
+        for key in list(polled):
+            handle = held.get(key)
             status = self.status_of(key)
-            if status is None:  # forgotten (removed) meanwhile
-                held.pop(key, None)
+            if handle is None or status is None:  # forgotten (removed) meanwhile
+                self.actor.release(key)
                 continue
             if status != handle.status:
                 handle = held[key] = _with_status(handle, status)
@@ -132,8 +134,8 @@ class Monitor:
                 updates = [u for u in got if u is not None]
         except Exception as exc:  # a driver's fault is the backend's, never the job's
             self.log.warning("status query failed", backend=self.name, error=repr(exc), runs=len(handles),
-                             fqid=",".join(sorted({str(k[0]) for k in held})))
-            lost = self.health.silent(list(held), now, whole_backend=True)
+                             fqid=",".join(sorted({str(k[0]) for k in polled})))
+            lost = self.health.silent(list(polled), now, whole_backend=True)
             await self._lose(lost, f"no answer from backend {self.name} ({exc!r})")
             return
         self.harvest([h for h in handles if h.status in (S.RUNNING, S.COMPLETING)])
@@ -162,7 +164,7 @@ class Monitor:
             assert key is not None
             good.append((key, handle, u))
         if answered_all:
-            self.health.answered([k for k in held if k not in garbage])
+            self.health.answered([k for k in self.actor.polled if k not in garbage])
         else:
             self.health.answered([k for k, _, _ in good])
         lost = self.health.silent(garbage, now, whole_backend=False) if garbage else []
@@ -181,7 +183,7 @@ class Monitor:
         for key, handle, u in good:
             job, idx = key
             if u.status in ENDINGS or u.backend_verdict is not None:
-                self.actor.held.pop(key, None)
+                self.actor.release(key)
                 ending = read.get(key)
                 if ending is None and u.backend_verdict is None:
                     grouped.setdefault((job, u.status, u.exit_code, u.reason), []).append(-1 if idx is None else idx)
@@ -202,7 +204,7 @@ class Monitor:
 
     async def _lose(self, lost: list[RunKey], reason: str) -> None:
         for key in lost:  # no longer watched; kept for the kill that follows
-            handle = self.actor.held.pop(key, None)
+            handle = self.actor.release(key)
             if handle is not None:
                 self.actor.lost[key] = handle
         for job, idx in lost:

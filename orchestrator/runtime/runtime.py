@@ -40,7 +40,7 @@ from .config import Config
 from .definitions import Definitions
 from .executor import Executor
 from .homelock import HomeLock
-from .logs import get_logger
+from ..plugin.logs import get_logger
 from .monitor import Ending, Monitor
 from .postprocess import Postprocessing
 from .prepare import Preparer
@@ -155,7 +155,7 @@ class Runtime:
                 handle = RunHandle(fqid_str(fq), i, backend_id, settings, self.workspace.outputdir(fq),
                                    js.runs.get(i), f"orch-{self.definitions.home_key}-{fqid_str(fq)}-{attempt}",
                                    attempt, self.workspace.jobdir(fq))
-                actor.held[(job, i if js.is_master else None)] = handle
+                actor.hold((job, i if js.is_master else None), handle)
                 handles.append(handle)
             if handles and self._drivers[backend].capabilities_for(handles[0].settings).reports:
                 await self._drivers[backend].track(handles)
@@ -249,22 +249,27 @@ class Runtime:
 
     # ------------------------------------------------------------ actors
     def capabilities(self, backend: str, settings: Mapping[str, Any]) -> Capabilities:
+        return self.driver(backend).capabilities_for(settings)
+
+    def driver(self, backend: str) -> Driver:
+        """The backend's driver, made on first need (its actor and loops start with the first instruction)."""
         driver = self._drivers.get(backend)
-        if driver is not None:
-            return driver.capabilities_for(settings)
-        cls = registry.driver_class(backend)
-        return cls.capabilities
+        if driver is None:
+            statedir = self.home / "backends" / backend
+            statedir.mkdir(parents=True, exist_ok=True)
+            context = DriverContext(home=self.home, config=self.config.backend(backend), statedir=statedir,
+                                    log=get_logger(backend=backend))
+            driver = self._drivers[backend] = registry.driver_class(backend)(context)
+        return driver
 
     async def actor(self, backend: str) -> Actor:
         actor = self._actors.get(backend)
         if actor is not None:
             return actor
         assert self.tg is not None
-        statedir = self.home / "backends" / backend
-        statedir.mkdir(parents=True, exist_ok=True)
-        log = get_logger(backend=backend)
-        context = DriverContext(home=self.home, config=self.config.backend(backend), statedir=statedir, log=log)
-        driver = registry.driver_class(backend)(context)
+        driver = self.driver(backend)
+        context = driver.context
+        log = context.log
         concurrency = int(self.config.core["emulated_bulk_concurrency"])
         actor = Actor(backend, driver, post=self.post, run_specs=self.definitions.run_specs,
                       prepare=self._prepare_runs, record_id=self._record_id, concurrency=concurrency, log=log)
@@ -276,16 +281,26 @@ class Runtime:
             await monitor.receive(updates)
 
         context.report = report
-        self._drivers[backend], self._actors[backend], self._monitors[backend] = driver, actor, monitor
-        for loop in (actor.run, driver.serve, *(() if driver.capabilities.reports else (monitor.poll_forever,))):
+        self._actors[backend], self._monitors[backend] = actor, monitor
+        for loop in (actor.run, driver.serve, monitor.poll_forever):
             self.tg.start_soon(_detached, loop)
         return actor
+
+    def metrics(self) -> dict[str, Any]:
+        """Counters of the runtime and of each backend (its driver's own, the ticks it was polled, the runs
+        it holds): what monitoring shows, and what tests read instead of reaching inside."""
+        backends = {}
+        for name, driver in self._drivers.items():
+            monitor = self._monitors.get(name)
+            actor = self._actors.get(name)
+            backends[name] = {"driver": driver.metrics(), "ticks": monitor.ticks if monitor else 0,
+                              "held": len(actor.held) if actor else 0}
+        return {"events": self.bus.handled, "jobs": len(self.sm.job_ids()), "backends": backends}
 
     async def refresh(self) -> None:
         """Ask every polled backend once, now (the CLI without a service, before a listing)."""
         for monitor in list(self._monitors.values()):
-            if not monitor.actor.driver.capabilities.reports:
-                await monitor.poll()
+            await monitor.poll()
 
     def _status_of(self, key: RunKey) -> JobStatus | None:
         fq: FQID = (key[0],) if key[1] is None else (key[0], key[1])
@@ -352,7 +367,7 @@ class Runtime:
         self.definitions.forget(ins.job)
         for actor in self._actors.values():
             for key in [k for k in actor.held if k[0] == ins.job]:
-                actor.held.pop(key, None)
+                actor.release(key)
         with anyio.CancelScope(shield=True):
             await self.repo.remove_job(ins.job)
         self.workspace.remove((ins.job,))

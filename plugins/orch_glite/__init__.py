@@ -55,7 +55,7 @@ from typing import Any
 
 import anyio
 
-from orchestrator import (
+from orchestrator.plugin import (
     Capabilities,
     Driver,
     DriverContext,

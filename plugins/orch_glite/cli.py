@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import click
 
-from orchestrator import SettingsError
+from orchestrator.plugin import SettingsError
 
 from .protocol import WMSFault, call, check_faults, parse_endpoint, parse_listen
 
@@ -64,7 +64,7 @@ def wms_group() -> None:
 def serve(listen: str, statedir: Path, max_running: int, faults: dict[str, Any], launch_grace: float,
           kill_grace: float, log_level: str) -> None:
     """Run the WMS until SIGTERM or SIGINT (JSON logs on stderr). Running nodes outlive it."""
-    from orchestrator.logs import configure
+    from orchestrator.plugin.logs import configure
 
     from .wms import StateLocked
     from .wms import serve as serve_wms

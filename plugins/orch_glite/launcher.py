@@ -19,8 +19,8 @@ from pathlib import Path
 
 import anyio
 
-from orchestrator.logs import get_logger
-from orchestrator.wrapper import EventLines, SpawnError, install_scripts, pid_alive, reap_children, spawn_wrapper
+from orchestrator.plugin.logs import get_logger
+from orchestrator.plugin.wrapper import EventLines, SpawnError, install_scripts, pid_alive, reap_children, spawn_wrapper
 
 from .protocol import FINAL_STATES, SERVICE
 from .store import Collection, Node, Store

@@ -77,7 +77,7 @@ import anyio
 from anyio.abc import ByteStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from orchestrator import RunSpec, SettingsError
+from orchestrator.plugin import RunSpec, SettingsError
 
 PROTOCOL_VERSION = 1
 SERVICE = "orch-glite-wms"

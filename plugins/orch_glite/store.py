@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.wrapper import pid_alive
+from orchestrator.plugin.wrapper import pid_alive
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (

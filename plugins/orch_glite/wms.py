@@ -54,8 +54,8 @@ import anyio
 from anyio import CancelScope
 from anyio.abc import ByteStream, SocketAttribute
 
-from orchestrator import SettingsError
-from orchestrator.wrapper import clear_outputs, prepare_local
+from orchestrator.plugin import SettingsError
+from orchestrator.plugin.wrapper import clear_outputs, prepare_local
 
 # ``X as X``: re-exported, so that every name this module had before the split still imports from it.
 from .launcher import KILL_GRACE as KILL_GRACE

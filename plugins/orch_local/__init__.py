@@ -28,7 +28,7 @@ from typing import Any
 
 import anyio
 
-from orchestrator import (
+from orchestrator.plugin import (
     Capabilities,
     Driver,
     DriverContext,
@@ -39,7 +39,7 @@ from orchestrator import (
     StatusUpdate,
     SubmitError,
 )
-from orchestrator.wrapper import (
+from orchestrator.plugin.wrapper import (
     RUNFILE,
     EventLines,
     SpawnError,

@@ -7,12 +7,25 @@ For tests and plugin authors. Its behaviour is set per subjob index:
 ``fail_submit`` lists indexes whose every submission fails, or maps an index
 to how many of its first submissions fail (counted in the driver's state
 dir, so across restarts); ``outcome`` maps an index to a final status, or to
-a list of them, one per attempt. ``bulk`` picks native (default) or emulated
-bulk. A run's whole fate is written into its backend id when it is
+a list of them, one per attempt; ``queued`` maps an index to the seconds it
+waits, submitted, before it runs. ``bulk`` picks native (default) or
+emulated bulk. A run's whole fate is written into its backend id when it is
 submitted, so it survives a restart of the orchestrator.
 
-It is a reporting driver: a timer heap says when runs end, and it reports
-them then, so a thousand idle runs cost nothing. Every accepted run is
+By default it is a reporting driver: a timer heap says when runs start and
+end, and it reports them then, so a thousand idle runs cost nothing. With
+``polled=True`` it is polled instead (``status_bulk``), like a batch system.
+
+Faults, for tests of what the core does when a backend misbehaves, are
+switched on and off while runs go on by writing ``faults.json`` in the
+driver's state dir (``<home>/backends/sim/faults.json``)::
+
+    {"status": "raise"}      polled status queries raise (the backend is down)
+    {"status": "garbage"}    they answer nonsense (unknown runs, bad statuses)
+    {"status": "alternate"}  one raises, the next babbles, and so on
+    {"submit": "raise"}      submissions fail as a whole (the call raises)
+
+and removed (or emptied) to end them. Every accepted run is
 appended to a ledger, ``submissions.log`` in the state dir (one write per
 call), the way a real backend keeps its queue: ``lookup`` finds runs there
 by key, and tests read it to prove that nothing was submitted twice.
@@ -23,6 +36,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +59,15 @@ from orchestrator.plugin import (
 )
 
 FINALS = ("completed", "failed", "killed", "held")
+
+
+def _fate(backend_id: str) -> tuple[float, float, str]:
+    """When a run starts and ends, and how: all written in its backend id."""
+    try:
+        _, _, _, start, end, final = backend_id.rsplit(":", 5)
+        return float(start), float(end), final if final in FINALS else "failed"
+    except ValueError:
+        return 0.0, 0.0, "failed"
 
 
 def _index_map(value: Any, name: str, check: Any) -> dict[int, Any]:
@@ -81,25 +104,36 @@ def _times(v: Any) -> int | None:
     return v
 
 
+def _seconds(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+        raise SettingsError("queued", f"queued times must be numbers of seconds >= 0, not {v!r}")
+    return float(v)
+
+
 @dataclass(frozen=True)
 class SimSettings(Settings):
     bulk: bool = True
+    polled: bool = False
     run_seconds: float = 0.1
     fail_submit: Any = field(default_factory=list)
     outcome: Any = field(default_factory=dict)
+    queued: Any = field(default_factory=dict)
 
     def check(self) -> None:
         if self.run_seconds < 0:
             raise SettingsError("run_seconds", f"run_seconds must be a number >= 0, not {self.run_seconds!r}")
         _index_map(self.fail_submit, "fail_submit", _times)
         _index_map(self.outcome, "outcome", _outcome)
+        _index_map(self.queued, "queued", _seconds)
 
 
 class SimDriver(Driver):
     name = "sim"
     settings = SimSettings
     capabilities = Capabilities(bulk_submit=True, bulk_kill=True, lookup=True, reports=True)
-    _EMULATED = Capabilities(lookup=True, reports=True)
+    _MODES = {(bulk, polled): Capabilities(bulk_submit=bulk, bulk_kill=bulk, bulk_status=True, lookup=True,
+                                           reports=not polled)
+              for bulk in (True, False) for polled in (True, False)}
 
     def __init__(self, context: DriverContext) -> None:
         super().__init__(context)
@@ -111,7 +145,9 @@ class SimDriver(Driver):
         self._seq = itertools.count()
         self._gone: set[str] = set()
         self._wake = anyio.Event()
-        self.calls: dict[str, int] = {"submit": 0, "submit_bulk": 0, "kill": 0, "kill_bulk": 0}
+        self.calls: dict[str, int] = {"submit": 0, "submit_bulk": 0, "kill": 0, "kill_bulk": 0, "status_bulk": 0}
+        self.faults_file = context.statedir / "faults.json"
+        self._alternate = 0
 
     @classmethod
     def validate_settings(cls, settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -121,10 +157,23 @@ class SimDriver(Driver):
                                                                    _times).items()}
         if "outcome" in out:
             out["outcome"] = {str(k): v for k, v in _index_map(out["outcome"], "outcome", _outcome).items()}
+        if "queued" in out:
+            out["queued"] = {str(k): v for k, v in _index_map(out["queued"], "queued", _seconds).items()}
         return out
 
     def capabilities_for(self, settings: Mapping[str, Any]) -> Capabilities:
-        return self.capabilities if settings.get("bulk", True) else self._EMULATED
+        return self._MODES[(bool(settings.get("bulk", True)), bool(settings.get("polled", False)))]
+
+    def metrics(self) -> dict[str, Any]:
+        return {"calls": dict(self.calls)}
+
+    def _fault(self, kind: str) -> str | None:
+        try:
+            faults = json.loads(self.faults_file.read_text(encoding="utf-8") or "{}")
+        except (FileNotFoundError, ValueError):
+            return None
+        value = faults.get(kind) if isinstance(faults, dict) else None
+        return value if isinstance(value, str) else None
 
     # ------------------------------------------------------------ the ledger
     def _read_counts(self) -> dict[str, int]:
@@ -173,11 +222,15 @@ class SimDriver(Driver):
                 raise SubmitError(f"sim: submission {n} of subjob {run.index} refused (fail_submit)")
         outcomes = _index_map(run.settings.get("outcome", {}), "outcome", _outcome).get(run.index, ["completed"])
         final = outcomes[min(run.attempt - 1, len(outcomes) - 1)]
-        end = now + float(run.settings.get("run_seconds", 0.1))  # one end per call: a batch ends together
-        return f"sim:{run.fqid}:{run.attempt}:{end:.6f}:{final}"
+        queued = _index_map(run.settings.get("queued", {}), "queued", _seconds).get(run.index, 0.0)
+        start = now + queued  # one start and one end per call: a batch runs together
+        end = start + float(run.settings.get("run_seconds", 0.1))
+        return f"sim:{run.fqid}:{run.attempt}:{start:.6f}:{end:.6f}:{final}"
 
     async def submit_bulk(self, runs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         self.calls["submit_bulk"] += 1
+        if self._fault("submit") == "raise":
+            raise ConnectionError("sim: backend unreachable (faults.json)")
         outcomes = []
         counted: list[str] = []
         now = time.time()
@@ -189,21 +242,24 @@ class SimDriver(Driver):
         self._count(counted)
         accepted = [(run.key, o.backend_id) for run, o in zip(runs, outcomes, strict=True) if o.backend_id]
         self._record(accepted)
-        self._schedule([(run.fqid, b) for run, (_, b) in zip((r for r, o in zip(runs, outcomes, strict=True)
-                                                                if o.backend_id), accepted, strict=True)])
+        if not runs or not runs[0].settings.get("polled", False):
+            self._schedule([(run.fqid, o.backend_id) for run, o in zip(runs, outcomes, strict=True) if o.backend_id])
         await anyio.lowlevel.checkpoint()
         return outcomes
 
     async def submit(self, run: RunSpec) -> str:
         self.calls["submit"] += 1
         await anyio.lowlevel.checkpoint()
+        if self._fault("submit") == "raise":
+            raise ConnectionError("sim: backend unreachable (faults.json)")
         counted: list[str] = []
         try:
             backend_id = self._start(run, counted, time.time())
         finally:
             self._count(counted)
         self._record([(run.key, backend_id)])
-        self._schedule([(run.fqid, backend_id)])
+        if not run.settings.get("polled", False):
+            self._schedule([(run.fqid, backend_id)])
         return backend_id
 
     def _count(self, fqids: list[str]) -> None:
@@ -213,23 +269,50 @@ class SimDriver(Driver):
 
     # ------------------------------------------------------------ the runs' course
     def _schedule(self, runs: Sequence[tuple[str, str]]) -> None:
-        """Runs go running at once and end at the time written in their id: two heap entries per batch."""
-        by_end: dict[float, list[tuple[str, str, str]]] = {}
+        """Runs go running and end at the times written in their ids (a heap entry per batch that starts, and
+        per batch that ends, together)."""
+        starts: dict[float, list[tuple[str, str, str]]] = {}
+        ends: dict[float, list[tuple[str, str, str]]] = {}
         for fqid, backend_id in runs:
             self._gone.discard(backend_id)
-            try:
-                _, _, _, end, final = backend_id.rsplit(":", 4)
-                by_end.setdefault(float(end), []).append((fqid, backend_id, final))
-            except ValueError:
-                by_end.setdefault(0.0, []).append((fqid, backend_id, "failed"))
-        now = time.time()
-        for end, batch in by_end.items():
-            heapq.heappush(self._heap, (now, next(self._seq), "start", batch))
-            heapq.heappush(self._heap, (end, next(self._seq), "end", batch))
+            start, end, final = _fate(backend_id)
+            run = (fqid, backend_id, final)
+            starts.setdefault(start, []).append(run)
+            ends.setdefault(end, []).append(run)
+        for at, batch in starts.items():
+            heapq.heappush(self._heap, (at, next(self._seq), "start", batch))
+        for at, batch in ends.items():
+            heapq.heappush(self._heap, (at, next(self._seq), "end", batch))
         self._wake.set()
 
     async def track(self, handles: Sequence[RunHandle]) -> None:
         self._schedule([(h.fqid, h.backend_id) for h in handles])
+
+    async def status_bulk(self, handles: Sequence[RunHandle]) -> list[StatusUpdate]:
+        """The polled mode: each run's status from the times in its id (faults from ``faults.json``)."""
+        self.calls["status_bulk"] += 1
+        fault = self._fault("status")
+        if fault == "alternate":
+            self._alternate += 1
+            fault = "raise" if self._alternate % 2 else "garbage"
+        if fault == "raise":
+            raise ConnectionError("sim: backend down (faults.json)")
+        if fault == "garbage":
+            first = handles[0].fqid if handles else "0"
+            return [StatusUpdate("9.9", "weird"), "garbage", StatusUpdate(first, "bogus")]  # type: ignore[list-item]
+        now = time.time()
+        updates = []
+        for h in handles:
+            if h.backend_id in self._gone:
+                continue
+            start, end, final = _fate(h.backend_id)
+            if now >= end:
+                updates.append(StatusUpdate(h.fqid, JobStatus(final), exit_code=0 if final == "completed" else 1,
+                                            reason=None if final == "completed" else f"sim: outcome {final}"))
+            elif now >= start and h.status == JobStatus.SUBMITTED:
+                updates.append(StatusUpdate(h.fqid, JobStatus.RUNNING))
+        await anyio.lowlevel.checkpoint()
+        return updates
 
     async def forget(self, handles: Sequence[RunHandle]) -> None:
         self._gone.update(h.backend_id for h in handles)

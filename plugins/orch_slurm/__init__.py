@@ -56,8 +56,8 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 
-from orchestrator import Capabilities, JobStatus, RunHandle, StatusUpdate
-from orchestrator.wrapper import RunLog, read_log
+from orchestrator.plugin import Capabilities, JobStatus, RunHandle, StatusUpdate
+from orchestrator.plugin.wrapper import RunLog, read_log
 
 from .slurm import (
     ABORTED,

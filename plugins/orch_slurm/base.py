@@ -13,8 +13,8 @@ from collections import Counter, deque
 from collections.abc import Mapping
 from typing import Any
 
-from orchestrator import Driver, DriverContext
-from orchestrator.wrapper import install_scripts
+from orchestrator.plugin import Driver, DriverContext
+from orchestrator.plugin.wrapper import install_scripts
 
 from .journal import Journal
 from .settings import validate

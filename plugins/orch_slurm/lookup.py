@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 
-from orchestrator import RunSpec
-from orchestrator.wrapper import read_log
+from orchestrator.plugin import RunSpec
+from orchestrator.plugin.wrapper import read_log
 
 from .base import SlurmBase
 from .journal import Attempt

@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from orchestrator import SettingsError
+from orchestrator.plugin import SettingsError
 
 FIELDS = ("via", "host", "partition", "time", "mem", "cpus", "account", "qos", "sbatch_args", "slurm_conf")
 #: Options the driver sets itself: ``sbatch_args`` may not override them.

@@ -17,8 +17,8 @@ from typing import Any
 
 import anyio
 
-from orchestrator import RunSpec, SubmitError, SubmitOutcome
-from orchestrator.wrapper import RUNFILE, clear_outputs, prepare_local, render_runfile
+from orchestrator.plugin import RunSpec, SubmitError, SubmitOutcome
+from orchestrator.plugin.wrapper import RUNFILE, clear_outputs, prepare_local, render_runfile
 
 from .journal import Attempt
 from .lookup import LookupMixin

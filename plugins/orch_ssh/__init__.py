@@ -65,7 +65,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from orchestrator import Capabilities
+from orchestrator.plugin import Capabilities
 
 from .kill import KillMixin
 from .lookup import LookupMixin

@@ -30,7 +30,7 @@ from typing import Any
 import anyio
 import asyncssh
 
-from orchestrator.wrapper import SCRIPTS, EventLines, script_text
+from orchestrator.plugin.wrapper import SCRIPTS, EventLines, script_text
 
 from . import scripts
 from .settings import HostSpec

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import anyio
 
-from orchestrator import RunHandle
+from orchestrator.plugin import RunHandle
 
 from . import scripts
 from .host import KILLED, LAUNCHED, QUEUED, STARTED, UNVERIFIED, Dropped, Host, HostError

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import anyio
 
-from orchestrator import RunSpec
+from orchestrator.plugin import RunSpec
 
 from . import scripts
 from .host import Host, HostError, RemoteFailed

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import anyio
 
-from orchestrator import JobStatus, RunHandle, StatusUpdate
+from orchestrator.plugin import JobStatus, RunHandle, StatusUpdate
 
 from . import scripts
 from .host import (

@@ -18,13 +18,13 @@ from typing import Any
 
 import anyio
 
-from orchestrator import Driver, DriverContext, RunHandle, RunSpec
+from orchestrator.plugin import Driver, DriverContext, RunHandle, RunSpec
 
 from .host import ACTIVE, LAUNCHING, QUEUED, UNVERIFIED, Host, Run, Tuning
 from .settings import DEFAULT_SLOTS, HostSpec, known_hosts_of, parse_host
 
 try:  # the State API's directory in a run's $ORCH_HOME (checkpointing)
-    from orchestrator.checkpoint import STATE_DIR as STATE_DIR  # (re-exported to the driver's parts)
+    from orchestrator.plugin.wrapper import STATE_DIR as STATE_DIR  # (re-exported to the driver's parts)
 except ImportError:  # a core without checkpointing
     STATE_DIR = ".orch-state"
 

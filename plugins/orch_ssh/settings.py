@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator import SettingsError
+from orchestrator.plugin import SettingsError
 
 #: The settings ``Backend("ssh", ...)`` takes.
 FIELDS = ("hosts", "host", "user", "port", "key", "workdir", "slots", "known_hosts")

@@ -16,8 +16,8 @@ from typing import Any
 
 import anyio
 
-from orchestrator import RunSpec, SubmitError, SubmitOutcome
-from orchestrator.wrapper import clear_outputs, render_runfile
+from orchestrator.plugin import RunSpec, SubmitError, SubmitOutcome
+from orchestrator.plugin.wrapper import clear_outputs, render_runfile
 
 from . import scripts
 from .host import LAUNCHED, LAUNCHING, QUEUED, RUNNING, UNVERIFIED, Dropped, Host, HostError, Run, Unreachable

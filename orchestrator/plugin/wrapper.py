@@ -13,11 +13,11 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from .drivers import RunSpec
+from ..core.runlog import RunLog, parse_log
+from .contract import RunSpec
 
 SCRIPTS = ("wrapper.sh", "orch-log", "orch-state")
 RUNFILE = "run.env"
@@ -105,56 +105,11 @@ def clear_outputs(outputdir: Path) -> None:
                 entry.unlink()
 
 
-@dataclass
-class RunLog:
-    """What the wrapper's log says about one run."""
-
-    started: float | None = None
-    exit_code: int | None = None
-    ended: float | None = None
-    end_code: int | None = None
-    keywords: list[tuple[float, str, str]] = field(default_factory=list)
-
-    @property
-    def finished(self) -> bool:
-        return self.end_code is not None
-
-
-def parse_log(text: str) -> RunLog:
-    """Read ``orch.log``; malformed lines are kept as INFO, never a crash."""
-    log = RunLog()
-    for line in text.splitlines():
-        parts = line.split(" ", 2)
-        if len(parts) < 2:
-            continue
-        try:
-            ts = float(parts[0])
-        except ValueError:
-            continue
-        word, data = parts[1], parts[2] if len(parts) > 2 else ""
-        if word == "START":
-            log.started = ts
-        elif word == "EXIT":
-            log.exit_code = _int(data)
-        elif word == "END":
-            log.ended, log.end_code = ts, _int(data)
-        else:
-            log.keywords.append((ts, word, data))
-    return log
-
-
 def read_log(outputdir: Path) -> RunLog:
     try:
         return parse_log((outputdir / "orch.log").read_text(errors="replace"))
     except FileNotFoundError:
         return RunLog()
-
-
-def _int(text: str) -> int | None:
-    try:
-        return int(text.split()[0])
-    except (ValueError, IndexError):
-        return None
 
 
 def pid_alive(pid: int) -> bool:
@@ -245,3 +200,4 @@ class EventLines:
         with open(path, "rb") as f:
             f.seek(self.offset)
             return self.feed(f.read())
+from ..checkpoint import STATE_DIR as STATE_DIR  # where the State API keeps a run's states (its work dir)
