@@ -7,14 +7,15 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 import structlog
 from click.testing import CliRunner, Result
 
-from orchestrator import ArgSplitter, Backend, GenericSplitter, JobError, TextMerger
+from orchestrator import ArgSplitter, Backend, GenericSplitter, JobError, Orchestrator, TextMerger
 from orchestrator.cli import cli
-from orchestrator.jobfile import JobFileError, load_job
-from orchestrator.repository import HomeLock
+from orchestrator.cli.jobfile import JobFileError, load_job
+from orchestrator.runtime.homelock import HomeLock
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -113,7 +114,7 @@ def test_kill_resubmit_remove(tmp_path: Path, home: Path) -> None:
     refused = run(home, "remove", job_id, code=2)
     assert "kill it first" in refused.stderr and "Traceback" not in refused.output
     assert run(home, "kill", job_id).stdout.strip() == f"job {job_id}: killed"
-    none = run(home, "resubmit", job_id).stdout
+    none = run(home, "resubmit", job_id, code=3).stdout  # nothing to do: said, with its own exit code
     assert "no subjob to resubmit" in none and "--all" in none
     again = run(home, "resubmit", job_id, "--all").stdout
     assert again.strip() == f"job {job_id}: resubmitted 3 subjob(s); submitted"
@@ -204,7 +205,13 @@ def test_refused_operation_exits_2(tmp_path: Path, home: Path) -> None:
     path = sim_file(tmp_path, n=2, backend_extra="bulk = false\nfail_submit = [0, 1]")
     failed = run(home, "submit", str(path), "--keep-going", code=2)
     assert "no subjob could be submitted" in failed.stderr and "Traceback" not in failed.output
-    job_id = run(home, "jobs").stdout.splitlines()[1].split()[0]
+    assert run(home, "jobs").stdout.strip() == "no jobs"  # a job file that could not run leaves nothing behind
+
+    async def add() -> str:
+        async with Orchestrator(home=home) as orch:
+            return (await orch.jobs.add(load_job(path))).fqid
+
+    job_id = anyio.run(add)
     assert "was never submitted" in run(home, "resubmit", job_id, code=2).stderr
     assert run(home, "wait", job_id, code=1).stdout.startswith(f"job {job_id} new")
     run(home, "remove", job_id)

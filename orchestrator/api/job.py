@@ -22,6 +22,7 @@ from ..core.model import Backend, JobInfo
 from ..core.statuses import ACTIVE, JobStatus, parse_status
 from .definition import Definition
 from .slices import JobSlice, select_statuses
+from .transport import Done
 
 if TYPE_CHECKING:
     from .orchestrator import JobRegistry
@@ -156,32 +157,34 @@ class Job(Definition):
         return self._registry is not None and self._registry.transport.active(self.fqid_tuple)
 
     # ------------------------------------------------------------ operations
-    async def submit(self, keep_going: bool = False) -> None:
-        await JobSlice([self]).submit(keep_going=keep_going)
+    async def submit(self, keep_going: bool = False) -> Done:
+        """Split and submit a new top-level job; the answer says how many jobs it acted on."""
+        return await JobSlice([self]).submit(keep_going=keep_going)
 
-    async def kill(self, keep_going: bool = False) -> None:
-        await JobSlice([self]).kill(keep_going=keep_going)
+    async def kill(self, keep_going: bool = False) -> Done:
+        """Kill it (a master: every active subjob); the answer's ``acted`` is 0 when there was nothing to kill."""
+        return await JobSlice([self]).kill(keep_going=keep_going)
 
     async def resubmit(self, only_failed: bool = True, backend: str | Backend | None = None,
-                       keep_going: bool = False, from_state: str | None = None) -> None:
+                       keep_going: bool = False, from_state: str | None = None) -> Done:
         """Run again. ``from_state``: the text of a saved state (``orchestrator checkpoint get``) to start from."""
-        await JobSlice([self]).resubmit(only_failed=only_failed, backend=backend, keep_going=keep_going,
-                                        from_state=from_state)
+        return await JobSlice([self]).resubmit(only_failed=only_failed, backend=backend, keep_going=keep_going,
+                                               from_state=from_state)
 
-    async def release(self, retry_args: Sequence[str] | None = None) -> None:
+    async def release(self, retry_args: Sequence[str] | None = None) -> Done:
         """Resume a held job; ``retry_args`` reach it as ``ORCH_RETRY_ARG_1..n`` (else the hold's own data)."""
-        await self.registry.transport.release([self.fqid_tuple], retry_args)
+        return await self.registry.transport.release([self.fqid_tuple], retry_args)
 
-    async def force_status(self, status: str | JobStatus, force: bool = False) -> None:
+    async def force_status(self, status: str | JobStatus, force: bool = False) -> Done:
         """Mark a stuck job ``failed`` or ``completed``; an active one is killed first unless ``force``."""
-        await JobSlice([self]).force_status(status, force=force)
+        return await JobSlice([self]).force_status(status, force=force)
 
     async def copy(self) -> Job:
         """A new top-level ``new`` job with the same definition, sharing no object with this one."""
         return (await JobSlice([self]).copy())[0]
 
-    async def remove(self) -> None:
-        await JobSlice([self]).remove()
+    async def remove(self) -> Done:
+        return await JobSlice([self]).remove()
 
     async def wait(self, timeout: float | None = None) -> None:
         """Return once nothing of the job is active (no subjob submitting, submitted, running or completing)."""

@@ -24,6 +24,7 @@ from ..core.errors import JobError
 from ..core.ids import FQID
 from ..core.model import Backend
 from ..core.statuses import JobStatus, parse_status
+from .transport import Done
 
 
 def select_statuses(status: str | JobStatus | Iterable[str | JobStatus] | None) -> list[JobStatus] | None:
@@ -106,9 +107,9 @@ class JobSlice:
     def _targets(self) -> list[FQID]:
         return [j.fqid_tuple for j in self._jobs]
 
-    async def submit(self, keep_going: bool = False) -> None:
+    async def submit(self, keep_going: bool = False) -> Done:
         if not len(self):
-            return
+            return Done()
         transport = self._transport()
         definitions = {}
         for job in self._jobs:  # a new job is submitted as it is defined now
@@ -118,40 +119,42 @@ class JobSlice:
 
                 validate(job, job.fqid)
                 definitions[job.id] = (job.name, job.spec())
-        await transport.submit(self._targets(), keep_going, definitions)
+        return await transport.submit(self._targets(), keep_going, definitions)
 
-    async def kill(self, keep_going: bool = False) -> None:
-        if len(self):
-            await self._transport().kill(self._targets(), keep_going)
+    async def kill(self, keep_going: bool = False) -> Done:
+        """Kill every active run of the slice; the answer says how many runs it acted on (0: nothing to do)."""
+        return await self._transport().kill(self._targets(), keep_going) if len(self) else Done()
 
     async def resubmit(self, keep_going: bool = False, backend: str | Backend | None = None,
-                       only_failed: bool = True, from_state: str | None = None) -> None:
+                       only_failed: bool = True, from_state: str | None = None) -> Done:
         if not len(self):
-            return
+            return Done()
         chosen = None
         if backend is not None:
             from .validate import checked_backend
 
             chosen = checked_backend(backend, self._jobs[0].fqid)
-        await self._transport().resubmit(self._targets(), only_failed=only_failed, keep_going=keep_going,
-                                         backend=chosen.to_dict() if chosen is not None else None,
-                                         from_state=from_state)
+        done = await self._transport().resubmit(self._targets(), only_failed=only_failed, keep_going=keep_going,
+                                                backend=chosen.to_dict() if chosen is not None else None,
+                                                from_state=from_state)
         if chosen is not None:  # the objects show the settings the runs now have
             for job in self:
                 top = job if job.parent is None else job.parent
                 top.backend = chosen.copy()
                 if job is not top:
                     job.backend = chosen.copy()
+        return done
 
-    async def force_status(self, status: str | JobStatus, force: bool = False, keep_going: bool = False) -> None:
-        if len(self):
-            await self._transport().force_status(self._targets(), parse_status(status), force, keep_going)
-
-    async def remove(self, keep_going: bool = False) -> None:
+    async def force_status(self, status: str | JobStatus, force: bool = False, keep_going: bool = False) -> Done:
         if not len(self):
-            return
+            return Done()
+        return await self._transport().force_status(self._targets(), parse_status(status), force, keep_going)
+
+    async def remove(self, keep_going: bool = False) -> Done:
+        if not len(self):
+            return Done()
         try:
-            await self._transport().remove(self._targets(), keep_going)
+            return await self._transport().remove(self._targets(), keep_going)
         finally:
             for job in self._jobs:
                 registry = job._registry

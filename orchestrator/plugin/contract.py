@@ -175,8 +175,9 @@ class Driver:
     def __init__(self, context: DriverContext) -> None:
         self.context = context
 
-    def __init_subclass__(cls, **kw: Any) -> None:
-        super().__init_subclass__(**kw)
+    @classmethod
+    def check_implemented(cls) -> None:
+        """A registered driver implements one form of submit and of kill (the runtime checks at load)."""
         for one, many in (("submit", "submit_bulk"), ("kill", "kill_bulk")):
             if getattr(cls, one) is getattr(Driver, one) and getattr(cls, many) is getattr(Driver, many):
                 raise TypeError(f"driver {cls.__name__} must implement {one}() or {many}()")

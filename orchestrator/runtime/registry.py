@@ -49,6 +49,10 @@ def driver_class(name: str) -> type[Driver]:
         raise KeyError(f"unknown backend {name!r} (installed: {known})")
     if not (isinstance(plugin, type) and issubclass(plugin, Driver)):
         raise KeyError(f"backend {name!r} does not name a Driver subclass")
+    try:
+        plugin.check_implemented()
+    except TypeError as exc:
+        raise KeyError(f"backend {name!r}: {exc}") from None
     return plugin
 
 

@@ -37,12 +37,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .drivers import SettingsError
-from .errors import JobError
-from .job import Job
-from .model import Backend, Executable, RetryPolicy
-from .plugins import driver_class, merger_class, splitter_class
-from .tomlfile import read_toml
+from ..api.job import Job
+from ..core.errors import JobError
+from ..core.model import Backend, Executable, RetryPolicy
+from ..core.splitters import Master
+from ..plugin.settings import SettingsError
+from ..runtime.registry import driver_class, postprocessor_class, splitter_class
+from ..runtime.tomlfile import read_toml
 
 TOP_KEYS = ("name", "inputfiles", "outputfiles", "mode", "application", "backend", "splitter", "merger", "retry")
 APPLICATION_KEYS = ("exe", "args", "env")
@@ -181,7 +182,7 @@ class _Loader:
             inputfiles=self.inputfiles(data.get("inputfiles", [])),
             outputfiles=self.outputfiles(data.get("outputfiles", [])),
             splitter=self.plugin(data, "splitter", splitter_class),
-            merger=self.plugin(data, "merger", merger_class),
+            merger=self.plugin(data, "merger", postprocessor_class),
             backend=self.backend(data.get("backend", "local")),
             retry=self.retry(data.get("retry", {})),
             mode=mode,
@@ -294,15 +295,17 @@ class _Loader:
     def dry_split(self, job: Job) -> None:
         """Run the (pure) splitter once, so that bad splitter values are reported against the file."""
         assert job.splitter is not None
+        from ..core.splitters import apply_delta
+
+        spec = job.spec()
         try:
-            subjobs = job.splitter.split(job)
-            if not subjobs:
+            deltas = job.splitter.split(Master(str(self.path), spec, 1, job.name))
+            if not deltas:
                 raise self.fail("the splitter made no subjobs", "splitter")
-            for i, sub in enumerate(subjobs):
-                if not isinstance(sub.application, Executable):
-                    raise self.fail(f"the splitter made subjob {i} without an Executable", "splitter")
+            for i, delta in enumerate(deltas):
+                app = apply_delta(spec, delta).get("application") or {}
                 try:
-                    sub.application.validate(str(self.path))
+                    Executable(app.get("exe", ""), app.get("args", []), app.get("env", {})).validate(str(self.path))
                 except JobError as exc:
                     raise self.fail(f"subjob {i}: {_bare(exc)} ({exc.field})", "splitter") from None
         except JobFileError:

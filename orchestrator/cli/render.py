@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .status import ALL_STATUSES, FINAL, JobStatus
+from ..core.statuses import ALL_STATUSES, FINAL, JobStatus
 
 S = JobStatus
 STYLES = {S.NEW: "dim", S.SUBMITTING: "cyan", S.SUBMITTED: "cyan", S.RUNNING: "yellow", S.COMPLETING: "yellow",

@@ -1,0 +1,99 @@
+"""The ``orchestrator`` command's plumbing: the group, its errors, opening the home once per command.
+
+Every command opens ``Orchestrator(home)``, which goes through the service
+when one holds the home and opens the home here otherwise, so a command is
+written once and prints the same either way.
+
+Exit codes: 0 done; 1 a job ended otherwise than completed (``wait``), or
+it timed out; 2 a refusal, a bad job file, a busy home, an unknown id (a
+one-line message on stderr); 3 nothing to do (``kill`` of a final job,
+``resubmit`` with nothing to resubmit: the message says so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import click
+from rich.console import Console
+from rich.text import Text
+
+from ..api.orchestrator import Orchestrator, default_home
+from ..core.errors import OrchestratorError
+from ..core.ids import fqid_str, parse_fqid
+
+T = TypeVar("T")
+#: Exit code of a command that found nothing to do.
+NOTHING_TO_DO = 3
+
+
+class CliError(click.ClickException):
+    """A one-line red message on stderr, exit code 2."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        Console(stderr=True).print(Text(f"error: {self.message}", style="red"), soft_wrap=True, highlight=False)
+
+
+class Group(click.Group):
+    """Turns the errors a user can cause (and fix) into ``CliError``; anything else is a bug: traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except OSError as exc:
+            raise CliError(f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc)) from exc
+        except OrchestratorError as exc:
+            raise CliError(str(exc)) from exc
+
+
+def _job_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """``3`` or ``3.1``, normalised; anything else is a usage error."""
+    try:
+        return fqid_str(parse_fqid(value))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
+def job_id_argument(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.argument("job_id", metavar="ID", callback=_job_id)(f)
+
+
+def home_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None,
+                        help="Orchestrator home (default: $ORCHESTRATOR_HOME or ~/.orchestrator).")(f)
+
+
+def home_of(home: Path | None) -> Path:
+    if home is None:
+        home = click.get_current_context().find_root().params.get("home")
+    return Path(home).expanduser().resolve() if home is not None else default_home()
+
+
+def run(home: Path | None, body: Callable[[Orchestrator], Awaitable[T]], *, refresh: bool = False) -> T:
+    """Open the home (through its service if one holds it), run ``body``, close it.
+
+    ``refresh``: ask the backends for news first (a listing on a home opened here, where no monitoring
+    ran between commands; a service's is current).
+    """
+    path = home_of(home)
+
+    async def main() -> T:
+        async with Orchestrator(home=path) as orch:
+            if refresh and not orch.remote:
+                await orch.transport.refresh()
+                with anyio.move_on_after(30):  # what the news set going (a merge) finishes first
+                    await orch.runtime.settle()
+            return await body(orch)
+
+    return anyio.run(main)
+
+
+def nothing_to_do(message: str) -> None:
+    """Say that nothing was done, and end with the documented exit code."""
+    click.echo(message)
+    click.get_current_context().exit(NOTHING_TO_DO)

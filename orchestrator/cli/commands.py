@@ -1,0 +1,301 @@
+"""The ``orchestrator`` commands: submit, jobs, show, kill, resubmit, release, remove, wait, demo, serve.
+
+Written once over the API (see :mod:`.app`): through a service when one
+holds the home, on the home opened here otherwise; the output is the same.
+``wait`` (and ``submit --wait``, ``demo``) exits 0 when the job ended
+completed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
+from stevedore import ExtensionManager
+
+from ..api.job import Job
+from ..api.orchestrator import Orchestrator
+from ..core.statuses import ALL_STATUSES, FINAL, JobStatus
+from ..plugin.logs import configure as configure_logs
+from . import render, views
+from .app import CliError, Group, home_of, home_option, job_id_argument, nothing_to_do, run
+from .jobfile import demo_job_text, load_job
+
+S = JobStatus
+#: Seconds between two refreshes of the live display.
+POLL = 0.2
+
+
+def _lookup(orch: Orchestrator, ident: str) -> Job:
+    try:
+        job: Job = orch.jobs(ident)
+    except KeyError:
+        raise CliError(f"no job {ident}") from None
+    return job
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@home_option
+@click.option("-v", "--verbose", is_flag=True, help="Log the orchestrator's work (INFO) on stderr.")
+def cli(home: Path | None, verbose: bool) -> None:
+    """An asynchronous job orchestrator for batch and grid computing."""
+    configure_logs(level="INFO" if verbose else "WARNING")
+
+
+@cli.command()
+@click.argument("jobfile", type=click.Path(path_type=Path))
+@click.option("--keep-going/--no-keep-going", default=False, show_default=True,
+              help="Submit every subjob even when some fail to submit.")
+@click.option("--wait", "wait_", is_flag=True, help="Then follow the job until it ends (as 'wait').")
+@click.option("--timeout", type=float, default=None, help="With --wait: give up after this many seconds.")
+@home_option
+def submit(jobfile: Path, keep_going: bool, wait_: bool, timeout: float | None, home: Path | None) -> None:
+    """Add the job described by JOBFILE (TOML) and submit it; print its id."""
+    job = load_job(jobfile)  # before the home is opened: a bad file leaves nothing behind
+
+    async def body(orch: Orchestrator) -> int:
+        added = await orch.jobs.add(job)
+        try:
+            await added.submit(keep_going=keep_going)
+        except BaseException:
+            if added.status == S.NEW and not added.is_active():  # a job file that cannot run leaves nothing
+                await added.remove()
+            raise
+        click.echo(added.fqid)
+        return await _follow(added, timeout) if wait_ else 0
+
+    click.get_current_context().exit(run(home, body))
+
+
+@cli.command()
+@click.option("--status", "statuses", multiple=True, type=click.Choice([s.value for s in ALL_STATUSES]),
+              help="Only jobs in this status (repeatable).")
+@click.option("--name", default=None, help="Only jobs whose name matches this glob.")
+@home_option
+def jobs(statuses: tuple[str, ...], name: str | None, home: Path | None) -> None:
+    """List the top-level jobs with their subjob counts per status."""
+
+    async def body(orch: Orchestrator) -> None:
+        selected = [views.summary(j) for j in orch.jobs.select(status=list(statuses) or None, name=name)]
+        console = render.console()
+        if not selected:
+            console.print("no jobs")
+            return
+        console.print(render.jobs_table(selected))
+
+    run(home, body, refresh=True)
+
+
+@cli.command()
+@job_id_argument
+@home_option
+def show(job_id: str, home: Path | None) -> None:
+    """Show a job (ID: 3) or a subjob (ID: 3.1) in full."""
+
+    async def body(orch: Orchestrator) -> None:
+        render.show(views.detail(_lookup(orch, job_id)), render.console())
+
+    run(home, body, refresh=True)
+
+
+@cli.command()
+@job_id_argument
+@click.option("--keep-going", is_flag=True, help="Go on past a subjob that cannot be killed.")
+@home_option
+def kill(job_id: str, keep_going: bool, home: Path | None) -> None:
+    """Kill a job (every active subjob of a master) or one subjob; exit 3 when nothing was left to kill."""
+
+    async def body(orch: Orchestrator) -> None:
+        job = _lookup(orch, job_id)
+        done = await job.kill(keep_going=keep_going)
+        if not done.acted:
+            nothing_to_do(f"job {job.fqid}: nothing to kill ({job.status.value})")
+        click.echo(f"job {job.fqid}: {job.status.value}")
+
+    run(home, body)
+
+
+@cli.command()
+@job_id_argument
+@click.option("--all", "all_", is_flag=True, help="On a master: killed subjobs too, not only the failed ones.")
+@click.option("--keep-going", is_flag=True, help="Go on past a subjob that cannot be resubmitted.")
+@click.option("--from-state", "from_state", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="Start from this saved state (written by 'orchestrator checkpoint get -o').")
+@home_option
+def resubmit(job_id: str, all_: bool, keep_going: bool, from_state: Path | None, home: Path | None) -> None:
+    """Resubmit a master's failed subjobs (--all: and killed ones), or one job or subjob; exit 3 when there
+    was nothing to resubmit."""
+    state = from_state.read_text(encoding="utf-8") if from_state is not None else None
+
+    async def body(orch: Orchestrator) -> None:
+        job = _lookup(orch, job_id)
+        if state is not None:
+            await job.resubmit(keep_going=keep_going, from_state=state)
+            click.echo(f"job {job.fqid}: resubmitted from state {from_state}; {job.status.value}")
+            return
+        done = await job.resubmit(only_failed=not all_, keep_going=keep_going)
+        if not done.acted:
+            killed = job.parent is None and views.counts(job).get("killed")
+            hint = " (--all takes the killed ones too)" if killed and not all_ else ""
+            nothing_to_do(f"job {job.fqid}: no subjob to resubmit{hint}")
+        what = f" {done.acted} subjob(s)" if views.counts(job) else ""
+        click.echo(f"job {job.fqid}: resubmitted{what}; {job.status.value}")
+
+    run(home, body)
+
+
+@cli.command()
+@job_id_argument
+@click.option("--arg", "args", multiple=True, help="A retry argument (ORCH_RETRY_ARG_n), in order; repeatable.")
+@home_option
+def release(job_id: str, args: tuple[str, ...], home: Path | None) -> None:
+    """Resume a held job, or a master's held subjobs, optionally with new retry arguments."""
+
+    async def body(orch: Orchestrator) -> None:
+        job = _lookup(orch, job_id)
+        await job.release(retry_args=list(args) if args else None)
+        click.echo(f"job {job.fqid}: released; {job.status.value}")
+
+    run(home, body)
+
+
+@cli.command()
+@job_id_argument
+@home_option
+def remove(job_id: str, home: Path | None) -> None:
+    """Forget a final or new top-level job and delete its workspace."""
+
+    async def body(orch: Orchestrator) -> None:
+        job = _lookup(orch, job_id)
+        await job.remove()
+        click.echo(f"job {job_id}: removed")
+
+    run(home, body)
+
+
+@cli.command()
+@job_id_argument
+@click.option("--timeout", type=float, default=None, help="Give up after this many seconds (exit code 1).")
+@home_option
+def wait(job_id: str, timeout: float | None, home: Path | None) -> None:
+    """Follow a job until nothing of it is active; exit 0 if it ended completed, else 1."""
+    click.get_current_context().exit(run(home, lambda orch: _follow(_lookup(orch, job_id), timeout)))
+
+
+async def _follow(job: Job, timeout: float | None) -> int:
+    """Show the job's progress until it is no longer active: live on a terminal, else one line at the end."""
+    console = render.console()
+
+    async def until_done(render_now: Callable[[], None]) -> bool:
+        with anyio.move_on_after(math.inf if timeout is None else timeout) as scope:
+            while True:
+                render_now()
+                try:
+                    await job.wait(timeout=POLL)
+                    break
+                except TimeoutError:
+                    continue
+        render_now()
+        return scope.cancelled_caught
+
+    try:
+        if console.is_terminal:
+            columns = (TextColumn("job {task.fields[fqid]} {task.fields[status]}"), BarColumn(),
+                       MofNCompleteColumn(), TextColumn("{task.fields[counts]}"), TimeElapsedColumn())
+            with Progress(*columns, console=console, auto_refresh=False) as bar:
+                task = bar.add_task("", total=1, fqid=job.fqid, status="", counts="")
+
+                def render_now() -> None:
+                    record = views.summary(job)
+                    final, total = views.final_or_total(record)
+                    bar.update(task, completed=final, total=max(total, 1),
+                               counts=render.counts_text(record["counts"]).markup,
+                               status=render.status_text(record["status"]).markup)
+                    bar.refresh()
+
+                timed_out = await until_done(render_now)
+        else:
+            timed_out = await until_done(lambda: None)
+    except KeyboardInterrupt:
+        Console(stderr=True).print(Text(f"stopped watching; job {job.fqid} goes on (watch it again with "
+                                        f"'orchestrator wait {job.fqid}')", style="yellow"), soft_wrap=True)
+        raise
+    record = views.summary(job)
+    final, total = views.final_or_total(record)
+    line = Text(f"job {record['fqid']} ")
+    line.append(record["status"], style=render.STYLES[JobStatus(record["status"])])
+    line.append(f": {final}/{total} final")
+    if record["counts"]:
+        line.append(" (").append_text(render.counts_text(record["counts"])).append(")")
+    if record["reason"]:
+        line.append(f"; {record['reason']}", style="red")
+    console.print(line, soft_wrap=True)
+    if timed_out:
+        Console(stderr=True).print(Text(f"timed out after {timeout:g} s; job {job.fqid} goes on", style="yellow"),
+                                   soft_wrap=True)
+        return 1
+    return 0 if record["status"] == S.COMPLETED else 1
+
+
+@cli.command()
+@click.option("-n", "--subjobs", default=12, show_default=True, type=click.IntRange(1, 10_000),
+              help="Number of subjobs.")
+@home_option
+def demo(subjobs: int, home: Path | None) -> None:
+    """Run a small job on this machine: N subjobs square their index; print the merged output."""
+    path = home_of(home)
+    jobfile = path / "demo" / "demo.toml"
+    jobfile.parent.mkdir(parents=True, exist_ok=True)
+    jobfile.write_text(demo_job_text(subjobs))
+    job = load_job(jobfile)
+
+    async def body(orch: Orchestrator) -> int:
+        added = await orch.jobs.add(job)
+        console = render.console()
+        console.print(Text(f"demo: job {added.fqid}, {subjobs} subjobs on the local backend (job file {jobfile})"),
+                      soft_wrap=True)
+        await added.submit(keep_going=True)
+        code = await _follow(added, None)
+        merged = added.outputdir / "stdout"
+        console.print(Text(f"merged output ({merged}):", style="bold"), soft_wrap=True)
+        try:
+            click.echo(merged.read_text(), nl=False)
+        except FileNotFoundError:
+            raise CliError(f"job {added.fqid}: no merged output at {merged} "
+                           f"({added.info.reason or added.status.value})") from None
+        return code
+
+    click.get_current_context().exit(run(home, body))
+
+
+@cli.command()
+@click.option("--tcp-port", type=int, default=None,
+              help="Also listen on 127.0.0.1:PORT (0: any free port), bearer token required. Default: [service].")
+@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The bearer token for TCP clients (created, mode 0600, if missing). "
+                   "Default: [service] token_file, else <home>/service/token.")
+@home_option
+def serve(tcp_port: int | None, token_file: Path | None, home: Path | None) -> None:
+    """Run the service on a home until SIGTERM: monitoring, control API on a Unix socket, status page."""
+    from ..service.daemon import run_service
+
+    path = home_of(home)
+    click.get_current_context().exit(anyio.run(lambda: run_service(path, tcp_port=tcp_port, token_file=token_file)))
+
+
+def add_plugin_commands() -> None:
+    """Commands that plugins register under the entry-point group ``orchestrator.commands``."""
+    manager: ExtensionManager[Any] = ExtensionManager(namespace="orchestrator.commands", invoke_on_load=False)
+    for ext in manager:
+        if isinstance(ext.plugin, click.Command) and ext.name not in cli.commands:
+            cli.add_command(ext.plugin, ext.name)
+
+
+__all__ = ["FINAL", "cli"]

@@ -1,0 +1,63 @@
+"""What the CLI shows of jobs, as plain records built from the API's objects.
+
+The same records whether the orchestrator is embedded or reached through a
+service (they are read through the one API), so the CLI prints the same
+either way, and ``--json`` prints these records as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..api.job import Job
+from ..core.statuses import ALL_STATUSES, JobStatus
+
+#: Subjobs listed by ``show`` on a master unless asked otherwise.
+SHOW_SUBJOBS = 50
+
+
+def counts(job: Job) -> dict[str, int]:
+    """Per-status subjob counts of a master (from the state machine's counters), ``{}`` for a runnable job."""
+    if job.parent is not None or job.id is None:
+        return {}
+    found = job.registry.transport.counts(job.id)
+    return {s.value: found[s] for s in ALL_STATUSES if found.get(s)}
+
+
+def summary(job: Job) -> dict[str, Any]:
+    c = counts(job)
+    return {"fqid": job.fqid, "name": job.name, "status": job.status.value, "backend": job.backend.name,
+            "subjobs": sum(c.values()), "counts": c, "reason": job.info.reason, "active": job.is_active()}
+
+
+def detail(job: Job, subjobs: int = SHOW_SUBJOBS) -> dict[str, Any]:
+    app = job.application
+    out: dict[str, Any] = {
+        **summary(job),
+        "master": job.parent.fqid if job.parent is not None else None,
+        "backend_settings": dict(job.backend.settings),
+        "application": app.to_dict() if app is not None else None,
+        "inputfiles": list(job.inputfiles), "outputfiles": list(job.outputfiles), "mode": job.mode,
+        "splitter": repr(job.splitter) if job.splitter is not None else None,
+        "merger": repr(job.merger) if job.merger is not None else None,
+        "comment": job.comment, "metadata": job.metadata,
+        "backend_id": job.backend_id, "info": job.info.to_dict(), "outputdir": str(job.outputdir),
+        "subjob_rows": [],
+    }
+    if out["counts"] and subjobs > 0:
+        for sub in job.subjobs.build(range(min(len(job.subjobs), subjobs))):
+            out["subjob_rows"].append({
+                "fqid": sub.fqid, "status": sub.status.value,
+                "args": list(sub.application.args) if sub.application else [],
+                "submits": sub.info.submit_counter, "backend_id": sub.backend_id, "reason": sub.info.reason})
+    return out
+
+
+def final_or_total(record: dict[str, Any]) -> tuple[int, int]:
+    from ..core.statuses import FINAL
+
+    c: dict[str, int] = record["counts"] or {record["status"]: 1}
+    return sum(c.get(s.value, 0) for s in FINAL), sum(c.values())
+
+
+__all__ = ["SHOW_SUBJOBS", "JobStatus", "counts", "detail", "summary"]
