@@ -159,6 +159,11 @@ class Embedded:
         return read_file(jobdir, name, tail, running=status in (JobStatus.RUNNING, JobStatus.COMPLETING),
                          fqid=".".join(map(str, fq)))
 
+    async def states(self, fq: FQID) -> list[dict[str, Any]]:
+        await self.runtime.writer.flush()
+        rows = await self.runtime.repo.states(".".join(map(str, fq)))
+        return [{"job": r.job, "seq": r.seq, "time": r.time, "final": r.final, "data": r.data} for r in rows]
+
     def annotate(self, job: int, comment: str | None, metadata: dict[str, Any] | None) -> None:
         spec = self.runtime.definitions.spec(job)
         if comment is not None:

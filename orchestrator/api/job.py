@@ -14,7 +14,7 @@ import copy
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..core.errors import JobError
 from ..core.ids import FQID, fqid_str
@@ -22,10 +22,8 @@ from ..core.model import Backend, JobInfo
 from ..core.statuses import ACTIVE, JobStatus, parse_status
 from .definition import Definition
 from .slices import JobSlice, select_statuses
-from .transport import Done
+from .transport import Done, Jobs
 
-if TYPE_CHECKING:
-    from .orchestrator import JobRegistry
 
 
 class Job(Definition):
@@ -35,7 +33,7 @@ class Job(Definition):
         super().__init__(*args, **kw)
         self.id: int | None = None
         self.parent: Job | None = None
-        self._registry: JobRegistry | None = None
+        self._registry: Jobs | None = None
         self._subjobs = SubjobList(self)
 
     # ------------------------------------------------------------ identity
@@ -61,7 +59,7 @@ class Job(Definition):
         return self.parent
 
     @property
-    def registry(self) -> JobRegistry:
+    def registry(self) -> Jobs:
         if self._registry is None:
             raise JobError("the job has not been added to an orchestrator (await orch.jobs.add(job))",
                            fqid=self.fqid_or_new)
@@ -181,7 +179,8 @@ class Job(Definition):
 
     async def copy(self) -> Job:
         """A new top-level ``new`` job with the same definition, sharing no object with this one."""
-        return (await JobSlice([self]).copy())[0]
+        twin: Job = (await JobSlice([self]).copy())[0]
+        return twin
 
     async def remove(self) -> Done:
         return await JobSlice([self]).remove()
@@ -193,6 +192,10 @@ class Job(Definition):
     async def peek(self, name: str = "stdout", tail: int | None = None) -> str:
         """The text of a file of the run: its output dir once ended, its work dir while it runs."""
         return await self.registry.transport.peek(self.fqid_tuple, name, tail)
+
+    async def states(self) -> list[dict[str, Any]]:
+        """The checkpoint states kept for this job or subjob, oldest first (label ``fqid:seq``)."""
+        return await self.registry.transport.states(self.fqid_tuple)
 
     # ------------------------------------------------------------ definitions
     def template(self) -> Job:
@@ -233,20 +236,22 @@ class SubjobList:
         """The subjobs at ``indexes`` (their definitions read in one go where they are not built yet)."""
         m = self._master
         assert m.id is not None and m._registry is not None
-        missing = [i for i in indexes if i not in self._built]
+        out: list[Job] = []
+        missing: list[int] = []
+        for i in indexes:
+            sub = self._built.get(i)
+            out.append(sub)  # type: ignore[arg-type]  # filled below where None
+            if sub is None:
+                missing.append(i)
         if missing:
             specs = m._registry.transport.subjob_specs(m.id, missing)
+            made = {}
             for i in missing:
                 spec = specs[i]
                 sub = Job.from_spec(spec.pop("name", None) or m.name, spec)
                 sub.id, sub.parent, sub._registry = i, m, m._registry
-                self._built[i] = sub
-        out = []
-        for i in indexes:
-            sub = self._built.get(i)
-            if sub is None:  # collected between the two loops: build it again
-                sub = self.build([i])[0]
-            out.append(sub)
+                self._built[i] = made[i] = sub
+            out = [made[i] if job is None else job for i, job in zip(indexes, out, strict=True)]
         return out
 
     def _get(self, index: int) -> Job:

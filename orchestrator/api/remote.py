@@ -1,17 +1,274 @@
-"""The remote transport: the API through a running service (being rebuilt on the one-API design)."""
+"""The remote transport: the API through the service that holds a home.
+
+Statuses are synchronous attributes, so the transport keeps a mirror: each
+top-level job's record (name, definition, when added), its status, and for
+a master its subjobs' status codes (one ``bytearray``: a master of a million
+subjobs is one answer, never a million). The mirror is read once at
+opening, follows the service's stream of events and changes, and is read
+again for the jobs an operation touched before the operation returns.
+
+Every snapshot says how many steps the service had handled when it was
+read, and every streamed change the step that made it, so a change already
+in a snapshot is never applied twice, and one that came while a read was
+under way is applied after it.
+
+Details that change with every run (``info``, a backend id, a subjob's
+definition) are read when someone looks: a short blocking request on the
+local socket, as the embedded transport reads SQLite.
+"""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import anyio
+
+from ..core import codec
 from ..core.errors import OrchestratorError
-from .transport import Transport
+from ..core.events import AddRequested, LinkedAdded, RemoveRequested, StatusChanged
+from ..core.ids import FQID, fqid_str
+from ..core.statuses import ACTIVE, JobStatus
+from ..plugin.logs import get_logger
+from .client import ServiceClient, ServiceUnavailable, connect, sync_call
+from .paths import ServicePaths
+from .transport import Done, JobRecord
+
+log = get_logger(component="remote")
+_FROM_DIGITS = bytes.maketrans(b"0123456789", bytes(range(10)))
+OPEN_TIMEOUT = 30.0
 
 
-async def connect_remote(home: Path, stack: AsyncExitStack, *, required: bool) -> Transport | None:
+@dataclass(slots=True)
+class Mirror:
+    record: JobRecord
+    status: JobStatus
+    codes: bytearray | None
+    #: The service's step count when this job was last read: changes of later steps apply.
+    step: int
+
+
+class Remote:
+    """See the module docstring."""
+
+    def __init__(self, home: Path, client: ServiceClient) -> None:
+        self.home = home
+        self.client = client
+        self.socket = ServicePaths(home).socket
+        self._tops: dict[int, Mirror] = {}
+        self._stale: set[int] = set()
+        self._wake = anyio.Event()
+        self._connected = anyio.Event()
+
+    async def open(self, stack: AsyncExitStack) -> None:
+        await stack.enter_async_context(self.client)
+        tg = await stack.enter_async_context(anyio.create_task_group())
+        stack.callback(tg.cancel_scope.cancel)
+        tg.start_soon(self._follow)
+        with anyio.move_on_after(OPEN_TIMEOUT):
+            await self._connected.wait()
+        if not self._connected.is_set():
+            raise ServiceUnavailable(f"the orchestrator service on {self.home} did not open its event stream")
+        await self._load(None)
+        tg.start_soon(self._refresher)
+
+    # ------------------------------------------------------------ the mirror
+    async def _load(self, jobs: Sequence[int] | None) -> None:
+        answer = await self.client.call("describe", jobs=None if jobs is None else list(jobs))
+        step = int(answer["step"])
+        seen = set()
+        for r in answer["jobs"]:
+            codes = bytearray(r["codes"].encode().translate(_FROM_DIGITS)) if r.get("codes") is not None else None
+            self._tops[r["id"]] = Mirror(JobRecord(r["id"], r["name"], r["spec"], r["added"]), JobStatus(r["status"]),
+                                         codes, step)
+            seen.add(r["id"])
+        gone = set(answer.get("gone", ())) if jobs is not None else set(self._tops) - seen
+        for job in gone:
+            self._tops.pop(int(job), None)
+
+    async def _follow(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                async for item in self.client.events(self._connected):
+                    delay = 0.1
+                    self._apply(item)
+            except Exception as exc:  # a background task must not end the user's block: log, reconnect, re-read
+                log.warning("event stream from the service ended; reconnecting", error=str(exc))
+            self._connected = anyio.Event()
+            self._stale.add(-1)
+            self._wake.set()
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    def _apply(self, item: dict[str, Any]) -> None:
+        step = int(item.get("seq", 0))
+        kind = item.get("type")
+        if kind == "StatusChanged":
+            event = codec.decode(item)
+            assert isinstance(event, StatusChanged)
+            runs = event.changed
+            job = runs.job if not isinstance(runs, tuple) else runs[0][0]
+            mirror = self._tops.get(job)
+            if mirror is None:
+                self._stale.add(job)
+            elif step > mirror.step and not isinstance(runs, tuple):
+                if runs.indexes is None:
+                    mirror.status = event.new
+                elif mirror.codes is not None and max(runs.indexes, default=-1) < len(mirror.codes):
+                    for i in runs.indexes:
+                        mirror.codes[i] = event.new.code
+                else:  # subjobs this mirror does not know yet (a split)
+                    self._stale.add(job)
+        elif kind in (AddRequested.__name__, RemoveRequested.__name__):
+            for fq in item.get("targets", ()):
+                self._stale.add(int(fq[0]))
+        elif kind == LinkedAdded.__name__:
+            self._stale.update((int(item["job"]), int(item["master"])))
+        if self._stale:
+            self._wake.set()
+
+    async def _refresher(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            await anyio.sleep(0.02)
+            await self._connected.wait()
+            stale, self._stale = self._stale, set()
+            try:
+                await self._load(None if -1 in stale else sorted(stale))
+            except Exception as exc:  # retried, never raised into the user's block
+                log.warning("could not re-read jobs from the service", error=f"{type(exc).__name__}: {exc}")
+                self._stale |= stale
+                await anyio.sleep(1.0)
+                self._wake.set()
+
+    # ------------------------------------------------------------ reads
+    def job_ids(self) -> list[int]:
+        return sorted(self._tops)
+
+    def record(self, job: int) -> JobRecord:
+        return self._tops[job].record
+
+    def exists(self, fq: FQID) -> bool:
+        mirror = self._tops.get(fq[0])
+        if mirror is None or len(fq) > 2:
+            return False
+        return len(fq) == 1 or (mirror.codes is not None and 0 <= fq[1] < len(mirror.codes))
+
+    def status(self, fq: FQID) -> JobStatus:
+        mirror = self._tops[fq[0]]
+        if len(fq) == 1:
+            return mirror.status
+        assert mirror.codes is not None
+        return JobStatus.from_code(mirror.codes[fq[1]])
+
+    def n_subjobs(self, job: int) -> int:
+        mirror = self._tops.get(job)
+        return len(mirror.codes) if mirror is not None and mirror.codes is not None else 0
+
+    def counts(self, job: int) -> dict[JobStatus, int]:
+        codes = self._tops[job].codes
+        if codes is None:
+            return {}
+        return {s: n for s in JobStatus if (n := codes.count(s.code))}
+
+    def indexes(self, job: int, statuses: Sequence[JobStatus]) -> list[int]:
+        codes = self._tops[job].codes
+        wanted = {s.code for s in statuses}
+        return [i for i, c in enumerate(codes or ()) if c in wanted]
+
+    def active(self, fq: FQID) -> bool:
+        return self.exists(fq) and self.status(fq) in ACTIVE
+
+    def info(self, fq: FQID) -> dict[str, Any]:
+        return sync_call(self.socket, "info", fqid=fqid_str(fq))  # type: ignore[no-any-return]
+
+    def backend_id(self, fq: FQID) -> str | None:
+        return sync_call(self.socket, "backend_id", fqid=fqid_str(fq))  # type: ignore[no-any-return]
+
+    def subjob_specs(self, job: int, indexes: Sequence[int]) -> dict[int, dict[str, Any]]:
+        got = sync_call(self.socket, "subjob_specs", job=job, indexes=list(indexes))
+        return {int(k): v for k, v in got.items()}
+
+    def annotate(self, job: int, comment: str | None, metadata: dict[str, Any] | None) -> None:
+        sync_call(self.socket, "annotate", job=job, comment=comment, metadata=metadata)
+
+    # ------------------------------------------------------------ operations
+    async def _op(self, method: str, targets: Sequence[FQID], **kw: Any) -> Done:
+        try:
+            answer = await self.client.call(method, targets=[fqid_str(fq) for fq in targets], **kw)
+        finally:
+            await self._load(sorted({fq[0] for fq in targets}))
+        return Done(int(answer.get("acted", 0)))
+
+    async def add(self, name: str, spec: dict[str, Any]) -> int:
+        job = int((await self.client.call("add", name=name, spec=spec))["id"])
+        await self._load([job])
+        return job
+
+    async def submit(self, targets: Sequence[FQID], keep_going: bool,
+                     definitions: dict[int, tuple[str, dict[str, Any]]] | None = None) -> Done:
+        defs = {str(k): [name, spec] for k, (name, spec) in (definitions or {}).items()}
+        return await self._op("submit", targets, keep_going=keep_going, definitions=defs)
+
+    async def kill(self, targets: Sequence[FQID], keep_going: bool) -> Done:
+        return await self._op("kill", targets, keep_going=keep_going)
+
+    async def resubmit(self, targets: Sequence[FQID], *, only_failed: bool, keep_going: bool,
+                       backend: dict[str, Any] | None, from_state: str | None) -> Done:
+        return await self._op("resubmit", targets, only_failed=only_failed, keep_going=keep_going, backend=backend,
+                              from_state=from_state)
+
+    async def release(self, targets: Sequence[FQID], retry_args: Sequence[str] | None) -> Done:
+        return await self._op("release", targets, retry_args=list(retry_args) if retry_args is not None else None)
+
+    async def force_status(self, targets: Sequence[FQID], status: JobStatus, force: bool, keep_going: bool) -> Done:
+        return await self._op("force_status", targets, status=status.value, force=force, keep_going=keep_going)
+
+    async def remove(self, targets: Sequence[FQID], keep_going: bool) -> Done:
+        return await self._op("remove", targets, keep_going=keep_going)
+
+    async def wait(self, targets: Sequence[FQID], timeout: float | None) -> None:
+        answer = await self.client.call("wait", targets=[fqid_str(fq) for fq in targets], timeout=timeout)
+        await self._load(sorted({fq[0] for fq in targets}))
+        if answer.get("timed_out"):
+            raise TimeoutError(f"jobs {', '.join(fqid_str(fq) for fq in targets)} still active after {timeout} s")
+
+    async def peek(self, fq: FQID, name: str, tail: int | None) -> str:
+        return str((await self.client.call("peek", fqid=fqid_str(fq), name=name, tail=tail))["text"])
+
+    async def states(self, fq: FQID) -> list[dict[str, Any]]:
+        return list(await self.client.call("states", fqid=fqid_str(fq)))
+
+    async def events(self) -> AsyncIterator[Any]:
+        async with ServiceClient.for_home(self.home) as client:
+            async for item in client.events():
+                if "type" in item:
+                    yield codec.decode(item)
+
+    async def refresh(self) -> None:
+        await self.client.call("refresh")
+        await self._load(None)
+
+    async def metrics(self) -> dict[str, Any]:
+        return await self.client.call("metrics")  # type: ignore[no-any-return]
+
+
+async def connect_remote(home: Path, stack: AsyncExitStack, *, required: bool) -> Remote | None:
     """The transport through the service on ``home``, or ``None`` when no service holds it."""
-    socket = home / "service" / "api.sock"
-    if socket.exists() or required:
-        raise OrchestratorError(f"a service holds {home}: the remote transport is not built yet")
-    return None
+    client = await connect(home)
+    if client is None:
+        if required:
+            raise ServiceUnavailable(f"no orchestrator service holds {home} "
+                                     f"(start one with 'orchestrator --home {home} serve')")
+        return None
+    remote = Remote(home, client)
+    try:
+        await remote.open(stack)
+    except OrchestratorError:
+        raise
+    return remote

@@ -24,7 +24,7 @@ from ..core.errors import JobError
 from ..core.ids import FQID
 from ..core.model import Backend
 from ..core.statuses import JobStatus, parse_status
-from .transport import Done
+from .transport import Done, Transport
 
 
 def select_statuses(status: str | JobStatus | Iterable[str | JobStatus] | None) -> list[JobStatus] | None:
@@ -101,8 +101,9 @@ class JobSlice:
                                                           added=_added(j))])
 
     # ------------------------------------------------------------ collective operations
-    def _transport(self) -> Any:
-        return self._jobs[0].registry.transport
+    def _transport(self) -> Transport:
+        transport: Transport = self._jobs[0].registry.transport
+        return transport
 
     def _targets(self) -> list[FQID]:
         return [j.fqid_tuple for j in self._jobs]
@@ -187,13 +188,14 @@ class SubjobSelection(JobSlice):
             wanted = set(ids)
             indexes = [i for i in indexes if i in wanted]
         self._indexes = indexes
-        self._filters = dict(name=name, backend=backend, application=application, since=timestamp(since, "since"),
-                             until=timestamp(until, "until"))
-        self._lazy = all(v is None for v in self._filters.values())
+        lo, hi = timestamp(since, "since"), timestamp(until, "until")
+        self._lazy = name is None and backend is None and application is None and lo is None and hi is None
         super().__init__([])
         if not self._lazy:
-            self._jobs = [j for j in self._build(indexes) if matches(j, ids=None, status=None, **self._filters,
-                                                                     added=_added(master))]
+            added = _added(master)
+            self._jobs = [j for j in self._build(indexes) if matches(j, ids=None, status=None, name=name,
+                                                                     backend=backend, application=application,
+                                                                     since=lo, until=hi, added=added)]
 
     def _build(self, indexes: Sequence[int]) -> Iterator[Any]:
         for start in range(0, len(indexes), 1000):
@@ -218,8 +220,9 @@ class SubjobSelection(JobSlice):
         master = self._subjobs._master.id
         return [(master, i) for i in self._indexes]
 
-    def _transport(self) -> Any:
-        return self._subjobs._master.registry.transport
+    def _transport(self) -> Transport:
+        transport: Transport = self._subjobs._master.registry.transport
+        return transport
 
     async def copy(self) -> JobSlice:
         return await JobSlice(list(self)).copy()

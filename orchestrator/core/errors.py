@@ -27,7 +27,15 @@ class ConfigError(OrchestratorError):
 
 
 class UnknownJobError(JobError, KeyError):
-    """No job has this id (or name): a ``KeyError`` too, as ``orch.jobs[...]`` is a mapping."""
+    """No job has this id (or name): a ``KeyError`` too, as ``orch.jobs[...]`` is a mapping.
+
+    Its message names what was looked for ("no job 3.7"); ``fqid`` is that id.
+    """
+
+    def __init__(self, message: str, *, fqid: str | None = None, field: str | None = None) -> None:
+        Exception.__init__(self, message)
+        self.fqid = fqid
+        self.field = field
 
     def __str__(self) -> str:
         return str(self.args[0])

@@ -16,6 +16,7 @@ Waiters (``job.wait()``) are woken after every step.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any
 
 import anyio
@@ -35,10 +36,6 @@ class Lagging(Exception):
     """An observer fell too far behind and was dropped."""
 
 
-class Observed:
-    """What an observer receives: an event, or a change a step made (``StatusChanged``)."""
-
-
 class Bus:
     def __init__(self, sm: StateMachine, executor: Executor, log: Any) -> None:
         self.sm = sm
@@ -47,7 +44,7 @@ class Bus:
         send, receive = anyio.create_memory_object_stream[Event](CAPACITY)
         self._in: MemoryObjectSendStream[Event] = send
         self._out: MemoryObjectReceiveStream[Event] = receive
-        self._observers: list[MemoryObjectSendStream[Any]] = []
+        self._observers: list[tuple[MemoryObjectSendStream[Any], bool]] = []
         self._changed = anyio.Event()
         #: Hooks called with every step (the writer's wake-up, metrics).
         self.hooks: list[Callable[[Event, Step], None]] = []
@@ -73,9 +70,11 @@ class Bus:
                     self._changed = anyio.Event()
 
     # ------------------------------------------------------------ observers
-    def subscribe(self, capacity: int = 100_000) -> MemoryObjectReceiveStream[Any]:
-        send, receive = anyio.create_memory_object_stream[Any](capacity)
-        self._observers.append(send)
+    def subscribe(self, capacity: int = 100_000, *, numbered: bool = False) -> MemoryObjectReceiveStream[Any]:
+        """Every event and change from now on, in order; ``numbered``: as ``(step, item)``, ``step`` being
+        the number of the event that made it (what a snapshot's ``step`` is compared with)."""
+        send, receive = anyio.create_memory_object_stream[Any](capacity + 1)  # room for the notice of lagging
+        self._observers.append((send, numbered))
         return receive
 
     def _tell(self, event: Event, step: Step) -> None:
@@ -83,18 +82,18 @@ class Bus:
             return
         items: list[Any] = [event, *(c.as_event() for c in step.changes)]
         keep = []
-        for send in self._observers:
+        for send, numbered in self._observers:
+            stats = send.statistics()
+            if stats.current_buffer_used + len(items) >= stats.max_buffer_size:
+                with suppress(anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    send.send_nowait(Lagging("the observer fell behind the event bus and was dropped"))
+                send.close()
+                continue
             try:
                 for item in items:
-                    send.send_nowait(item)
-                keep.append(send)
-            except anyio.WouldBlock:
-                try:
-                    send.send_nowait(Lagging("the observer fell behind the event bus and was dropped"))
-                except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    pass
-                send.close()
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    send.send_nowait((self.handled, item) if numbered else item)
+                keep.append((send, numbered))
+            except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 send.close()
         self._observers = keep
 
@@ -104,6 +103,6 @@ class Bus:
 
     def close(self) -> None:
         self._in.close()
-        for send in self._observers:
+        for send, _ in self._observers:
             send.close()
         self._observers = []

@@ -94,6 +94,8 @@ class Monitor:
         self.concurrency = concurrency
         self.log = log
         self.ticks = 0
+        #: A graceful stop: no new tick starts.
+        self.stopped = False
         self._seq = 0
 
     @property
@@ -111,7 +113,7 @@ class Monitor:
         now = time.time()
         held = self.actor.held
         polled = self.actor.polled
-        if not polled or not self.health.may_poll(now):
+        if not polled or self.stopped or not self.health.may_poll(now):
             return
         self.ticks += 1
         handles = []

@@ -9,42 +9,48 @@ the state machine as ``PostprocessDone``.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import anyio
 
-from ..core.events import PostprocessDone
+from ..core.events import Event, PostprocessDone
 from ..core.instructions import Notify, RunPostprocess
+from ..core.machine import StateMachine
 from ..core.statuses import JobStatus
 from ..plugin.postprocess import PostprocessContext, PostprocessResult, SubjobOutput
 from . import registry
-
-if TYPE_CHECKING:
-    from .runtime import Runtime
+from .definitions import Definitions
+from .workspace import Workspace
 
 
 class Postprocessing:
-    def __init__(self, runtime: Runtime) -> None:
-        self.rt = runtime
+    def __init__(self, *, sm: StateMachine, definitions: Definitions, workspace: Workspace,
+                 settings: Mapping[str, Any], post: Callable[[Event], Awaitable[None]], log: Any) -> None:
+        self.sm = sm
+        self.definitions = definitions
+        self.workspace = workspace
+        self.settings = settings
+        self.post = post
+        self.log = log
 
     def postprocessors(self, job: int) -> list[Any]:
-        spec = self.rt.definitions.spec(job)
+        spec = self.definitions.spec(job)
         found = [registry.load_postprocessor(d) for d in spec.get("postprocessors") or []]
         if spec.get("merger"):
             found.insert(0, registry.load_postprocessor(spec["merger"]))
         return [p for p in found if p is not None]
 
     async def run(self, ins: RunPostprocess) -> None:
-        rt = self.rt
         job = ins.job
-        js = rt.sm.job_state(job)
+        js = self.sm.job_state(job)
         statuses = bytes(js.runs.status)
-        subjobs = [SubjobOutput(i, JobStatus.from_code(code), rt.workspace.outputdir((job, i)),
+        subjobs = [SubjobOutput(i, JobStatus.from_code(code), self.workspace.outputdir((job, i)),
                                 js.runs.extras[i].reason if i in js.runs.extras else None)
                    for i, code in enumerate(statuses)]
-        context = PostprocessContext(str(job), rt.definitions.names.get(job, ""), rt.workspace.outputdir((job,)),
-                                     subjobs, {s.value: n for s, n in js.counts().items()},
-                                     rt.config.section("postprocess"), rt.log)
+        context = PostprocessContext(str(job), self.definitions.names.get(job, ""),
+                                     self.workspace.outputdir((job,)), subjobs,
+                                     {s.value: n for s, n in js.counts().items()}, self.settings, self.log)
         error: str | None = None
         failed: list[tuple[int, str]] = []
         for post in self.postprocessors(job):
@@ -56,8 +62,8 @@ class Postprocessing:
                 error = result.error
             failed += result.failed_subjobs
         if error:
-            rt.log.warning("postprocessing failed", fqid=str(job), reason=error)
-        await rt.post(PostprocessDone(stimulus_id=ins.stimulus_id, time=time.time(), job=job, error=error,
+            self.log.warning("postprocessing failed", fqid=str(job), reason=error)
+        await self.post(PostprocessDone(stimulus_id=ins.stimulus_id, time=time.time(), job=job, error=error,
                                       failed_subjobs=failed))
 
     async def notify(self, ins: Notify) -> None:

@@ -99,7 +99,8 @@ class Runtime:
         self.preparer = Preparer(definitions=self.definitions, repo=self.repo, workspace=self.workspace,
                                  post=self.post, sm=self.sm, free_slots=self.free_slots,
                                  check_subjob=self.check_subjob, add_job=self._store_job)
-        self.postprocessing = Postprocessing(self)
+        self.postprocessing = Postprocessing(sm=self.sm, definitions=self.definitions, workspace=self.workspace,
+                                             settings=config.section("postprocess"), post=self.post, log=self.log)
         self.executor = Executor(
             self.sm, actor=self.actor, flush=self.writer.flush, forget=self._forget, set_backend=self._set_backend,
             given_state=self._given.get, post=self.post, log=self.log,
@@ -177,6 +178,14 @@ class Runtime:
                 await self.repo.close()
         finally:
             self._lock.release()
+
+    async def quiesce(self) -> None:
+        """A graceful stop begins: no new monitoring tick starts; the events already posted are handled."""
+        self.closing = True
+        for monitor in self._monitors.values():
+            monitor.stopped = True
+        while self.bus._in.statistics().current_buffer_used:
+            await self.bus.changed()
 
     async def settle(self) -> None:
         """Until nothing posted is unhandled, no work is under way, and every actor has drained."""

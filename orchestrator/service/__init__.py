@@ -1,19 +1,6 @@
-"""The service: ``orchestrator serve`` owning a home, its control API, and a client of that API.
+"""``orchestrator serve``: the service owning a home (the HTTP server, the control adapter, the status page).
 
-The server side (``run_service``) is imported on first use, so that a client does not load it.
+Clients reach it through the API (``Orchestrator(home)`` takes the remote
+transport by itself); :class:`~orchestrator.api.client.ServiceClient` is the
+lower-level HTTP client.
 """
-
-from typing import Any
-
-from .client import ServiceClient, ServiceUnavailable, connect
-from .paths import ServicePaths
-
-__all__ = ["ServiceClient", "ServicePaths", "ServiceUnavailable", "connect", "run_service"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "run_service":
-        from .daemon import run_service
-
-        return run_service
-    raise AttributeError(name)

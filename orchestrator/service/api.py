@@ -1,10 +1,13 @@
 """The service's HTTP routes: the control methods, the status stream, the status page, the health check.
 
 - ``POST /api/<method>`` with the keyword arguments as a JSON object calls
-  :class:`~orchestrator.control.Control` (``GET`` with query parameters for
-  the read-only ones); errors come back as ``{"error", "message", "fqid",
-  "field"}`` with 404 (unknown job), 409 (refused), 400 (bad request).
-- ``GET /api/events``: server-sent events, one per batch of status changes.
+  :class:`~orchestrator.service.control.Control` (``GET`` with query
+  parameters for the read-only ones); errors come back as ``{"error",
+  "message", "fqid", "field"}`` with 404 (unknown job), 409 (refused), 400
+  (bad request).
+- ``GET /api/events``: server-sent events: every event and every change, in
+  order, encoded (:mod:`orchestrator.core.codec`) with ``seq``, the number
+  of the step that made it.
 - ``GET /health``: 200 while the service runs.
 - ``GET /``: the live status page.
 
@@ -26,23 +29,22 @@ from typing import Any
 
 import anyio
 
-from ..bus import EventBus
-from ..control import METHODS, Control, UnknownJobError
-from ..errors import JobError, OrchestratorError
-from ..ids import fqid_str
+from ..core import codec
+from ..core.errors import JobError, OrchestratorError, UnknownJobError
+from ..core.events import Event
+from ..runtime.bus import Bus, Lagging
+from .control import METHODS, READ_ONLY, Control
 from .http import Request, Response
 
-#: Methods a ``GET`` may call: they change nothing.
-READ_ONLY = frozenset({"health", "jobs", "select", "state", "show"})
 #: Parameters that are lists when passed in a query string.
-LIST_PARAMS = frozenset({"status", "retry_args"})
+LIST_PARAMS = frozenset({"targets", "retry_args", "jobs", "indexes"})
 COOKIE = "orch_token"
 #: Seconds between two keep-alive comments on an idle event stream.
 HEARTBEAT = 15.0
 
 
 class Api:
-    def __init__(self, control: Control, bus: EventBus, *, token: str | None, owner_uid: int | None = None) -> None:
+    def __init__(self, control: Control, bus: Bus, *, token: str | None, owner_uid: int | None = None) -> None:
         self.control = control
         self.bus = bus
         self.token = token
@@ -107,7 +109,7 @@ class Api:
         try:
             result = await call(**kwargs)
         except UnknownJobError as exc:
-            return _error(404, "unknown job", str(exc), fqid=_fqid(kwargs))
+            return _error(404, "unknown job", str(exc), fqid=exc.fqid or _fqid(kwargs))
         except JobError as exc:
             return _error(409, "refused", str(exc), fqid=exc.fqid, field=exc.field)
         except OrchestratorError as exc:
@@ -115,23 +117,25 @@ class Api:
         return Response.json(result)
 
     async def _events(self) -> AsyncIterator[bytes]:
-        """Status changes as server-sent events until the client or the service goes."""
-        receive = self.bus.subscribe()
+        """Every event and change, in order, until the client or the service goes."""
+        receive = self.bus.subscribe(numbered=True)
         with receive:
-            yield b": status changes follow\n\n"
+            yield b": events follow\n\n"
             while True:
                 with anyio.move_on_after(HEARTBEAT) as idle:
                     try:
-                        event = await receive.receive()
+                        item = await receive.receive()
                     except anyio.EndOfStream:
                         return
                 if idle.cancelled_caught:
                     yield b": idle\n\n"
                     continue
-                changes = [[fqid_str(f), o.value, n.value] for f, o, n in zip(event.ids, event.old, event.new,
-                                                                             strict=True)]
-                data = json.dumps({"time": event.time, "changes": changes}, separators=(",", ":"))
-                yield f"data: {data}\n\n".encode()
+                if isinstance(item, Lagging):
+                    return
+                seq, event = item
+                if isinstance(event, Event):
+                    data = json.dumps({"seq": seq, **codec.encode(event)}, separators=(",", ":"), default=str)
+                    yield f"data: {data}\n\n".encode()
 
 
 def _page() -> bytes:

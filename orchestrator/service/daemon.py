@@ -28,14 +28,15 @@ from typing import Any
 import anyio
 from anyio.abc import Listener, TaskGroup
 
-from ..control import Control
-from ..errors import ConfigError
-from ..logs import configure as configure_logs
-from ..logs import get_logger
-from ..orchestrator import Orchestrator
+from ..api.embedded import Embedded
+from ..api.orchestrator import Orchestrator
+from ..api.paths import ServicePaths
+from ..core.errors import ConfigError
+from ..plugin.logs import configure as configure_logs
+from ..plugin.logs import get_logger
 from .api import Api
+from .control import Control
 from .http import serve_connection
-from .paths import ServicePaths
 
 
 def read_token(path: Path, *, create: bool) -> str:
@@ -94,7 +95,8 @@ async def _serve(orch: Orchestrator, signals: Any, tcp_port: int | None, token_f
     paths.dir.mkdir(mode=0o700, exist_ok=True)
     os.chmod(paths.dir, 0o700)
     paths.socket.unlink(missing_ok=True)  # left by a killed service: we hold the home's lock, it is ours
-    api = Api(Control(orch, refresh=False), orch.engine.bus, token=token)
+    runtime = orch.runtime
+    api = Api(Control(Embedded(runtime)), runtime.bus, token=token)
     async with anyio.create_task_group() as tg:
         unix = await anyio.create_unix_listener(paths.socket, mode=0o600)
         tg.start_soon(_accept, unix, api, "unix", tg)
@@ -111,12 +113,15 @@ async def _serve(orch: Orchestrator, signals: Any, tcp_port: int | None, token_f
         _write_info(paths, {"pid": os.getpid(), "socket": str(paths.socket), "tcp_port": bound,
                             "host": "127.0.0.1", "started": started})
         log.info("service ready", home=str(orch.home), socket=str(paths.socket), tcp_port=bound,
-                 jobs=len(orch.engine.jobs), start_seconds=round(time.time() - started, 3))
+                 jobs=len(runtime.sm.job_ids()), start_seconds=round(time.time() - started, 3),
+                 **({"status_page": f"http://127.0.0.1:{bound}/?token=<the token in its token file>"}
+                    if bound is not None else {}))
         async for signum in signals:
             log.info("stopping", signal=signal.Signals(signum).name)
             break
         signalled = time.monotonic()
-        await orch.engine.stop_ticking(grace)
+        with anyio.move_on_after(grace):
+            await runtime.quiesce()  # the work under way finishes; no new tick begins
         tg.cancel_scope.cancel()
         # Closing the home waits core.close_grace (60 s) for retries and mergers under way: the service
         # gives them only what is left of its stop budget (a submission cut short is settled at the next start).
@@ -136,7 +141,7 @@ async def _accept(listener: Listener[Any], api: Api, via: str, tg: TaskGroup) ->
 
 async def _host_workflows(orch: Orchestrator) -> None:
     """Workflows advance while the service runs, not only while a user's ``Workflows(orch)`` is open."""
-    from ..workflow.runner import Workflows
+    from ..features.workflows.runner import Workflows
 
     async with Workflows(orch):
         await anyio.sleep_forever()

@@ -24,7 +24,7 @@ import anyio
 import h11
 from anyio.abc import ByteStream, SocketAttribute
 
-from ..logs import get_logger
+from ..plugin.logs import get_logger
 
 log = get_logger(component="http")
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import OrchestratorError
-from ..model import Backend, RetryPolicy
+from ...core.errors import OrchestratorError
+from ...core.model import Backend, RetryPolicy
 
 
 class WorkflowError(OrchestratorError):

@@ -1,11 +1,11 @@
 """A client of the service's control API (httpx, over the Unix socket or TCP with a token).
 
-``ServiceClient`` has the methods of :class:`~orchestrator.control.Control`
-(``await client.jobs()``, ``await client.submit("3")``...) with the same
-arguments and results, and raises the same errors: an unknown job is an
-:class:`~orchestrator.control.UnknownJobError`, a refused operation a
-:class:`~orchestrator.errors.JobError` naming the job and the field.
-``events()`` follows the stream of status changes.
+``ServiceClient.call(method, **arguments)`` calls one of the service's
+control methods (the transport's operations, as JSON) and raises the same
+errors the embedded API would: an unknown job is an
+:class:`~orchestrator.core.errors.UnknownJobError`, a refused operation a
+:class:`~orchestrator.core.errors.JobError` naming the job and the field.
+``events()`` follows the stream of every event and change, in order.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -21,9 +21,8 @@ from typing import Any
 import anyio
 import httpx
 
-from ..control import METHODS, UnknownJobError
-from ..errors import JobError, OrchestratorError
-from ..repository import SERVICE_ROLE
+from ..core.errors import JobError, OrchestratorError, UnknownJobError
+from ..runtime.homelock import SERVICE_ROLE
 from .paths import ServicePaths
 
 
@@ -69,22 +68,14 @@ class ServiceClient:
             error = {"message": response.text}
         message = str(error.get("message") or response.reason_phrase)
         if response.status_code == 404 and error.get("error") == "unknown job":
-            raise UnknownJobError(message)
+            raise UnknownJobError(message, fqid=error.get("fqid"))
         if response.status_code == 409:
             raise _job_error(message, error.get("fqid"), error.get("field"))
         raise OrchestratorError(f"service: {response.status_code} {message}")
 
-    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
-        if name not in METHODS:
-            raise AttributeError(name)
-
-        async def method(**kwargs: Any) -> Any:
-            return await self.call(name, **kwargs)
-
-        return method
-
     async def events(self, opened: anyio.Event | None = None) -> AsyncIterator[dict[str, Any]]:
-        """Each batch of status changes: ``{"time": t, "changes": [[fqid, old, new], ...]}``.
+        """Each event and change, encoded (:mod:`orchestrator.core.codec`), with ``seq``: the number of
+        the step that made it.
 
         ``opened`` is set once the service has subscribed this stream (its first
         line): no change after that is missed, so a snapshot read then is safe.
@@ -97,6 +88,25 @@ class ServiceClient:
                     opened.set()
                 if line.startswith("data: "):
                     yield json.loads(line[6:])
+
+
+def sync_call(socket: Path, method: str, timeout: float = 60.0, **kwargs: Any) -> Any:
+    """One blocking call (for the API's synchronous reads of details, as the embedded API reads SQLite)."""
+    with httpx.Client(transport=httpx.HTTPTransport(uds=os.fspath(socket)), base_url="http://orchestrator",
+                      timeout=timeout) as client:
+        try:
+            response = client.post(f"/api/{method}", json=kwargs)
+        except httpx.TransportError as exc:
+            raise ServiceUnavailable(f"the orchestrator service at {socket} does not answer: {exc}") from exc
+    if response.status_code == 200:
+        return response.json()
+    error = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
+    message = str(error.get("message") or response.reason_phrase)
+    if response.status_code == 404 and error.get("error") == "unknown job":
+        raise UnknownJobError(message, fqid=error.get("fqid"))
+    if response.status_code == 409:
+        raise _job_error(message, error.get("fqid"), error.get("field"))
+    raise OrchestratorError(f"service: {response.status_code} {message}")
 
 
 def _job_error(message: str, fqid: Any, field: Any) -> JobError:

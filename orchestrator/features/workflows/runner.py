@@ -10,7 +10,7 @@ the package's generated script, see :mod:`.script`) on the package's backend
 (``local`` by default), with the package's retry policy: the core's state
 machine, drivers, wrapper and automatic retries do everything to it that
 they do to any job. The runner only decides *when* each package is
-submitted: a loop, woken by the engine's ``StatusChanged`` events, assesses
+submitted: a loop, woken by every step on the event bus, assesses
 every workflow (:func:`.dag.assess`), kills what a killed line still has
 running, disposes of files no consumer needs any more, and submits ready
 packages by priority within the free slots (``[workflow] slots`` for the
@@ -35,11 +35,12 @@ from typing import Any
 
 import anyio
 
-from ..errors import OrchestratorError
-from ..job import Job
-from ..logs import get_logger
-from ..model import Backend, Executable
-from ..orchestrator import Orchestrator
+from ...core.errors import OrchestratorError
+from ...api.job import Job
+from ...plugin.logs import get_logger
+from ...core.model import Backend, Executable
+from ...api.orchestrator import Orchestrator
+from ...api.validate import checked_backend
 from .dag import Assessment, build, due_files
 from .handle import KILLABLE, WorkflowRun
 from .model import Workflow
@@ -84,7 +85,7 @@ class Workflows:
 
     # ------------------------------------------------------------- life
     async def __aenter__(self) -> Workflows:
-        self.orch.engine  # noqa: B018 - raises unless the orchestrator is open
+        self.orch.runtime  # noqa: B018 - raises unless the home is open here (a service runs its own)
         stack = AsyncExitStack()
         await stack.__aenter__()
         try:
@@ -225,7 +226,7 @@ class Workflows:
         for key, _, _, p in spec.packages():
             backend = p.backend or spec.backend
             try:
-                checked = self.orch.engine.ops.checked_backend(backend, f"{spec.id}/{key}")
+                checked = checked_backend(backend, f"{spec.id}/{key}")
             except OrchestratorError as exc:
                 raise WorkflowError(f"package {key}: {exc}", workflow=spec.id) from None
             if checked.name == "local" and p.nodes and not here & set(p.nodes):
@@ -239,11 +240,13 @@ class Workflows:
         self._kicked.set()
 
     async def _listen(self) -> None:
-        """Engine status changes wake the loop (a subscription dropped for lagging is renewed)."""
+        """Every step on the bus wakes the loop (a subscription dropped for lagging is renewed)."""
         while not self._closing:
-            async with self.orch.engine.bus.subscribe() as events:
-                async for _ in events:
+            try:
+                async for _ in self.orch.events():
                     self.kick()
+            except Exception as exc:  # dropped for lagging: subscribe again
+                self.log.info("event stream renewed", reason=str(exc))
 
     async def _loop(self) -> None:
         while True:

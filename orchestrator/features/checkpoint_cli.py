@@ -15,10 +15,12 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from .checkpoint import State
-from .cli import CliError, _console, _lookup, _run, _short, home_option, job_id_argument
-from .orchestrator import Orchestrator
-from .repository import StateRow
+from ..api.orchestrator import Orchestrator
+from ..checkpoint import State
+from ..cli import render
+from ..cli.app import CliError, home_option, job_id_argument, run
+from ..cli.commands import _lookup
+from ..runtime.repository import StateRow
 
 
 @click.group()
@@ -32,7 +34,7 @@ def _describe(row: StateRow) -> tuple[str, str]:
     step = state.current_step
     where = f"{state.position}/{len(state.steps)}" + (f" (step {step})" if step is not None else "")
     values = " ".join(f"{k}={v}" for k, v in state.values.items())
-    return where, _short(values, 80)
+    return where, render.short(values, 80)
 
 
 @checkpoint.command("list")
@@ -43,18 +45,16 @@ def list_states(job_id: str, home: Path | None) -> None:
 
     async def body(orch: Orchestrator) -> None:
         job = _lookup(orch, job_id)
-        engine = orch.engine
-        if job.parent is None and engine.sm.is_master(job.fqid_tuple[0]):
-            await engine.flush()
-            rows = [r for sub in job.subjobs if (r := await engine.repo.state(sub.fqid)) is not None]
+        if job.parent is None and len(job.subjobs):
+            rows = [StateRow(**kept[-1]) for sub in job.subjobs if (kept := await sub.states())]
         else:
-            rows = await engine.checkpoints.stored(job)
-        console = _console()
+            rows = [StateRow(**r) for r in await job.states()]
+        console = render.console()
         links = job.info.partition
         if "phase" in links:  # a partitioned master: where its pre-job and aggregator are
             parts = [f"phase {links['phase']}"]
             for role in ("prejob", "aggregator"):
-                linked = engine.partitions.linked(job, role)
+                linked = orch.jobs.get(links[role]) if role in links else None
                 if linked is not None:
                     parts.append(f"{role} {linked.fqid} ({linked.status.value})")
             console.print(f"job {job.fqid}: " + ", ".join(parts))
@@ -71,7 +71,7 @@ def list_states(job_id: str, home: Path | None) -> None:
                           str(len(row.data.encode())), Text(values))
         console.print(table)
 
-    _run(home, body)
+    run(home, body)
 
 
 @checkpoint.command("get")
@@ -86,17 +86,17 @@ def get_state(job_id: str, back: int, output: Path | None, home: Path | None) ->
 
     async def body(orch: Orchestrator) -> str:
         job = _lookup(orch, job_id)
-        if job.parent is None and orch.engine.sm.is_master(job.fqid_tuple[0]):
+        if job.parent is None and len(job.subjobs):
             raise CliError(f"job {job.fqid} is a master: its subjobs have the states (orchestrator checkpoint "
                            f"list {job.fqid} shows them)")
-        rows = await orch.engine.checkpoints.stored(job)
+        rows = [StateRow(**r) for r in await job.states()]
         if not rows:
             raise CliError(f"job {job.fqid} has no saved state")
         if back >= len(rows):
             raise CliError(f"job {job.fqid} has {len(rows)} state(s) kept; --back {back} goes past the oldest")
         return rows[-1 - back].data
 
-    data = _run(home, body)
+    data = run(home, body)
     if output is None:
         click.echo(data, nl=False)
     else:

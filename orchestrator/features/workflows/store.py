@@ -26,7 +26,7 @@ from typing import Any
 import aiosqlite
 import anyio
 
-from .. import sqlite
+from ...runtime import sqlite
 
 SCHEMA_VERSION = 1
 _SCHEMA = [

@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..errors import OrchestratorError
-from ..model import Backend, RetryPolicy
+from ...core.errors import OrchestratorError
+from ...core.model import Backend, RetryPolicy
 from . import values as V
 from .values import check_file_name
 

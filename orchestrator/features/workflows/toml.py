@@ -37,7 +37,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..tomlfile import read_toml
+from ...runtime.tomlfile import read_toml
 from .model import Workflow
 from .values import WorkflowError
 

@@ -15,14 +15,14 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 
-from ..analyser import Limits
-from ..errors import JobError
-from ..job import Job
-from ..logs import get_logger
+from ...core.analyser import Limits
+from ...core.errors import JobError
+from ...api.job import Job
+from ...plugin.logs import get_logger
 from .dag import Assessment, Dag, Facts, assess, bottom_levels
 from .dagman import node_name, submit_description, to_dagman
 from .model import Line, Package, Stage, Workflow
@@ -30,8 +30,22 @@ from .script import dispose, package_script, write_script
 from .store import StoredPackage
 from .values import WorkflowError
 
-if TYPE_CHECKING:
-    from .runner import Workflows
+
+
+class Runner(Protocol):
+    """What a workflow needs of the runner that advances it (:class:`~.runner.Workflows`)."""
+
+    lock: anyio.Lock
+    store: Any
+    orch: Any
+    root: Path
+    ticked: anyio.Event
+
+    @property
+    def running(self) -> bool: ...
+
+    def kick(self) -> None: ...
+    async def tick_locked(self) -> None: ...
 
 #: Package states from which a kill acts at once (others are retried at the next tick).
 KILLABLE = frozenset({"submitted", "running", "held"})
@@ -69,7 +83,7 @@ class PackageView:
 class WorkflowRun:
     """A submitted workflow. Build it through :meth:`Workflows.submit`, never directly."""
 
-    def __init__(self, runner: Workflows, spec: Workflow, seq: int, dag: Dag, state: dict[str, Any],
+    def __init__(self, runner: Runner, spec: Workflow, seq: int, dag: Dag, state: dict[str, Any],
                  packages: dict[str, StoredPackage]) -> None:
         assert spec.id is not None
         self._runner = runner

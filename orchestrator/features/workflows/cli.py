@@ -19,14 +19,15 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+import anyio
 import click
 from rich.console import Console
 from rich.text import Text
 from rich.tree import Tree
 
-from ..cli import CliError, _console, _Group, home_option
-from ..cli import _run as run_orchestrator
-from ..orchestrator import Orchestrator
+from ...api.orchestrator import Orchestrator
+from ...cli.app import CliError, Group, home_of, home_option
+from ...cli.render import console as _console
 from .handle import PackageView, WorkflowRun
 from .runner import Workflows
 from .toml import load_workflow
@@ -42,10 +43,16 @@ def _run(home: Path | None, body: Callable[[Workflows], Awaitable[T]], *, autoru
 
     async def with_workflows(orch: Orchestrator) -> T:
         async with Workflows(orch, autorun=autorun) as wfs:
-            await orch.engine.refresh()  # the backends' news first: statuses are current
+            await orch.transport.refresh()  # the backends' news first: statuses are current
             return await body(wfs)
 
-    return run_orchestrator(home, with_workflows)
+    path = home_of(home)
+
+    async def main() -> T:
+        async with Orchestrator(home=path, service=False) as orch:  # workflows need the home itself
+            return await with_workflows(orch)
+
+    return anyio.run(main)
 
 
 def _lookup(wfs: Workflows, wf_id: str) -> WorkflowRun:
@@ -59,7 +66,7 @@ def _state(state: str) -> Text:
     return Text(state, style=STYLES.get(state, ""))
 
 
-@click.group("workflow", cls=_Group)
+@click.group("workflow", cls=Group)
 def workflow_group() -> None:
     """Multi-stage workflows whose dependencies follow from the files packages produce and consume."""
 

@@ -1,0 +1,148 @@
+"""The control adapter: the transport's calls as JSON, for the service's HTTP API.
+
+Each method takes and returns plain JSON values and calls the service's own
+embedded transport; the remote transport (:mod:`orchestrator.api.remote`)
+calls these over the socket. So an operation has one implementation, and
+the API behaves the same through a service as embedded.
+
+Job ids travel as fqid strings (``"3"``, ``"3.1"``); statuses as their names;
+a master's subjob statuses as one string of digits (their codes), so that a
+client can mirror a master of a million subjobs in one answer.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+
+from ..api.embedded import Embedded
+from ..core.errors import UnknownJobError
+from ..core.ids import FQID, fqid_str, parse_fqid
+from ..core.statuses import JobStatus, parse_status
+
+#: Status codes (0-9) as the digits of a string.
+_DIGITS = bytes.maketrans(bytes(range(10)), b"0123456789")
+
+
+def _fq(value: Any) -> FQID:
+    try:
+        return parse_fqid(value)
+    except ValueError:
+        raise UnknownJobError(f"no job {value}", fqid=str(value)) from None
+
+
+class Control:
+    """See the module docstring. ``step`` tells how many events the service has handled (a snapshot's age)."""
+
+    def __init__(self, transport: Embedded) -> None:
+        self.t = transport
+
+    def _known(self, fq: FQID) -> FQID:
+        if not self.t.exists(fq):
+            raise UnknownJobError(f"no job {fqid_str(fq)}", fqid=fqid_str(fq))
+        return fq
+
+    def _targets(self, targets: Sequence[Any]) -> list[FQID]:
+        return [self._known(_fq(t)) for t in targets]
+
+    # ------------------------------------------------------------ reads
+    async def health(self) -> dict[str, Any]:
+        rt = self.t.runtime
+        return {"ok": True, "pid": os.getpid(), "home": str(self.t.home), "jobs": len(rt.sm.job_ids()),
+                "monitored": sum(b["held"] for b in rt.metrics()["backends"].values()), "time": time.time()}
+
+    async def describe(self, jobs: Sequence[int] | None = None) -> dict[str, Any]:
+        """Top-level jobs as the remote transport mirrors them, read between two steps (``step``)."""
+        ids = self.t.job_ids() if jobs is None else [j for j in jobs if self.t.exists((int(j),))]
+        sm = self.t.runtime.sm
+        records = []
+        for job in ids:
+            rec = self.t.record(int(job))
+            out: dict[str, Any] = {"id": rec.id, "name": rec.name, "spec": rec.spec, "added": rec.added,
+                                   "status": sm.status((rec.id,)).value, "active": sm.active((rec.id,))}
+            if sm.is_master(rec.id):
+                out["codes"] = sm.statuses(rec.id).translate(_DIGITS).decode()
+            records.append(out)
+        return {"step": self.t.runtime.bus.handled, "jobs": records,
+                "gone": [j for j in (jobs or ()) if not self.t.exists((int(j),))]}
+
+    async def info(self, fqid: str) -> dict[str, Any]:
+        return self.t.info(self._known(_fq(fqid)))
+
+    async def backend_id(self, fqid: str) -> str | None:
+        return self.t.backend_id(self._known(_fq(fqid)))
+
+    async def subjob_specs(self, job: int, indexes: Sequence[int]) -> dict[str, Any]:
+        self._known((int(job),))
+        return {str(i): spec for i, spec in self.t.subjob_specs(int(job), [int(i) for i in indexes]).items()}
+
+    async def peek(self, fqid: str, name: str = "stdout", tail: int | None = None) -> dict[str, Any]:
+        return {"text": await self.t.peek(self._known(_fq(fqid)), name, tail)}
+
+    async def metrics(self) -> dict[str, Any]:
+        return await self.t.metrics()
+
+    async def states(self, fqid: str) -> list[dict[str, Any]]:
+        return await self.t.states(self._known(_fq(fqid)))
+
+    # ------------------------------------------------------------ operations
+    async def add(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return {"id": await self.t.add(name, spec)}
+
+    async def submit(self, targets: Sequence[str], keep_going: bool = False,
+                     definitions: dict[str, Any] | None = None) -> dict[str, Any]:
+        defs = {int(k): (v[0], v[1]) for k, v in (definitions or {}).items()}
+        return {"acted": (await self.t.submit(self._targets(targets), keep_going, defs)).acted}
+
+    async def kill(self, targets: Sequence[str], keep_going: bool = False) -> dict[str, Any]:
+        return {"acted": (await self.t.kill(self._targets(targets), keep_going)).acted}
+
+    async def resubmit(self, targets: Sequence[str], only_failed: bool = True, keep_going: bool = False,
+                       backend: dict[str, Any] | None = None, from_state: str | None = None) -> dict[str, Any]:
+        done = await self.t.resubmit(self._targets(targets), only_failed=only_failed, keep_going=keep_going,
+                                     backend=backend, from_state=from_state)
+        return {"acted": done.acted}
+
+    async def release(self, targets: Sequence[str], retry_args: Sequence[str] | None = None) -> dict[str, Any]:
+        return {"acted": (await self.t.release(self._targets(targets), retry_args)).acted}
+
+    async def force_status(self, targets: Sequence[str], status: str, force: bool = False,
+                           keep_going: bool = False) -> dict[str, Any]:
+        done = await self.t.force_status(self._targets(targets), parse_status(status), force, keep_going)
+        return {"acted": done.acted}
+
+    async def remove(self, targets: Sequence[str], keep_going: bool = False) -> dict[str, Any]:
+        return {"acted": (await self.t.remove(self._targets(targets), keep_going)).acted}
+
+    async def wait(self, targets: Sequence[str], timeout: float | None = None) -> dict[str, Any]:
+        """Return once nothing of the jobs is active, or after ``timeout`` (``timed_out`` says which)."""
+        try:
+            await self.t.wait(self._targets(targets), timeout)
+        except TimeoutError:
+            return {"timed_out": True}
+        return {"timed_out": False}
+
+    async def annotate(self, job: int, comment: str | None = None,
+                       metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+        self._known((int(job),))
+        self.t.annotate(int(job), comment, metadata)
+        return {}
+
+    async def refresh(self) -> dict[str, Any]:
+        await self.t.refresh()
+        await anyio.lowlevel.checkpoint()
+        return {}
+
+
+#: The methods a client may call (the HTTP API's routes).
+METHODS = frozenset({"health", "describe", "info", "backend_id", "subjob_specs", "peek", "metrics", "states", "add",
+                     "submit",
+                     "kill", "resubmit", "release", "force_status", "remove", "wait", "annotate", "refresh"})
+#: Methods a ``GET`` may call: they change nothing.
+READ_ONLY = frozenset({"health", "describe", "info", "backend_id", "peek", "metrics", "states"})
+
+__all__ = ["METHODS", "READ_ONLY", "Control", "JobStatus"]
