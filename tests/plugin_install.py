@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import plugins
+from orchestrator.runtime import registry as plugins
 
 
 def pip(*args: str) -> subprocess.CompletedProcess[str]:

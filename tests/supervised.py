@@ -24,7 +24,7 @@ from typing import Any
 
 import anyio
 
-from orchestrator.service.client import ServiceClient, ServiceUnavailable
+from orchestrator.api.client import ServiceClient, ServiceUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

@@ -14,7 +14,7 @@ import pytest
 import orchestrator.checkpoint as checkpoint_module
 from orchestrator import Executable, Job, JobError, Orchestrator
 from orchestrator.checkpoint import Steps
-from orchestrator.splitters import StepSplitter
+from orchestrator.core.splitters import StepSplitter
 
 pytestmark = pytest.mark.anyio
 FAST: dict[str, Any] = {"core": {"poll_interval": 0.05}}

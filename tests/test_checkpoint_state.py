@@ -15,8 +15,8 @@ import pytest
 import orchestrator.checkpoint as checkpoint_module
 from orchestrator import Executable, Job
 from orchestrator.checkpoint import State, StateError, StateTooLarge, Steps, initial_text
-from orchestrator.repository import Repository, StateRow
-from orchestrator.splitters import StepSplitter, partition_contiguous
+from orchestrator.runtime.repository import Repository, StateRow
+from orchestrator.core.splitters import StepSplitter, partition_contiguous
 
 HELPER = Path(checkpoint_module.__file__).parent / "scripts" / "orch-state"
 WEIRD = "tab\there, back\\slash\\n, new\nline, cr\r, unicode é✓, 'quotes' \"and\" $dollars `ticks`"

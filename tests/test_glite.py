@@ -24,7 +24,7 @@ from orch_glite.testing import WMSProcess
 from structlog.testing import capture_logs
 
 from orchestrator import ArgSplitter, Backend, Executable, Job, JobError, Orchestrator, RetryPolicy
-from orchestrator.events import StatusChanged
+from orchestrator.core.events import StatusChanged
 
 pytestmark = pytest.mark.anyio
 FAST = {"core": {"poll_interval": 0.05}}

@@ -16,7 +16,7 @@ from orch_glite.cli import wms_group
 from orch_glite.protocol import WMSError, call, http_call, node_spec, parse_endpoint, parse_listen
 from orch_glite.testing import WMSProcess
 
-from orchestrator import RunSpec
+from orchestrator.plugin import RunSpec
 
 pytestmark = pytest.mark.anyio
 

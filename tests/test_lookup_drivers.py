@@ -30,8 +30,8 @@ from orch_ssh.host import Dropped, Host
 from slurmd import SlurmCluster, slurm_cluster  # noqa: F401 - the session fixture, used by name
 from sshd import SshEnv, env_or_skip, shared_dir
 
-from orchestrator import Driver, DriverContext, JobStatus, RunHandle, RunSpec, StatusUpdate
-from orchestrator.wrapper import read_log
+from orchestrator.plugin import Driver, DriverContext, JobStatus, RunHandle, RunSpec, StatusUpdate
+from orchestrator.plugin.wrapper import read_log
 
 pytestmark = pytest.mark.anyio
 S = JobStatus

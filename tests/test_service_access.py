@@ -23,8 +23,8 @@ import httpx
 import pytest
 from served import ORCH, TOKEN, Service, start
 
-from orchestrator.errors import OrchestratorError
-from orchestrator.service.client import ServiceClient
+from orchestrator.core.errors import OrchestratorError
+from orchestrator.api.client import ServiceClient
 
 
 # ------------------------------------------------------------------ (a) TCP and its token

@@ -1,5 +1,5 @@
 """The Python API through a running service: ``async with Orchestrator(home)`` while ``orchestrator serve``
-holds the home gives a RemoteOrchestrator with the embedded API's surface, statuses and errors.
+holds the home works through it (the remote transport) with the embedded API's surface, statuses and errors.
 
 Each test runs a real ``orchestrator serve`` subprocess, stopped by its PID at teardown.
 """
@@ -23,10 +23,10 @@ from orchestrator import (
     JobError,
     JobStatus,
     Orchestrator,
+    OrchestratorError,
     RetryPolicy,
 )
-from orchestrator.service.client import ServiceClient, ServiceUnavailable
-from orchestrator.service.remote import RemoteOrchestrator
+from orchestrator.api.client import ServiceClient, ServiceUnavailable
 
 pytestmark = pytest.mark.anyio
 
@@ -51,7 +51,7 @@ def sim_job(n: int, name: str = "scan", **settings: Any) -> Job:
 async def test_the_design_example_through_the_service(served: Service) -> None:
     home = served.home
     async with Orchestrator(home=home) as orch:
-        assert isinstance(orch, RemoteOrchestrator) and orch.home == home.resolve()
+        assert orch.remote and orch.home == home.resolve()
         j = await orch.jobs.add(Job(name="scan", application=Executable("/bin/echo", args=["x"]),
                                     splitter=ArgSplitter([["a"], ["b"], ["c"]]), backend="local"))
         assert j.subjobs == [] and j.parent is None and j.status == "new"
@@ -165,17 +165,17 @@ async def test_wait_timeout_kill_copy_and_remove(served: Service) -> None:
 
 async def test_jobs_of_other_clients_are_seen(served: Service) -> None:
     async with Orchestrator(home=served.home) as orch, ServiceClient.for_home(served.home) as other:
-        added = await other.add(name="elsewhere", spec=sim_job(3, run_seconds=0.05).spec())
-        job_id = int(added["fqid"])
+        added = await other.call("add", name="elsewhere", spec=sim_job(3, run_seconds=0.05).spec())
+        job_id = int(added["id"])
         j = orch.jobs(job_id)  # not known yet: read from the service on the spot
         assert j.name == "elsewhere" and j.status == "new" and orch.jobs[job_id] is j
-        await other.submit(fqid=added["fqid"])
+        await other.call("submit", targets=[str(job_id)])
         with anyio.fail_after(20):  # subjobs made by another client's submit reach this cache through events
             while j.status != "completed" or len(j.subjobs) != 3:
                 await anyio.sleep(0.02)
         assert [s.status for s in j.subjobs] == ["completed"] * 3
-        late = await other.add(name="later", spec=sim_job(1).spec())
-        await other.submit(fqid=late["fqid"])
+        late = await other.call("add", name="later", spec=sim_job(1).spec())
+        await other.call("submit", targets=[str(late["id"])])
         with anyio.fail_after(20):  # a new job's first status change brings the list up to date
             while len(orch.jobs) != 2:
                 await anyio.sleep(0.02)
@@ -190,13 +190,12 @@ async def test_an_embedded_orchestrator_is_refused_while_the_service_runs(served
     with pytest.raises(ServiceUnavailable, match="no orchestrator service holds"):
         async with Orchestrator(home=tmp_path / "nobody", service=True):
             pass
-    orch = Orchestrator(home=served.home)
-    async with orch as remote:
-        assert isinstance(remote, RemoteOrchestrator)
-        with pytest.raises(JobError, match="open through its service"):
-            orch.jobs  # noqa: B018  (the embedded object's registry is not the one in use)
+    async with Orchestrator(home=served.home) as remote:
+        assert remote.remote
+        with pytest.raises(OrchestratorError, match="open through its service"):
+            remote.runtime  # noqa: B018  (the runtime is the service's)
     async with Orchestrator(home=tmp_path / "nobody") as embedded:  # no service there: the home is opened here
-        assert isinstance(embedded, Orchestrator)
+        assert not embedded.remote
 
 
 async def scenario(orch: Any) -> dict[str, Any]:
@@ -215,71 +214,18 @@ async def scenario(orch: Any) -> dict[str, Any]:
 
 async def test_after_the_service_stops_the_same_code_runs_embedded(served: Service) -> None:
     async with Orchestrator(home=served.home) as orch:
-        assert isinstance(orch, RemoteOrchestrator)
+        assert orch.remote
         first = await scenario(orch)
     assert first == {0: ("echo", "completed", [("completed", 1)] * 2),
                      1: ("sim", "failed", [("completed", 1), ("failed", 1), ("completed", 1)])}
     assert served.stop() == 0
     async with Orchestrator(home=served.home) as orch:
-        assert isinstance(orch, Orchestrator)
+        assert not orch.remote
         seen = {j.id: (j.name, j.status.value, [(s.status.value, s.info.submit_counter) for s in j.subjobs])
                 for j in orch.jobs}
         assert seen == first
         second = await scenario(orch)
     assert second == {**first, 2: first[0], 3: first[1]}
-
-
-# ------------------------------------------------------------------ ordering of reads and events (no service)
-class _FakeClient:
-    """Answers ``describe`` with a fixed read, delivering ``during`` to the orchestrator while it is under way."""
-
-    where = "fake"
-
-    def __init__(self) -> None:
-        self.orch: RemoteOrchestrator | None = None
-        self.result: dict[str, Any] = {}
-        self.during: list[dict[str, Any]] = []
-
-    async def describe(self, fqids: list[str] | None = None) -> dict[str, Any]:
-        assert self.orch is not None
-        for batch in self.during:
-            self.orch._receive(batch)
-        await anyio.sleep(0)
-        return self.result
-
-
-def _record(fqid: str, status: str, codes: str | None, where: Path) -> dict[str, Any]:
-    rec = {"fqid": fqid, "name": "n", "status": status, "application": None, "backend": {"name": "sim"},
-           "backend_id": None, "info": {}, "workspace": str(where), "inputdir": str(where / "input"),
-           "outputdir": str(where / "output")}
-    return rec if codes is None else {**rec, "codes": codes}
-
-
-async def test_events_and_reads_are_ordered_by_the_service_time(tmp_path: Path) -> None:
-    fake = _FakeClient()
-    orch = RemoteOrchestrator(tmp_path, client=fake)  # type: ignore[arg-type]
-    fake.orch = orch
-    s = JobStatus
-    # The read is at t=10 and already holds the change of t=9; the change of t=11 comes after it.
-    fake.result = {"time": 10.0, "jobs": [_record("0", "running", "322", tmp_path)]}
-    fake.during = [{"time": 9.0, "changes": [["0.0", "submitted", "running"]]},
-                   {"time": 11.0, "changes": [["0.1", "submitted", "completed"]]}]
-    await orch._load(["0"])
-    j = orch.jobs(0)
-    assert [x.status for x in j.subjobs] == [s.RUNNING, s.COMPLETED, s.SUBMITTED]
-    orch._receive({"time": 8.0, "changes": [["0.2", "new", "submitting"]]})  # late, and older than the read
-    assert j.subjobs[2].status == s.SUBMITTED
-    orch._receive({"time": 12.0, "changes": [["0.2", "submitted", "failed"], ["0", "running", "submitted"]]})
-    assert j.subjobs[2].status == s.FAILED and j.status == s.SUBMITTED
-    # An older read arriving after a newer one changes nothing.
-    orch._apply_records({"time": 9.5, "jobs": [_record("0", "new", "", tmp_path)]}, listing=False)
-    assert len(j.subjobs) == 3 and j.status == s.SUBMITTED
-    # A newer read with fewer subjobs (a submission rolled back) drops the others.
-    orch._apply_records({"time": 13.0, "jobs": [_record("0", "new", "", tmp_path)]}, listing=False)
-    assert j.subjobs == [] and j.status == s.NEW
-    # A listing without job 0 means it went away.
-    orch._apply_records({"time": 14.0, "jobs": []}, listing=True)
-    assert 0 not in orch._tops and j._removed
 
 
 async def test_a_service_that_goes_away_fails_operations_not_the_block(served: Service) -> None:
@@ -291,4 +237,4 @@ async def test_a_service_that_goes_away_fails_operations_not_the_block(served: S
         assert j.status == "new"  # the cache stays readable
         await anyio.sleep(0.3)  # the event stream's reconnect attempts run meanwhile, quietly
     async with Orchestrator(home=served.home) as embedded:
-        assert isinstance(embedded, Orchestrator) and embedded.jobs(j.id).status == "new"
+        assert not embedded.remote and embedded.jobs(j.id).status == "new"

@@ -20,10 +20,10 @@ import httpx
 import pytest
 from served import ORCH, STOP_LIMIT, Service, cli_ok, start
 
-from orchestrator.control import UnknownJobError
-from orchestrator.errors import JobError
-from orchestrator.jobfile import load_job
-from orchestrator.service.client import ServiceClient
+from orchestrator.core.errors import UnknownJobError
+from orchestrator.core.errors import JobError
+from orchestrator.cli.jobfile import load_job
+from orchestrator.api.client import ServiceClient
 
 
 def sim_file(where: Path, *, name: str = "simjob", n: int = 4, run_seconds: float = 600.0) -> Path:

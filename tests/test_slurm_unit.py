@@ -30,19 +30,8 @@ from orch_slurm.slurm import (
     parse_squeue,
 )
 
-from orchestrator import (
-    Backend,
-    DriverContext,
-    Executable,
-    Job,
-    JobError,
-    JobStatus,
-    Orchestrator,
-    RunHandle,
-    RunSpec,
-    SettingsError,
-    SubmitError,
-)
+from orchestrator import Backend, Executable, Job, JobError, JobStatus, Orchestrator
+from orchestrator.plugin import DriverContext, RunHandle, RunSpec, SettingsError, SubmitError
 
 S = JobStatus
 Answer = Result | Exception

@@ -12,9 +12,9 @@ import random
 import pytest
 
 import orchestrator.statemachine as statemachine_mod
-from orchestrator.ids import fqid_str, parse_fqid
+from orchestrator.core.ids import fqid_str, parse_fqid
 from orchestrator.statemachine import Change, MasterChange, Refusal, StateMachine
-from orchestrator.status import ALL_STATUSES, FINAL, JobStatus, master_status, parse_status
+from orchestrator.core.statuses import ALL_STATUSES, FINAL, JobStatus, master_status, parse_status
 
 S = JobStatus
 

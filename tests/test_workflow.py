@@ -10,7 +10,7 @@ import pytest
 from test_workflow_dag import PRODUCE, expected_edges, sh, use_case_iv
 
 from orchestrator import Executable, Job, Orchestrator, RetryPolicy
-from orchestrator.workflow import (
+from orchestrator.features.workflows import (
     FileSpec,
     Line,
     Package,
@@ -21,8 +21,8 @@ from orchestrator.workflow import (
     Workflows,
     parse_dagman,
 )
-from orchestrator.workflow.dagman import node_name
-from orchestrator.wrapper import read_log
+from orchestrator.features.workflows.dagman import node_name
+from orchestrator.plugin.wrapper import read_log
 
 pytestmark = pytest.mark.anyio
 FAST = {"core": {"poll_interval": 0.05, "flush_interval": 0.05}}

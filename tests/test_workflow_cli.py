@@ -6,8 +6,8 @@ from pathlib import Path
 
 from click.testing import CliRunner, Result
 
-from orchestrator.workflow import parse_dagman
-from orchestrator.workflow.cli import workflow_group
+from orchestrator.features.workflows import parse_dagman
+from orchestrator.features.workflows.cli import workflow_group
 
 WORKFLOW = """
 id = "reco001"

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator import RetryPolicy
-from orchestrator.workflow import Binary, FileSpec, Line, Package, Stage, Workflow, WorkflowError, build, parse_dagman
-from orchestrator.workflow.dag import Facts, assess, bottom_levels, due_files, start_order
-from orchestrator.workflow.dagman import node_name, to_dagman
-from orchestrator.workflow.script import package_script
-from orchestrator.workflow.toml import WorkflowFileError, load_workflow
+from orchestrator.features.workflows import Binary, FileSpec, Line, Package, Stage, Workflow, WorkflowError, build, parse_dagman
+from orchestrator.features.workflows.dag import Facts, assess, bottom_levels, due_files, start_order
+from orchestrator.features.workflows.dagman import node_name, to_dagman
+from orchestrator.features.workflows.script import package_script
+from orchestrator.features.workflows.toml import WorkflowFileError, load_workflow
 
 # A binary that really consumes its inputs and produces its outputs in the data dir.
 PRODUCE = 'sleep "$PAUSE"; for o in $ORCH_OUTPUTS; do cat $ORCH_INPUTS > "$o"; echo "$o" >> "$o"; done'

@@ -34,6 +34,7 @@ class Job(Definition):
         self.id: int | None = None
         self.parent: Job | None = None
         self._registry: Jobs | None = None
+        self._removed = False
         self._subjobs = SubjobList(self)
 
     # ------------------------------------------------------------ identity
@@ -61,6 +62,8 @@ class Job(Definition):
     @property
     def registry(self) -> Jobs:
         if self._registry is None:
+            if self._removed or (self.parent is not None and self.parent._removed):
+                raise JobError("was removed", fqid=self.fqid_or_new)
             raise JobError("the job has not been added to an orchestrator (await orch.jobs.add(job))",
                            fqid=self.fqid_or_new)
         return self._registry

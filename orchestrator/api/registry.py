@@ -109,9 +109,11 @@ class JobRegistry:
                            since=since, until=until)
 
     def forget(self, job: Job) -> None:
+        """A removed job: no longer looked up; what is still held of it says it was removed."""
         if job.id is not None:
             self._tops.pop(job.id, None)
         job._registry = None
+        job._removed = True
 
     def __repr__(self) -> str:
         return f"<{len(self)} jobs>"

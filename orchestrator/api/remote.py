@@ -77,7 +77,13 @@ class Remote:
 
     # ------------------------------------------------------------ the mirror
     async def _load(self, jobs: Sequence[int] | None) -> None:
-        answer = await self.client.call("describe", jobs=None if jobs is None else list(jobs))
+        self._take(await self.client.call("describe", jobs=None if jobs is None else list(jobs)), jobs)
+
+    def _fetch(self, job: int) -> None:
+        """A job this mirror does not know yet (another client's): read on the spot."""
+        self._take(sync_call(self.socket, "describe", jobs=[job]), [job])
+
+    def _take(self, answer: dict[str, Any], jobs: Sequence[int] | None) -> None:
         step = int(answer["step"])
         seen = set()
         for r in answer["jobs"]:
@@ -154,6 +160,8 @@ class Remote:
         return self._tops[job].record
 
     def exists(self, fq: FQID) -> bool:
+        if fq[0] not in self._tops and fq[0] >= 0:
+            self._fetch(fq[0])
         mirror = self._tops.get(fq[0])
         if mirror is None or len(fq) > 2:
             return False

@@ -105,6 +105,10 @@ class JobSlice:
         transport: Transport = self._jobs[0].registry.transport
         return transport
 
+    def _built_only(self) -> list[Any]:
+        """The job objects of the slice that exist (a lazy selection makes none to act)."""
+        return list(self._jobs)
+
     def _targets(self) -> list[FQID]:
         return [j.fqid_tuple for j in self._jobs]
 
@@ -134,12 +138,12 @@ class JobSlice:
         if backend is not None:
             from .validate import checked_backend
 
-            chosen = checked_backend(backend, self._jobs[0].fqid)
+            chosen = checked_backend(backend, ".".join(map(str, self._targets()[0])))
         done = await self._transport().resubmit(self._targets(), only_failed=only_failed, keep_going=keep_going,
                                                 backend=chosen.to_dict() if chosen is not None else None,
                                                 from_state=from_state)
-        if chosen is not None:  # the objects show the settings the runs now have
-            for job in self:
+        if chosen is not None:  # the objects show the settings the runs now have (those that are built)
+            for job in self._jobs or self._built_only():
                 top = job if job.parent is None else job.parent
                 top.backend = chosen.copy()
                 if job is not top:
@@ -223,6 +227,10 @@ class SubjobSelection(JobSlice):
     def _transport(self) -> Transport:
         transport: Transport = self._subjobs._master.registry.transport
         return transport
+
+    def _built_only(self) -> list[Any]:
+        built = self._subjobs._built
+        return [j for i in self._indexes if (j := built.get(i)) is not None] + [self._subjobs._master]
 
     async def copy(self) -> JobSlice:
         return await JobSlice(list(self)).copy()

@@ -41,7 +41,7 @@ from typing import Any
 import anyio
 from anyio.abc import Process
 
-from orchestrator import (
+from orchestrator.plugin import (
     Capabilities,
     Driver,
     DriverContext,
