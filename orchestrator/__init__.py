@@ -5,15 +5,17 @@ from .api.orchestrator import Orchestrator
 from .api.slices import JobSlice
 from .core.errors import ConfigError, HomeLockedError, JobError, OrchestratorError
 from .core.model import Backend, Executable, JobInfo, RetryPolicy
-from .core.splitters import ArgSplitter, FileSplitter, GenericSplitter, Splitter, StepSplitter
+from .core.splitters import ArgSplitter, FileSplitter, GenericSplitter, Splitter
 from .core.statuses import JobStatus
+from .features.partitioning import StepSplitter
 from .features.postprocessors import TextMerger
 from .plugin.postprocess import Merger, Postprocessor
+from .runtime import registry as plugins  # what is installed: plugins.backend_names(), plugins.refresh()
 
 __version__ = "0.2.0"
 
 __all__ = [
     "ArgSplitter", "Backend", "ConfigError", "Executable", "FileSplitter", "GenericSplitter", "HomeLockedError",
     "Job", "JobError", "JobInfo", "JobSlice", "JobStatus", "Merger", "Orchestrator", "OrchestratorError",
-    "Postprocessor", "RetryPolicy", "Splitter", "StepSplitter", "SubjobList", "TextMerger",
+    "Postprocessor", "RetryPolicy", "plugins", "Splitter", "StepSplitter", "SubjobList", "TextMerger",
 ]

@@ -17,6 +17,7 @@ import orchestrator.checkpoint as checkpoint_module
 from orchestrator import Executable, Job, Orchestrator
 from orchestrator.checkpoint import State
 from orchestrator.cli import cli
+from orchestrator.runtime.repository import StateRow
 
 FAST: dict[str, Any] = {"core": {"poll_interval": 0.05}}
 STATE_PY = Path(checkpoint_module.__file__)
@@ -61,8 +62,8 @@ def python_job(tmp_path: Path, name: str, code: str, **kw: Any) -> Job:
 
 
 async def newest(orch: Orchestrator, job: Job) -> State:
-    rows = await orch.engine.checkpoints.stored(job)
-    return State.from_text(rows[-1].data)
+    rows = await job.states()
+    return State.from_text(rows[-1]["data"])
 
 
 @pytest.mark.anyio
@@ -74,7 +75,7 @@ async def test_collision_sum_resumes_after_a_node_crash(tmp_path: Path) -> None:
         job = await orch.jobs.add(python_job(tmp_path, "collisions.py", COLLISIONS, steps="1..2000",
                                              env={"STARTS": str(starts)}))
         await job.submit()
-        assert [r.label for r in await orch.engine.checkpoints.stored(job)] == ["0:0"]  # from submission on
+        assert [f"{r['job']}:{r['seq']}" for r in await job.states()] == ["0:0"]  # from submission on
         with anyio.fail_after(30):
             while job.info.checkpoint.get("seq", 0) < 300:  # harvested on the monitoring ticks
                 await anyio.sleep(0.02)
@@ -164,8 +165,8 @@ async def _run_stepper(tmp_path: Path, home: Path, starts: Path) -> None:
         await job.wait(timeout=30)
         assert job.status == "completed"
         # Steps 1..6 saved states 1..6 and the final one is 7: 5, 6 and 7 are kept, here and in the work dir.
-        assert [r.label for r in await orch.engine.checkpoints.stored(job)] == ["0:5", "0:6", "0:7"]
-        workdir = orch.engine.workspace.workdir(job.fqid_tuple) / ".orch-state"
+        assert [f"{r['job']}:{r['seq']}" for r in await job.states()] == ["0:5", "0:6", "0:7"]
+        workdir = job.workspace / "work" / ".orch-state"
         assert sorted(p.name for p in workdir.glob("*.state")) == ["5.state", "6.state", "7.state"]
 
 
@@ -193,7 +194,7 @@ def _fetch_and_resubmit(tmp_path: Path, home: Path, starts: Path) -> None:
 async def _after_resubmit(home: Path, starts: Path) -> None:
     async with Orchestrator(home=home, config=FAST) as orch:
         job = orch.jobs[0]
-        rows = await orch.engine.checkpoints.stored(job)
+        rows = [StateRow(**r) for r in await job.states()]
         # The adopted state became state 8 (the newest), then step 6 and the final save: 9 and 10.
         assert [r.label for r in rows] == ["0:8", "0:9", "0:10"]
         assert State.from_text(rows[0].data).get_string_value("done") == "5"
@@ -238,14 +239,14 @@ async def test_a_job_that_crashes_after_every_load_is_stopped_by_the_restart_cou
 @pytest.mark.anyio
 async def test_a_run_whose_starting_state_cannot_be_written_is_not_started(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    import orchestrator.checkpointing
+    import orchestrator.runtime.checkpoints
 
     def full(*args: Any) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(orchestrator.checkpointing, "write_state_dir", full)
+    monkeypatch.setattr(orchestrator.runtime.checkpoints, "write_state_dir", full)
     async with Orchestrator(home=tmp_path / "home", config=FAST) as orch:
         job = await orch.jobs.add(Job(application=Executable("/bin/true"), steps="1..3"))
         with pytest.raises(Exception, match="could not write its starting state"):
             await job.submit()
-        assert job.status == "new" and await orch.engine.checkpoints.stored(job) == []
+        assert job.status == "new" and await job.states() == []

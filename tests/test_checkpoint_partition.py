@@ -14,7 +14,7 @@ import pytest
 import orchestrator.checkpoint as checkpoint_module
 from orchestrator import Executable, Job, JobError, Orchestrator
 from orchestrator.checkpoint import Steps
-from orchestrator.core.splitters import StepSplitter
+from orchestrator import StepSplitter
 
 pytestmark = pytest.mark.anyio
 FAST: dict[str, Any] = {"core": {"poll_interval": 0.05}}
@@ -149,8 +149,10 @@ async def test_weighted_partition_prejob_subjobs_and_aggregator(tmp_path: Path) 
 
 async def test_a_failed_prejob_fails_the_master_and_starts_no_subjob(tmp_path: Path) -> None:
     async with Orchestrator(home=tmp_path / "home", config=FAST) as orch:
+        flag = tmp_path / "second-time"  # the pre-job fails the first time, and succeeds once resubmitted
         master = await orch.jobs.add(sh_job("exit 0", steps="1..4", splitter=StepSplitter(2),
-                                            prejob=sh_job("echo broken >&2; exit 3")))
+                                            prejob=sh_job(f'if [ -e {flag} ]; then exit 0; fi; touch {flag}; '
+                                                          'echo broken >&2; exit 3')))
         await master.submit()
         await master.wait(timeout=30)
         assert master.status == "failed" and master.prejob is not None and master.prejob.status == "failed"
@@ -160,8 +162,6 @@ async def test_a_failed_prejob_fails_the_master_and_starts_no_subjob(tmp_path: P
         with pytest.raises(JobError, match="resubmit the prejob"):
             await master.resubmit()
         # Resubmitting the pre-job starts its phase again; the subjobs run once it completes.
-        master.prejob.application = Executable("/bin/true")
-        orch.engine.mark_dirty(master.prejob, spec=True)
         await master.prejob.resubmit()
         await master.wait(timeout=30)
         assert master.status == "completed" and [s.status.value for s in master.subjobs] == ["completed"] * 2

@@ -15,8 +15,9 @@ import pytest
 import orchestrator.checkpoint as checkpoint_module
 from orchestrator import Executable, Job
 from orchestrator.checkpoint import State, StateError, StateTooLarge, Steps, initial_text
-from orchestrator.runtime.repository import Repository, StateRow
-from orchestrator.core.splitters import StepSplitter, partition_contiguous
+from orchestrator.runtime.repository import Repository, Save, StateRow
+from orchestrator import StepSplitter
+from orchestrator.core.splitters import partition_contiguous
 
 HELPER = Path(checkpoint_module.__file__).parent / "scripts" / "orch-state"
 WEIRD = "tab\there, back\\slash\\n, new\nline, cr\r, unicode é✓, 'quotes' \"and\" $dollars `ticks`"
@@ -129,8 +130,8 @@ def test_partition_is_optimal_against_brute_force() -> None:
 
 def test_step_splitter_without_weights_is_even_and_checks_its_input() -> None:
     job = Job(application=Executable("/bin/true"), steps="1..10")
-    assert [s.steps for s in StepSplitter(4).split(job)] == ["1..3", "4..6", "7..8", "9..10"]
-    assert [s.steps for s in StepSplitter(3).split(Job(application=Executable("x"), steps=["a", "b"]))] == [
+    assert [s["steps"] for s in StepSplitter(4).split(job)] == ["1..3", "4..6", "7..8", "9..10"]
+    assert [s["steps"] for s in StepSplitter(3).split(Job(application=Executable("x"), steps=["a", "b"]))] == [
         ["a"], ["b"]]
     with pytest.raises(Exception, match="needs steps"):
         StepSplitter(2).split(Job(application=Executable("x")))
@@ -139,7 +140,7 @@ def test_step_splitter_without_weights_is_even_and_checks_its_input() -> None:
 
 
 @pytest.mark.anyio
-async def test_schema_2_migrates_a_version_1_repository_and_keeps_the_newest_states(tmp_path: Path) -> None:
+async def test_a_version_1_repository_migrates_forward_and_keeps_the_newest_states(tmp_path: Path) -> None:
     path = tmp_path / "repository.sqlite"
     db = sqlite3.connect(path)
     db.executescript("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
@@ -154,10 +155,10 @@ async def test_schema_2_migrates_a_version_1_repository_and_keeps_the_newest_sta
     repo = Repository(path)
     await repo.open()
     try:
-        assert await repo.schema_version() == 2
+        assert await repo.schema_version() == 3
         for seq in range(6):
             rows = [StateRow("3.1", seq, float(seq), seq == 5, f"s{seq}"), StateRow("3", seq, 0, False, "")]
-            await repo.save([], rows, keep=3)
+            await repo.save(Save(states=rows, keep=3))
         assert [r.seq for r in await repo.states("3.1")] == [3, 4, 5]
         newest = await repo.state("3.1")
         assert newest is not None and newest.final and newest.label == "3.1:5" and newest.data == "s5"

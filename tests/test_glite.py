@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from anyio.abc import SocketAttribute
-from anyio.streams.memory import MemoryObjectReceiveStream
-from orch_glite import GliteDriver
 from orch_glite.protocol import call
 from orch_glite.testing import WMSProcess
 from structlog.testing import capture_logs
@@ -50,10 +49,28 @@ def scan(script: str, n: int, backend: Backend, **kw: Any) -> Job:
                splitter=ArgSplitter([["-c", script, str(i)] for i in range(n)]), backend=backend, **kw)
 
 
-def driver(orch: Orchestrator) -> GliteDriver:
-    d = orch.engine.drivers["glite"]
-    assert isinstance(d, GliteDriver)
-    return d
+async def calls(orch: Orchestrator) -> dict[str, int]:
+    """How often the glite driver called the WMS, by kind (its metrics)."""
+    return (await orch.metrics())["backends"]["glite"]["driver"]["calls"]  # type: ignore[no-any-return]
+
+
+@asynccontextmanager
+async def recorded(orch: Orchestrator) -> AsyncIterator[dict[tuple[int, ...], list[str]]]:
+    """The statuses each job goes through while the block runs (from ``orch.events()``)."""
+    seen: dict[tuple[int, ...], list[str]] = {}
+
+    async def follow() -> None:
+        async for ev in orch.events():
+            if isinstance(ev, StatusChanged):
+                for fq in ev.ids:
+                    seen.setdefault(fq, []).append(ev.new.value)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(follow)
+        await anyio.sleep(0.05)
+        yield seen
+        await anyio.sleep(0.05)
+        tg.cancel_scope.cancel()
 
 
 def statuses(job: Job) -> list[str]:
@@ -63,18 +80,6 @@ def statuses(job: Job) -> list[str]:
 def collection_of(job: Job) -> str:
     assert job.backend_id is not None
     return job.backend_id.split("/")[0]
-
-
-def drain(events: MemoryObjectReceiveStream[StatusChanged]) -> dict[tuple[int, ...], list[str]]:
-    """The statuses each job went through, from a bus subscription."""
-    seen: dict[tuple[int, ...], list[str]] = {}
-    while True:
-        try:
-            ev = events.receive_nowait()
-        except anyio.WouldBlock:
-            return seen
-        for fq, new in zip(ev.ids, ev.new, strict=True):
-            seen.setdefault(fq, []).append(new.value)
 
 
 def group_alive(pgid: int) -> bool:
@@ -103,14 +108,13 @@ async def test_hundred_subjobs_go_in_exactly_one_collection_call(tmp_path: Path,
     async with Orchestrator(home=tmp_path / "home", config=FAST) as orch:
         j = await orch.jobs.add(scan('echo "out $0"', 100, glite(wms)))
         await j.submit()
-        d = driver(orch)
-        assert d.calls["submit_collection"] == 1 and d.calls["submit_node"] == 0
+        assert (await calls(orch))["submit_collection"] == 1 and (await calls(orch))["submit_node"] == 0
         assert len(j.subjobs) == 100 and all(s.status != "new" for s in j.subjobs)
         assert len({collection_of(s) for s in j.subjobs}) == 1
         await j.wait(timeout=40)
         assert statuses(j) == ["completed"] * 100 and j.status == "completed"
         assert [(s.outputdir / "stdout").read_text() for s in j.subjobs] == [f"out {i}\n" for i in range(100)]
-        assert d.calls["submit_collection"] == 1 and d.calls["submit_node"] == 0
+        assert (await calls(orch))["submit_collection"] == 1 and (await calls(orch))["submit_node"] == 0
         answer = await call(wms.endpoint, "GET", f"/v1/collections/{collection_of(j.subjobs[0])}")
     assert answer["kind"] == "collection" and len(answer["nodes"]) == 100
     assert {n["state"] for n in answer["nodes"].values()} == {"done"}
@@ -126,7 +130,7 @@ async def test_rejected_nodes_are_failed_and_keep_going_decides_raising(tmp_path
         else:
             with pytest.raises(JobError, match="2 subjob"):
                 await j.submit(keep_going=False)
-        assert driver(orch).calls["submit_collection"] == 1
+        assert (await calls(orch))["submit_collection"] == 1
         # DESIGN.md, native bulk: rejected subjobs are failed at once; their siblings were submitted all the same.
         assert [statuses(j)[i] for i in (1, 4)] == ["failed", "failed"]
         assert all(statuses(j)[i] in ("submitted", "running", "completed") for i in (0, 2, 3, 5))
@@ -155,12 +159,11 @@ async def test_aborted_nodes_go_submitted_then_failed(tmp_path: Path, wms: WMSPr
     async with Orchestrator(home=tmp_path / "home", config=FAST) as orch:
         j = await orch.jobs.add(scan(script, 4, glite(wms, abort={1: 0.5, 2: 0.8}),
                                      retry=RetryPolicy(max_late_unhandled=0)))
-        events = orch.engine.bus.subscribe()
-        await j.submit()
-        assert all(s in ("submitted", "running", "completed") for s in statuses(j))
-        await j.wait(timeout=30)
+        async with recorded(orch) as seen:
+            await j.submit()
+            assert all(s in ("submitted", "running", "completed") for s in statuses(j))
+            await j.wait(timeout=30)
         assert statuses(j) == ["completed", "failed", "failed", "completed"] and j.status == "failed"
-        seen = drain(events)
         for i in (1, 2):
             sub = j.subjobs[i]
             path = seen[sub.fqid_tuple]
@@ -184,16 +187,15 @@ async def test_subjob_resubmitted_alone_is_a_one_node_submission(tmp_path: Path,
         await j.wait(timeout=30)
         assert statuses(j) == ["completed", "completed", "failed", "completed"] and j.status == "failed"
         original = collection_of(j.subjobs[0])
-        events = orch.engine.bus.subscribe()
-        await j.subjobs[2].resubmit()
-        d = driver(orch)
-        assert d.calls["submit_collection"] == 1 and d.calls["submit_node"] == 1
-        alone = collection_of(j.subjobs[2])
-        assert alone != original and {collection_of(j.subjobs[i]) for i in (0, 1, 3)} == {original}
-        await j.wait(timeout=30)
+        async with recorded(orch) as seen:
+            await j.subjobs[2].resubmit()
+            assert (await calls(orch))["submit_collection"] == 1 and (await calls(orch))["submit_node"] == 1
+            alone = collection_of(j.subjobs[2])
+            assert alone != original and {collection_of(j.subjobs[i]) for i in (0, 1, 3)} == {original}
+            await j.wait(timeout=30)
         assert statuses(j) == ["completed"] * 4 and j.status == "completed"
         assert (j.subjobs[2].outputdir / "stdout").read_text() == "ok 2 1\n"
-        master = drain(events)[j.fqid_tuple]
+        master = seen[j.fqid_tuple]
         assert master[0] == "submitted" and master[-1] == "completed"  # failed -> submitted -> ... -> completed
         single = await call(wms.endpoint, "GET", f"/v1/collections/{alone}")
         bulk = await call(wms.endpoint, "GET", f"/v1/collections/{original}")
@@ -211,11 +213,10 @@ async def test_bulk_kill_reaches_collection_nodes_and_lone_nodes(tmp_path: Path,
         await j.subjobs[1].resubmit()
         await until(lambda: j.subjobs[1].status == "running")
         assert j.status == "running"
-        d = driver(orch)
-        assert d.calls["submit_node"] == 1 and len({collection_of(s) for s in j.subjobs}) == 2
-        cancels = d.calls["cancel"]
+        assert (await calls(orch))["submit_node"] == 1 and len({collection_of(s) for s in j.subjobs}) == 2
+        cancels = (await calls(orch))["cancel"]
         await j.kill()
-        assert d.calls["cancel"] == cancels + 1  # one call for both kinds
+        assert (await calls(orch))["cancel"] == cancels + 1  # one call for both kinds
         assert statuses(j) == ["killed"] * 4 and j.status == "killed"
         collections = {collection_of(s) for s in j.subjobs}
         answers = [await call(wms.endpoint, "GET", f"/v1/collections/{c}") for c in collections]
@@ -232,26 +233,25 @@ async def test_status_is_one_call_per_collection_per_tick_and_kill_one_call(tmp_
     async with Orchestrator(home=tmp_path / "home", config=slow) as orch:
         j = await orch.jobs.add(scan(script, 10, glite(wms)))
         await j.submit()
-        d = driver(orch)
-        assert d.calls["status"] == 0
+        assert (await calls(orch))["status"] == 0
         ticks = 0
         with anyio.fail_after(20):
             while statuses(j) != ["failed"] + ["running"] * 9:
-                before = d.calls["status"]
-                await orch.engine.refresh()
-                assert d.calls["status"] == before + 1  # the whole collection in one call
+                before = (await calls(orch))["status"]
+                await orch.refresh()
+                assert (await calls(orch))["status"] == before + 1  # the whole collection in one call
                 ticks += 1
                 await anyio.sleep(0.05)
         assert ticks >= 1
         await j.subjobs[0].resubmit()
         with anyio.fail_after(20):
             while j.subjobs[0].status != "running":
-                before = d.calls["status"]
-                await orch.engine.refresh()
-                assert d.calls["status"] == before + 2  # two collections now: the original and the lone node
+                before = (await calls(orch))["status"]
+                await orch.refresh()
+                assert (await calls(orch))["status"] == before + 2  # two collections: the original, the lone node
                 await anyio.sleep(0.05)
         await j.kill()
-        assert d.calls["cancel"] == 1
+        assert (await calls(orch))["cancel"] == 1
         assert statuses(j) == ["killed"] * 10
 
 
@@ -277,8 +277,7 @@ async def test_wms_killed_and_restarted_mid_run_loses_nothing_and_runs_nothing_t
                 await j.wait(timeout=40)
                 assert statuses(j) == ["completed"] * n, [s.info.reason for s in j.subjobs]
                 assert [(s.outputdir / "stdout").read_text() for s in j.subjobs] == [f"ok {i}\n" for i in range(n)]
-                d = driver(orch)
-                assert d.calls["submit_collection"] == 1
+                assert (await calls(orch))["submit_collection"] == 1
                 answer = await call(service.endpoint, "GET", f"/v1/collections/{collection_of(j.subjobs[0])}")
         assert sorted(side.read_text().split(), key=int) == [str(i) for i in range(n)]  # each ran exactly once
         loaded = [e for e in service.log_events() if e.get("event") == "state loaded"]
@@ -300,7 +299,7 @@ async def test_garbage_and_dropped_status_answers_are_backend_faults(tmp_path: P
             await j.submit()
             await j.wait(timeout=30)
             assert statuses(j) == ["completed"] * 5 and j.status == "completed"
-            assert driver(orch).calls["status"] >= 5
+            assert (await calls(orch))["status"] >= 5
     failed = [e for e in logs if e["event"] == "WMS status query failed"]
     errors = " ".join(e["error"] for e in failed)
     assert len(failed) == 4 and "without an answer" in errors and "not JSON" in errors
@@ -318,11 +317,10 @@ async def test_lost_submission_answers_are_retried_without_running_anything_twic
             j = await orch.jobs.add(scan('echo "$0" >> "$SIDE"; exec sleep 60', 4, backend,
                                          env={"SIDE": str(side)}))
             await j.submit()
-            d = driver(orch)
-            assert d.calls["submit_collection"] == 3  # dropped, garbled, answered: the same request each time
+            assert (await calls(orch))["submit_collection"] == 3  # dropped, garbled, answered: one request
             await until(lambda: statuses(j) == ["running"] * 4)
             await j.kill()
-            assert d.calls["cancel"] == 2 and statuses(j) == ["killed"] * 4
+            assert (await calls(orch))["cancel"] == 2 and statuses(j) == ["killed"] * 4
     assert sorted(side.read_text().split()) == ["0", "1", "2", "3"]
     retried = [e for e in logs if e["event"] == "WMS call failed, retrying with the same request id"]
     assert [e["request"] for e in retried] == ["submit_collection", "submit_collection", "cancel"]
@@ -358,7 +356,7 @@ async def test_unreachable_wms_at_submission_leaves_the_master_new(tmp_path: Pat
         with capture_logs() as logs, pytest.raises(JobError, match="no subjob could be submitted"):
             await j.submit(keep_going=True)
         assert j.status == "new" and j.subjobs == []
-        assert driver(orch).calls["submit_collection"] == 2
+        assert (await calls(orch))["submit_collection"] == 2
     failed = [e for e in logs if e["event"] == "WMS collection submission failed"]
     assert len(failed) == 1 and failed[0]["fqid"] == str(j.id)
 

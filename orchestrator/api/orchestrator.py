@@ -92,6 +92,13 @@ class Orchestrator:
         async for item in self.transport.events():
             yield item
 
+    async def refresh(self) -> None:
+        """Ask every polled backend for news now, and apply it before returning."""
+        await self.transport.refresh()
+        if self._runtime is not None:
+            with anyio.move_on_after(30):
+                await self._runtime.settle()
+
     async def metrics(self) -> dict[str, Any]:
         """Counters of the orchestrator and of each backend (``["backends"]["sim"]["driver"]["calls"]``...)."""
         return await self.transport.metrics()

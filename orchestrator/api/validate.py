@@ -10,7 +10,7 @@ from typing import Any
 from ..core.errors import JobError
 from ..core.model import Backend, Executable
 from ..core.splitters import Splitter
-from ..core.steps import Steps
+from ..checkpoint import Steps
 from ..plugin.postprocess import Postprocessor
 from ..plugin.settings import SettingsError
 from ..runtime import registry

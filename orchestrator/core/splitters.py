@@ -23,7 +23,6 @@ from itertools import accumulate
 from typing import Any, ClassVar
 
 from .errors import JobError
-from .steps import Steps
 
 #: Top-level fields a delta may set; ``application.*`` and ``backend.*`` set one field of those.
 SETTABLE = frozenset({"name", "inputfiles", "outputfiles", "steps", "step_weights", "mode"})
@@ -42,8 +41,22 @@ class Master:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
+def as_master(master: Any) -> Master:
+    """What a splitter sees, from a :class:`Master` or from an unsubmitted job (``split(job)`` works too)."""
+    if isinstance(master, Master):
+        return master
+    spec = master.spec() if callable(getattr(master, "spec", None)) else None
+    if not isinstance(spec, Mapping):
+        raise TypeError(f"a splitter splits a job, not {master!r}")
+    return Master(str(getattr(master, "fqid_or_new", "(new job)")), spec, 1, str(getattr(master, "name", "")))
+
+
 class Splitter(ABC):
-    """Base of splitters; ``name`` is the entry-point name, ``params()`` round-trips."""
+    """Base of splitters; ``name`` is the entry-point name, ``params()`` round-trips.
+
+    ``split`` receives a :class:`Master`; a built-in splitter also takes a job
+    that is not submitted yet (``ArgSplitter(...).split(job)``), to see its deltas.
+    """
 
     name: ClassVar[str] = ""
 
@@ -137,6 +150,7 @@ class GenericSplitter(Splitter):
         return cols
 
     def split(self, master: Master) -> list[dict[str, Any]]:
+        master = as_master(master)
         cols = self.columns(master.fqid)
         if len(cols) == 1:
             (path, values), = cols.items()
@@ -157,6 +171,7 @@ class ArgSplitter(Splitter):
         return {"args": self.args}
 
     def split(self, master: Master) -> list[dict[str, Any]]:
+        master = as_master(master)
         if not self.args:
             raise JobError("ArgSplitter has no argument lists: it would make no subjob", fqid=master.fqid,
                            field="splitter.args")
@@ -178,6 +193,7 @@ class FileSplitter(Splitter):
         return {"files_per_job": self.files_per_job}
 
     def split(self, master: Master) -> list[dict[str, Any]]:
+        master = as_master(master)
         k = self.files_per_job
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise JobError(f"files_per_job must be an integer >= 1, not {k!r}", fqid=master.fqid,
@@ -242,49 +258,5 @@ def partition_contiguous(weights: Sequence[float], m: int) -> list[int]:
     return starts
 
 
-class StepSplitter(Splitter):
-    """Partition the master's ``steps`` into ``m`` contiguous sub-lists (DataGrid job partitioning).
-
-    With ``step_weights`` the parts minimise the largest total weight
-    (:func:`partition_contiguous`); without, they differ in length by one at
-    most. ``m`` defaults to the backend's free slots (its ``max_running``
-    less the runs under way). Each subjob's steps become its initial state.
-    """
-
-    name = "steps"
-
-    def __init__(self, m: int | None = None) -> None:
-        self.m = m
-
-    def params(self) -> dict[str, Any]:
-        return {"m": self.m}
-
-    def parts(self, master: Master) -> list[tuple[int, int]]:
-        """``(start, stop)`` index ranges of the steps, one per subjob."""
-        where = master.fqid
-        spec = master.spec.get("steps")
-        if spec is None:
-            raise JobError("StepSplitter needs steps (Job(steps=...)), and the job has none", fqid=where,
-                           field="steps")
-        n = len(Steps(spec))
-        m = self.m if self.m is not None else master.free_slots
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise JobError(f"m must be an integer >= 1, not {m!r}", fqid=where, field="splitter.m")
-        if n == 0:
-            raise JobError("the job has no steps to partition", fqid=where, field="steps")
-        m = min(m, n)
-        weights = master.spec.get("step_weights")
-        if weights is None:
-            size, extra = divmod(n, m)
-            bounds = list(accumulate((size + (1 if k < extra else 0) for k in range(m)), initial=0))
-            return list(zip(bounds, bounds[1:], strict=False))
-        starts = partition_contiguous(weights, m)
-        return list(zip(starts, [*starts[1:], n], strict=True))
-
-    def split(self, master: Master) -> list[dict[str, Any]]:
-        steps = Steps(master.spec.get("steps"))
-        return [{"steps": steps[start:stop].spec(), "step_weights": None} for start, stop in self.parts(master)]
-
-
-__all__ = ["ArgSplitter", "FileSplitter", "GenericSplitter", "Master", "Splitter", "StepSplitter", "apply_delta",
+__all__ = ["ArgSplitter", "FileSplitter", "GenericSplitter", "Master", "Splitter", "apply_delta",
            "check_path", "partition_contiguous"]

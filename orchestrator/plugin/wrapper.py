@@ -16,7 +16,8 @@ import shutil
 from importlib import resources
 from pathlib import Path
 
-from ..core.runlog import RunLog, parse_log
+from ..core.runlog import RunLog as RunLog  # what read_log answers, for drivers that read logs
+from ..core.runlog import parse_log
 from .contract import RunSpec
 
 SCRIPTS = ("wrapper.sh", "orch-log", "orch-state")

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..checkpoint import STATE_DIR, State, StateError, initial_text, relabel, write_state_dir
 from ..core.errors import ConfigError
-from ..core.steps import Steps
+from ..checkpoint import Steps
 from ..plugin.contract import RunSpec
 from .repository import Repository, StateRow
 

@@ -82,7 +82,8 @@ class Monitor:
 
     def __init__(self, actor: Actor, *, post: Callable[[Event], Awaitable[None]],
                  status_of: Callable[[RunKey], JobStatus | None],
-                 read_ending: Callable[[RunHandle], Ending], harvest: Callable[[Sequence[RunHandle]], None],
+                 read_ending: Callable[[RunHandle], Ending],
+                 harvest: Callable[[RunHandle], dict[str, Any] | None],
                  poll_interval: float, lost_after: float, concurrency: int, log: Any) -> None:
         self.actor = actor
         self.post = post
@@ -107,6 +108,22 @@ class Monitor:
         while True:
             await anyio.sleep(self.poll_interval)
             await self.poll()
+            await self.harvest_running()
+
+    async def harvest_running(self) -> None:
+        """States saved by runs going on reach the repository, and the newest the state machine, each tick."""
+        if self.stopped or not self.actor.driver.capabilities.runs_wrapper:
+            return  # no wrapper, no states (sim): and no look at a hundred thousand runs per tick
+        running = [(k, h) for k, h in list(self.actor.held.items()) if self.status_of(k) in (S.RUNNING,
+                                                                                            S.COMPLETING)]
+        reports = []
+        for (job, idx), handle in running:
+            state = self.harvest(handle)
+            if state is not None:
+                reports.append(RunReport(Runs(job, None if idx is None else [idx]), S.RUNNING, state=state))
+        if reports:
+            await self.post(StatusReport(stimulus_id=self._sid("state"), time=time.time(), backend=self.name,
+                                         reports=tuple(reports)))
 
     async def poll(self) -> None:
         """One tick: one status query for every run the driver holds."""
@@ -140,7 +157,6 @@ class Monitor:
             lost = self.health.silent(list(polled), now, whole_backend=True)
             await self._lose(lost, f"no answer from backend {self.name} ({exc!r})")
             return
-        self.harvest([h for h in handles if h.status in (S.RUNNING, S.COMPLETING)])
         await self.receive(updates, sid=self._sid(), answered_all=True)
 
     # ------------------------------------------------------------ every driver

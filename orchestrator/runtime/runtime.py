@@ -328,10 +328,10 @@ class Runtime:
             ending.state = self.checkpoints.harvest(handle.fqid, handle.jobdir / "work")
         return ending
 
-    def _harvest(self, handles: Sequence[RunHandle]) -> None:
-        for handle in handles:
-            if self.checkpoints.concerned(handle.fqid):
-                self.checkpoints.harvest(handle.fqid, handle.jobdir / "work")
+    def _harvest(self, handle: RunHandle) -> dict[str, Any] | None:
+        if not self.checkpoints.concerned(handle.fqid):
+            return None
+        return self.checkpoints.harvest(handle.fqid, handle.jobdir / "work")
 
     # ------------------------------------------------------------ helpers for the pieces
     def free_slots(self, backend: str) -> int:

@@ -106,6 +106,10 @@ class GliteDriver(Driver):
         #: Endpoint -> the highest epoch a lookup was answered there; sent with every submission.
         self._epochs: dict[str, int] = {}
 
+    def metrics(self) -> dict[str, Any]:
+        """Calls made to the WMS, by kind (``submit_collection``, ``submit_node``, ``status``, ``cancel``...)."""
+        return {"calls": dict(self.calls)}
+
     # ------------------------------------------------------------ settings
     @classmethod
     def validate_settings(cls, settings: Mapping[str, Any]) -> dict[str, Any]:

@@ -299,7 +299,7 @@ class SimDriver(Driver):
             raise ConnectionError("sim: backend down (faults.json)")
         if fault == "garbage":
             first = handles[0].fqid if handles else "0"
-            return [StatusUpdate("9.9", "weird"), "garbage", StatusUpdate(first, "bogus")]  # type: ignore[list-item]
+            return [StatusUpdate("9.9", "weird"), "garbage", StatusUpdate(first, "bogus")]  # type: ignore[arg-type,list-item]
         now = time.time()
         updates = []
         for h in handles:

@@ -56,6 +56,11 @@ class SlurmBase(Driver):
         self._absent: dict[str, int] = {}
         self._silent_since: dict[str | None, float] = {}
 
+    def metrics(self) -> dict[str, Any]:
+        """Commands run (by name), the last ones, and per monitoring tick the commands and runs watched."""
+        return {"calls": dict(self.calls), "history": [list(h) for h in self.history], "ticks": self.ticks,
+                "tick_calls": list(self.tick_calls), "tick_runs": list(self.tick_runs)}
+
     @classmethod
     def validate_settings(cls, settings: Mapping[str, Any]) -> dict[str, Any]:
         return validate(settings)

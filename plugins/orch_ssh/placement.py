@@ -78,6 +78,11 @@ class SshBase(Driver):
         self._wake = anyio.Event()
         self._rotation = 0
 
+    def metrics(self) -> dict[str, Any]:
+        """Remote commands and transfers (in total and per host), and per monitoring tick what it ran and watched."""
+        return {"calls": dict(self.calls), "ticks": self.ticks, "tick_commands": list(self.tick_commands),
+                "tick_runs": list(self.tick_runs)}
+
     # ------------------------------------------------------------------ hosts
     def _count(self, kind: str, label: str, tally: dict[str, int] | None) -> None:
         self.calls[kind] += 1
