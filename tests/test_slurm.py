@@ -17,12 +17,13 @@ whole minutes, checked every 30 s (the run is killed 60-90 s after it starts).
 from __future__ import annotations
 
 import subprocess
+from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
 import pytest
-from orch_slurm import SlurmDriver
 from slurmd import SlurmCluster, slurm_cluster  # noqa: F401 - the session fixture, used by name
 
 from orchestrator import ArgSplitter, Backend, Executable, GenericSplitter, Job, Orchestrator, RetryPolicy
@@ -31,10 +32,11 @@ pytestmark = pytest.mark.anyio
 CONFIG = {"core": {"poll_interval": 0.25}}
 
 
-def slurm_driver(orch: Orchestrator) -> SlurmDriver:
-    driver = orch.engine.drivers["slurm"]
-    assert isinstance(driver, SlurmDriver)
-    return driver
+async def slurm_driver(orch: Orchestrator) -> SimpleNamespace:
+    """The slurm driver's metrics: Slurm commands run by name, the last ones, and each monitoring tick's."""
+    m = (await orch.metrics())["backends"]["slurm"]["driver"]
+    return SimpleNamespace(calls=Counter(m["calls"]), history=[tuple(h) for h in m["history"]], ticks=m["ticks"],
+                           tick_calls=m["tick_calls"], tick_runs=m["tick_runs"])
 
 
 def backend(cluster: SlurmCluster, **settings: object) -> Backend:
@@ -65,9 +67,8 @@ async def test_fifty_subjobs_one_array_kill_one_task_resubmit_it(slurm_cluster: 
     async with Orchestrator(home=tmp_path, config=CONFIG) as orch:
         j = await orch.jobs.add(sh_job('echo "out $0"', n, backend(slurm_cluster)))
         await j.submit()
-        driver = slurm_driver(orch)
-        assert driver.calls["sbatch"] == 1  # the whole master went in at once
-        sbatch = driver.history[-1]
+        assert (await slurm_driver(orch)).calls["sbatch"] == 1  # the whole master went in at once
+        sbatch = (await slurm_driver(orch)).history[-1]
         assert sbatch[0] == "sbatch" and f"--array=0-{n - 1}" in sbatch
         array = str(j.subjobs[0].backend_id).split("_")[0]
         assert [s.backend_id for s in j.subjobs] == [f"{array}_{i}" for i in range(n)]
@@ -75,7 +76,8 @@ async def test_fifty_subjobs_one_array_kill_one_task_resubmit_it(slurm_cluster: 
         victim = j.subjobs[n - 1]  # the last task: still pending while the first ones run
         await victim.kill()
         assert victim.status == "killed"
-        assert driver.calls["scancel"] == 1 and driver.history[-1] == ("scancel", f"{array}_{n - 1}")
+        d = await slurm_driver(orch)
+        assert d.calls["scancel"] == 1 and d.history[-1] == ("scancel", f"{array}_{n - 1}")
         await j.wait(timeout=90)
         assert [s.status.value for s in j.subjobs] == ["completed"] * (n - 1) + ["killed"], states(j)
         assert j.status == "completed"
@@ -86,15 +88,16 @@ async def test_fifty_subjobs_one_array_kill_one_task_resubmit_it(slurm_cluster: 
         assert all(seen[str(i)] == "COMPLETED" for i in range(n - 1))
 
         await victim.resubmit()
-        assert driver.calls["sbatch"] == 2
-        again = driver.history[-1]
+        assert (await slurm_driver(orch)).calls["sbatch"] == 2
+        again = (await slurm_driver(orch)).history[-1]
         assert again[0] == "sbatch" and not any(a.startswith("--array") for a in again)  # a job of its own
         assert str(victim.backend_id).isdigit()
         await j.wait(timeout=60)
         assert victim.status == "completed" and victim.info.submit_counter == 2
         assert (victim.outputdir / "stdout").read_text() == f"out {n - 1}\n"
         assert j.status == "completed"
-        assert driver.calls["sacct"] == 0  # every end was seen in squeue (ended jobs stay for MinJobAge)
+        d = await slurm_driver(orch)
+        assert d.calls["sacct"] == 0  # every end was seen in squeue (ended jobs stay for MinJobAge)
 
 
 # --------------------------------------------------------------------------- 4
@@ -109,8 +112,8 @@ async def test_time_limit_and_nonzero_exit_are_classified_and_retried(slurm_clus
     async with Orchestrator(home=tmp_path, config=CONFIG) as orch:
         j = await orch.jobs.add(job)
         await j.submit()
-        driver = slurm_driver(orch)
-        assert "--time=1" in driver.history[-1] and "--array=0-1" in driver.history[-1]
+        last = (await slurm_driver(orch)).history[-1]
+        assert "--time=1" in last and "--array=0-1" in last
         await j.wait(timeout=170)
         timed_out, failing = j.subjobs[0], j.subjobs[1]
 
@@ -131,7 +134,7 @@ async def test_time_limit_and_nonzero_exit_are_classified_and_retried(slurm_clus
         assert (second["level"], second["verdict"], second["limit"]) == ("application", "early", "max_early")
         assert first["exit_code"] == 3 and "max_early=1 reached" in str(failing.info.reason)
         assert j.status == "failed"
-        assert driver.calls["sbatch"] == 3  # the array of two, then each retry as a job of its own
+        assert (await slurm_driver(orch)).calls["sbatch"] == 3  # the array of two, then each retry as a job of its own
 
 
 # --------------------------------------------------------------------------- 5
@@ -146,9 +149,9 @@ async def test_one_squeue_per_tick_and_one_array_per_resource_group(slurm_cluste
     async with Orchestrator(home=tmp_path, config=CONFIG) as orch:
         j = await orch.jobs.add(job)
         await j.submit()
-        driver = slurm_driver(orch)
-        sbatches = [argv for argv in driver.history if argv[0] == "sbatch"]
-        assert len(sbatches) == 2 == driver.calls["sbatch"]  # one array per group of equal resources
+        d = await slurm_driver(orch)
+        sbatches = [argv for argv in d.history if argv[0] == "sbatch"]
+        assert len(sbatches) == 2 == d.calls["sbatch"]  # one array per group of equal resources
         assert {a for argv in sbatches for a in argv if a.startswith(("--time", "--array"))} == {
             "--time=10", "--time=20", f"--array=0-{n // 2 - 1}"}
         limits = {s.backend_id: s.backend.settings["time"] for s in j.subjobs}
@@ -158,8 +161,9 @@ async def test_one_squeue_per_tick_and_one_array_per_resource_group(slurm_cluste
                 {"10:00"}, {"20:00"})
         await j.wait(timeout=90)
         assert j.status == "completed", states(j)
-        ticks, runs = list(driver.tick_calls), list(driver.tick_runs)
-        assert len(ticks) == driver.ticks == driver.calls["squeue"] >= 5
+        d = await slurm_driver(orch)
+        ticks, runs = list(d.tick_calls), list(d.tick_runs)
+        assert len(ticks) == d.ticks == d.calls["squeue"] >= 5
         assert all(tick == {"squeue": 1} for tick in ticks)  # one squeue, whatever the number of runs it covered
         assert max(runs) == n and len(set(runs)) >= 3
 
@@ -195,4 +199,4 @@ async def test_reopened_home_finds_runs_that_went_on_without_it(slurm_cluster: S
         await j.wait(timeout=60)
         assert j.status == "completed", states(j)
         assert all((s.outputdir / "stdout").read_text() == f"done {i}\n" for i, s in enumerate(j.subjobs))
-        assert slurm_driver(orch).calls["sbatch"] == 0  # nothing went in again
+        assert (await slurm_driver(orch)).calls["sbatch"] == 0  # nothing went in again

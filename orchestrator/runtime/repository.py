@@ -205,16 +205,15 @@ class Repository:
 
     @staticmethod
     def _top_update(rows: Sequence[TopRow]) -> list[tuple[str, Any, bool]]:
-        with_spec = [(r.name, r.status, dumps(r.spec), r.backend_id, dumps(r.info), r.n_subjobs, r.id)
+        """A top-level row's state (its backend id has an update of its own: ``Save.backend_ids``)."""
+        with_spec = [(r.name, r.status, dumps(r.spec), dumps(r.info), r.n_subjobs, r.id)
                      for r in rows if r.spec is not None]
-        plain = [(r.name, r.status, r.backend_id, dumps(r.info), r.n_subjobs, r.id) for r in rows if r.spec is None]
+        plain = [(r.name, r.status, dumps(r.info), r.n_subjobs, r.id) for r in rows if r.spec is None]
         out: list[tuple[str, Any, bool]] = []
         if with_spec:
-            out.append(("UPDATE jobs SET name=?, status=?, spec=?, backend_id=?, info=?, n_subjobs=? WHERE id=?",
-                        with_spec, True))
+            out.append(("UPDATE jobs SET name=?, status=?, spec=?, info=?, n_subjobs=? WHERE id=?", with_spec, True))
         if plain:
-            out.append(("UPDATE jobs SET name=?, status=?, backend_id=?, info=?, n_subjobs=? WHERE id=?",
-                        plain, True))
+            out.append(("UPDATE jobs SET name=?, status=?, info=?, n_subjobs=? WHERE id=?", plain, True))
         return out
 
     async def save(self, batch: Save) -> None:
