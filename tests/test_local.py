@@ -27,7 +27,7 @@ async def test_kill_ends_the_whole_process_group(tmp_path: Path) -> None:
     async with Orchestrator(home=tmp_path) as orch:
         j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", script]), backend="local"))
         await j.submit()
-        pidfile = orch.engine.workspace.workdir(j.fqid_tuple) / "child.pid"
+        pidfile = j.workspace / "work" / "child.pid"
         with anyio.fail_after(10):
             while not pidfile.exists() or not pidfile.read_text().strip():
                 await anyio.sleep(0.05)

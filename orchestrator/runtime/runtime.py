@@ -87,6 +87,7 @@ class Runtime:
         self._monitors: dict[str, Monitor] = {}
         self._drivers: dict[str, Driver] = {}
         self._given: dict[str, str] = {}
+        self._added: dict[int, float] = {}
         self.tg: TaskGroup | None = None
         self.closing = False
         checkpoint = config.data.get("checkpoint", {})
@@ -231,7 +232,8 @@ class Runtime:
     async def add(self, name: str, spec: dict[str, Any]) -> int:
         """Store a new top-level job and make it known; returns its id."""
         job = await self._store_job(name, spec, None)
-        reply = await self.request(lambda sid: AddRequested(stimulus_id=sid, time=time.time(), targets=((job,),),
+        added = self._added.pop(job)
+        reply = await self.request(lambda sid: AddRequested(stimulus_id=sid, time=added, targets=((job,),),
                                                             profile=self.definitions.profile(job)), "add")
         if reply.error is not None:
             raise reply.error
@@ -250,6 +252,7 @@ class Runtime:
                                                                                      "running", "final")})
         await self.repo.add_job(TopRow(job, name, S.NEW.value, spec, None, info, 0, now), runs)
         self.definitions.add(job, name, spec)
+        self._added[job] = now  # the one time of its creation, stored and told to the state machine
         return job
 
     def given_state(self, sid: str, text: str) -> None:
