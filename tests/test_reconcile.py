@@ -1,71 +1,81 @@
-"""Write-ahead submission: a run caught between ``submitting`` and ``submitted`` by a crash is found by key."""
+"""Write-ahead submission: a run caught between ``submitting`` and ``submitted`` by a crash is found by key.
+
+The crash is real: the orchestrator runs in a subprocess whose sim backend kills it (SIGKILL) in the
+middle of a submission call, once the backend took some of the runs (the sim's ``crash_after`` fault).
+"""
 
 from __future__ import annotations
 
-import json
-import sqlite3
+import signal
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
+import anyio
 import pytest
 
-from orchestrator import ArgSplitter, Backend, Executable, Job, Orchestrator
+from orchestrator import Orchestrator
 
 pytestmark = pytest.mark.anyio
+
+SUBMIT_AND_DIE = textwrap.dedent("""
+    import anyio, json, sys
+    from pathlib import Path
+    from orchestrator import ArgSplitter, Backend, Executable, Job, Orchestrator
+
+    async def main(home, n, crash_after):
+        faults = Path(home) / "backends" / "sim" / "faults.json"
+        faults.parent.mkdir(parents=True, exist_ok=True)
+        faults.write_text(json.dumps({"crash_after": crash_after}))
+        async with Orchestrator(home=home) as orch:
+            split = ArgSplitter([[str(i)] for i in range(n)]) if n else None
+            j = await orch.jobs.add(Job(name="m", application=Executable("/bin/true"), splitter=split,
+                                        backend=Backend("sim", run_seconds=0.5 if not n else 3600)))
+            await j.submit()  # the sim kills this process in the middle of it
+
+    anyio.run(main, sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+""")
+
+
+def submit_and_die(home: Path, n: int, crash_after: int) -> None:
+    proc = subprocess.run([sys.executable, "-c", SUBMIT_AND_DIE, str(home), str(n), str(crash_after)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    (home / "backends" / "sim" / "faults.json").write_text("{}")
 
 
 def ledger(home: Path) -> list[str]:
     path = home / "backends" / "sim" / "submissions.log"
-    return [line.split()[0] for line in path.read_text().splitlines()]
-
-
-def crash_mid_submission(home: Path, master: int, found: list[int], lost: list[int]) -> None:
-    """Make the repository look as if the process died after the driver call but before saving its answers.
-
-    ``found`` subjobs reached the backend (their ledger lines stay); ``lost`` ones never did.
-    """
-    with sqlite3.connect(home / "repository.sqlite") as db:
-        for idx in found + lost:
-            db.execute("UPDATE subjobs SET status='submitting', backend_id=NULL WHERE master=? AND idx=?",
-                       (master, idx))
-    path = home / "backends" / "sim" / "submissions.log"
-    keep = [line for line in path.read_text().splitlines()
-            if not any(f"-{master}.{i}-" in line.split()[0] for i in lost)]
-    path.write_text("".join(f"{line}\n" for line in keep))
+    return [line.split()[0] for line in path.read_text().splitlines()] if path.exists() else []
 
 
 async def test_restart_adopts_found_runs_and_sends_lost_ones_once(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
-        j = await orch.jobs.add(Job(name="m", application=Executable("/bin/true"),
-                                    splitter=ArgSplitter([[str(i)] for i in range(6)]),
-                                    backend=Backend("sim", run_seconds=3600)))
-        await j.submit()
-        ids = {s.id: s.backend_id for s in j.subjobs}
-    crash_mid_submission(tmp_path, 0, found=[0, 1], lost=[2, 3])
+    submit_and_die(tmp_path, 6, crash_after=2)
+    taken = ledger(tmp_path)
+    assert len(taken) == 2  # the backend had two runs when the process died; the other four never reached it
     async with Orchestrator(home=tmp_path) as orch:
         j = orch.jobs[0]
-        await orch.engine.wait_for(lambda: not orch.engine.retrying, 10)  # the lost ones are being sent
+        with anyio.fail_after(10):  # the two are adopted, the four sent again
+            while any(s.status == "submitting" for s in j.subjobs):
+                await anyio.sleep(0.02)
         subs = list(j.subjobs)
-        assert subs[0].backend_id == ids[0] and subs[1].backend_id == ids[1]  # adopted, same run
         assert all(s.status in ("submitted", "running") for s in subs)
-        with sqlite3.connect(tmp_path / "repository.sqlite") as db:
-            rows = db.execute("SELECT idx, status, info FROM subjobs WHERE master=0").fetchall()
-        assert {idx: status for idx, status, _ in rows if status == "submitting"} == {}
-        assert all(json.loads(info)["submit_counter"] == 1 for _, _, info in rows)  # same key, same attempt
+        assert all(s.info.submit_counter == 1 for s in subs)  # same key, same attempt: no new submission
+        adopted = {s.backend_id for s in subs[:2]}
+        assert all(b is not None and b.startswith("sim:0.") for b in adopted)
         await j.kill()
     keys = ledger(tmp_path)
     assert len(keys) == len(set(keys)) == 6  # every run reached the backend exactly once
+    assert set(taken) <= set(keys)
 
 
 async def test_single_job_lost_in_flight_is_sent_again(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
-        j = await orch.jobs.add(Job(name="s", application=Executable("/bin/true"), backend=Backend("sim")))
-        await j.submit()
-        await j.wait(timeout=10)
-    with sqlite3.connect(tmp_path / "repository.sqlite") as db:
-        db.execute("UPDATE jobs SET status='submitting', backend_id=NULL WHERE id=0")
-    (tmp_path / "backends" / "sim" / "submissions.log").write_text("")
+    submit_and_die(tmp_path, 0, crash_after=0)
+    assert ledger(tmp_path) == []  # it died before the backend took the run
     async with Orchestrator(home=tmp_path) as orch:
         j = orch.jobs[0]
         await j.wait(timeout=10)
-        assert j.status == "completed"  # sent again under the same key, since the ledger never had it
+        assert j.status == "completed" and j.info.submit_counter == 1  # sent again under the same key
     assert len(ledger(tmp_path)) == 1
+

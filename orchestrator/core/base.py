@@ -95,6 +95,11 @@ class Core:
         self.step = Step("")
         self.now = 0.0
 
+    def occupied(self, job: int) -> bool:
+        """A request holds the job, or a submission of it (a retry, a resend) awaits its outcome: another
+        request on it waits."""
+        return job in self.busy or any(j == job for _, j in self.sending)
+
     # ------------------------------------------------------------ the step
     def begin(self, event: Event) -> None:
         self.step = Step(event.stimulus_id)

@@ -44,7 +44,7 @@ def groups(targets: tuple[FQID, ...]) -> deque[tuple[int, list[FQID]]]:
 def start(core: Core, event: Request, kind: str, begin: Begin) -> None:
     """Take a request: wait if one of its jobs is held, else begin its groups."""
     todo = groups(event.targets)
-    if any(job in core.busy for job, _ in todo):
+    if any(core.occupied(job) for job, _ in todo):
         core.waiting.append((event, kind))
         return
     pending = Pending(event, kind, todo)

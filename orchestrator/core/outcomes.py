@@ -32,7 +32,7 @@ from .events import (
     PrepareFailed,
     SubmitOutcomes,
 )
-from .flow import done
+from .flow import done, release_waiting
 from .ids import fqid_str
 from .instructions import Forget, Prepare, Unprepare
 from .jobs import JobState
@@ -133,6 +133,7 @@ def handle_submit_outcomes(core: Core, event: SubmitOutcomes) -> None:
         return
     hard = sending.kind == "release" or (sending.kind == "submit" and js.status == S.NEW)
     done(core, sending.request, js.id, errors, hard=hard)
+    release_waiting(core)  # requests that waited for this submission's answer
 
 
 def _rejected_to(js: JobState, i: int, sending: Sending, native: bool) -> JobStatus:

@@ -24,6 +24,8 @@ driver's state dir (``<home>/backends/sim/faults.json``)::
     {"status": "garbage"}    they answer nonsense (unknown runs, bad statuses)
     {"status": "alternate"}  one raises, the next babbles, and so on
     {"submit": "raise"}      submissions fail as a whole (the call raises)
+    {"crash_after": 2}       the orchestrator's process dies (SIGKILL) in the middle of a
+                             submission call, once the backend took 2 runs of it
 
 and removed (or emptied) to end them. Every accepted run is
 appended to a ledger, ``submissions.log`` in the state dir (one write per
@@ -37,6 +39,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
+import os
+import signal
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -234,7 +238,10 @@ class SimDriver(Driver):
         outcomes = []
         counted: list[str] = []
         now = time.time()
+        crash = self._crash_after()
         for run in runs:
+            if crash is not None and len([o for o in outcomes if o.backend_id]) >= crash:
+                self._crash(runs, outcomes)
             try:
                 outcomes.append(SubmitOutcome(run.fqid, self._start(run, counted, now)))
             except SubmitError as exc:
@@ -261,6 +268,19 @@ class SimDriver(Driver):
         if not run.settings.get("polled", False):
             self._schedule([(run.fqid, backend_id)])
         return backend_id
+
+    def _crash_after(self) -> int | None:
+        try:
+            faults = json.loads(self.faults_file.read_text(encoding="utf-8") or "{}")
+        except (FileNotFoundError, ValueError):
+            return None
+        value = faults.get("crash_after") if isinstance(faults, dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def _crash(self, runs: Sequence[RunSpec], outcomes: list[SubmitOutcome]) -> None:
+        """The process dies here: the backend has the runs taken so far, the orchestrator never hears of them."""
+        self._record([(run.key, o.backend_id) for run, o in zip(runs, outcomes, strict=False) if o.backend_id])
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def _count(self, fqids: list[str]) -> None:
         if fqids:
