@@ -84,6 +84,6 @@ async def test_kill_and_settings_on_the_guide_plugin(minimal: None, tmp_path: Pa
         j = await orch.jobs.add(Job(application=Executable("/bin/sleep"), backend=Backend("minimal", shell="/bin/sh"),
                                     splitter=ArgSplitter([["60"]] * 3)))
         await j.submit()
-        await orch.engine.refresh()
+        await orch.refresh()
         await j.kill()
         assert [s.status for s in j.subjobs] == ["killed"] * 3 and j.status == "killed"

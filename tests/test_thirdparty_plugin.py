@@ -61,7 +61,7 @@ async def test_registered_through_entry_point_only(thirdparty: None) -> None:
     module_file = Path(sys.modules[MODULE].__file__ or "")
     assert PLUGIN_SRC.resolve() not in module_file.resolve().parents
     caps = cls.capabilities
-    assert not (caps.bulk_submit or caps.bulk_kill or caps.bulk_status or caps.resubmit)
+    assert not (caps.bulk_submit or caps.bulk_kill or caps.bulk_status)
 
 
 @pytest.mark.parametrize("keep_going", [True, False])

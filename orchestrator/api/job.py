@@ -25,7 +25,6 @@ from .slices import JobSlice, select_statuses
 from .transport import Done, Jobs
 
 
-
 class Job(Definition):
     """A job: an application, its files, a splitter, a backend (see :class:`Definition` for the fields)."""
 
@@ -295,7 +294,6 @@ class SubjobList:
         only when iterated."""
         from .slices import SubjobSelection
 
-        m = self._master
         if len(self) == 0:
             return JobSlice([])
         return SubjobSelection(self, ids=ids, status=select_statuses(status), name=name, backend=backend,

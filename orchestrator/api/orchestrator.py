@@ -22,9 +22,9 @@ import anyio
 import structlog
 
 from ..core.errors import JobError, OrchestratorError
+from ..plugin.logs import configure as configure_logs
 from ..runtime.config import Config
 from ..runtime.homelock import SERVICE_ROLE
-from ..plugin.logs import configure as configure_logs
 from ..runtime.runtime import Runtime
 from .embedded import Embedded
 from .registry import JobRegistry

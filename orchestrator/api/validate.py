@@ -7,10 +7,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint import Steps
 from ..core.errors import JobError
 from ..core.model import Backend, Executable
 from ..core.splitters import Splitter
-from ..checkpoint import Steps
 from ..plugin.postprocess import Postprocessor
 from ..plugin.settings import SettingsError
 from ..runtime import registry

@@ -11,14 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import anyio
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
-from stevedore import ExtensionManager
 
 from ..api.job import Job
 from ..api.orchestrator import Orchestrator
@@ -292,10 +290,11 @@ def serve(tcp_port: int | None, token_file: Path | None, home: Path | None) -> N
 
 def add_plugin_commands() -> None:
     """Commands that plugins register under the entry-point group ``orchestrator.commands``."""
-    manager: ExtensionManager[Any] = ExtensionManager(namespace="orchestrator.commands", invoke_on_load=False)
-    for ext in manager:
-        if isinstance(ext.plugin, click.Command) and ext.name not in cli.commands:
-            cli.add_command(ext.plugin, ext.name)
+    from ..runtime.registry import group
+
+    for name, command in group("orchestrator.commands").items():
+        if isinstance(command, click.Command) and name not in cli.commands:
+            cli.add_command(command, name)
 
 
 __all__ = ["FINAL", "cli"]

@@ -13,12 +13,17 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
+import anyio
+
+from ..checkpoint import STATE_DIR as STATE_DIR  # where the State API keeps a run's states (its work dir)
 from ..core.runlog import RunLog as RunLog  # what read_log answers, for drivers that read logs
 from ..core.runlog import parse_log
-from .contract import RunSpec
+from ..core.statuses import JobStatus
+from .contract import RunHandle, RunSpec, StatusUpdate
 
 SCRIPTS = ("wrapper.sh", "orch-log", "orch-state")
 RUNFILE = "run.env"
@@ -201,4 +206,35 @@ class EventLines:
         with open(path, "rb") as f:
             f.seek(self.offset)
             return self.feed(f.read())
-from ..checkpoint import STATE_DIR as STATE_DIR  # where the State API keeps a run's states (its work dir)
+
+
+async def prepare_runs(runs: Sequence[RunSpec], *, bindir: Path, notify: Path | None = None) -> list[Path]:
+    """:func:`clear_outputs` and :func:`prepare_local` for many runs, in a worker thread (file I/O stays off
+    the event loop); returns each run's run file."""
+
+    def work() -> list[Path]:
+        out = []
+        for run in runs:
+            clear_outputs(run.outputdir)
+            out.append(prepare_local(run, bindir=bindir, notify=notify))
+        return out
+
+    return await anyio.to_thread.run_sync(work)
+
+
+def status_from_log(handle: RunHandle, log: RunLog, *, alive: bool) -> StatusUpdate | None:
+    """What a run's wrapper log says of it, as the answer of a polled driver's ``status``.
+
+    Ended (an END line): ``completed`` on exit code 0, else ``failed`` (the core reads the log again to
+    judge it: a RETRY or a HOLD is its business). Started and alive: ``running``. Gone without an END
+    line: ``failed``, the wrapper died. Otherwise nothing new (``None``).
+    """
+    if log.finished:
+        if log.end_code == 0:
+            return StatusUpdate(handle.fqid, JobStatus.COMPLETED, exit_code=0)
+        return StatusUpdate(handle.fqid, JobStatus.FAILED, exit_code=log.end_code, reason=f"exit code {log.end_code}")
+    if not alive:
+        return StatusUpdate(handle.fqid, JobStatus.FAILED, reason="the wrapper ended without an END line")
+    if log.started is not None and handle.status == JobStatus.SUBMITTED:
+        return StatusUpdate(handle.fqid, JobStatus.RUNNING)
+    return None

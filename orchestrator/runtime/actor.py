@@ -265,10 +265,9 @@ def _coalesce(taken: list[Bound]) -> list[list[Bound]]:
     for bound in taken:
         ins = bound.instruction
         last = groups[-1][0].instruction if groups else None
-        if isinstance(ins, SendSubmit) and isinstance(last, SendSubmit) and not ins.stop_on_failure \
-                and not last.stop_on_failure and ins.native == last.native:
-            groups[-1].append(bound)
-        elif type(ins) is type(last) and not isinstance(ins, SendSubmit):
+        mergeable = isinstance(ins, SendSubmit) and isinstance(last, SendSubmit) and not ins.stop_on_failure \
+            and not last.stop_on_failure and ins.native == last.native
+        if mergeable or (type(ins) is type(last) and not isinstance(ins, SendSubmit)):
             groups[-1].append(bound)
         else:
             groups.append([bound])

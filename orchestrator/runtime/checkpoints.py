@@ -26,9 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import STATE_DIR, State, StateError, initial_text, relabel, write_state_dir
+from ..checkpoint import STATE_DIR, State, StateError, Steps, initial_text, relabel, write_state_dir
 from ..core.errors import ConfigError
-from ..checkpoint import Steps
 from ..plugin.contract import RunSpec
 from .repository import Repository, StateRow
 

@@ -1,4 +1,4 @@
-"""Plugin discovery through entry points, with stevedore.
+"""Plugin discovery through entry points (``importlib.metadata``).
 
 Groups: ``orchestrator.backends`` (drivers), ``orchestrator.splitters``,
 ``orchestrator.postprocessors`` (and the older ``orchestrator.mergers``),
@@ -10,10 +10,9 @@ postprocessors are stored in a job's definition as
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from functools import cache
 from typing import Any
-
-from stevedore import ExtensionManager
 
 from ..core.errors import JobError
 from ..core.splitters import Splitter
@@ -27,14 +26,28 @@ POSTPROCESSORS = ("orchestrator.postprocessors", "orchestrator.mergers")
 
 @cache
 def group(namespace: str) -> dict[str, Any]:
-    manager: ExtensionManager[Any] = ExtensionManager(namespace=namespace, invoke_on_load=False)
-    return {ext.name: ext.plugin for ext in manager}
+    """The plugins of one entry-point group, loaded, by name (the first of a name wins, as Python finds them).
+
+    The standard library reads the installed distributions afresh after :func:`refresh`; a plugin that
+    fails to load is left out with a warning, never a crash of the orchestrator.
+    """
+    found: dict[str, Any] = {}
+    for ep in importlib.metadata.entry_points(group=namespace):
+        if ep.name in found:
+            continue
+        try:
+            found[ep.name] = ep.load()
+        except Exception as exc:  # a broken plugin must not stop the others
+            from ..plugin.logs import get_logger
+
+            get_logger(component="plugins").warning("plugin failed to load", group=namespace, name=ep.name,
+                                                   error=f"{type(exc).__name__}: {exc}")
+    return found
 
 
 def refresh() -> None:
     """Forget what was found (after installing a plugin in a running process)."""
     group.cache_clear()
-    ExtensionManager.ENTRY_POINT_CACHE.clear()
     importlib.invalidate_caches()
 
 

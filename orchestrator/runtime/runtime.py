@@ -32,6 +32,7 @@ from ..core.instructions import CreateLinked, Forget, Notify, Prepare, Reply, Ru
 from ..core.machine import StateMachine
 from ..core.statuses import MONITORED, JobStatus
 from ..plugin.contract import Capabilities, Driver, DriverContext, RunHandle
+from ..plugin.logs import get_logger
 from . import registry
 from .actor import Actor, RunKey
 from .bus import Bus
@@ -40,7 +41,6 @@ from .config import Config
 from .definitions import Definitions
 from .executor import Executor
 from .homelock import HomeLock
-from ..plugin.logs import get_logger
 from .monitor import Ending, Monitor
 from .postprocess import Postprocessing
 from .prepare import Preparer

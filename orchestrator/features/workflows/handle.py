@@ -19,9 +19,9 @@ from typing import Any, Protocol
 
 import anyio
 
+from ...api.job import Job
 from ...core.analyser import Limits
 from ...core.errors import JobError
-from ...api.job import Job
 from ...plugin.logs import get_logger
 from .dag import Assessment, Dag, Facts, assess, bottom_levels
 from .dagman import node_name, submit_description, to_dagman
@@ -29,7 +29,6 @@ from .model import Line, Package, Stage, Workflow
 from .script import dispose, package_script, write_script
 from .store import StoredPackage
 from .values import WorkflowError
-
 
 
 class Runner(Protocol):

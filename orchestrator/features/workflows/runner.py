@@ -35,12 +35,12 @@ from typing import Any
 
 import anyio
 
-from ...core.errors import OrchestratorError
 from ...api.job import Job
-from ...plugin.logs import get_logger
-from ...core.model import Backend, Executable
 from ...api.orchestrator import Orchestrator
 from ...api.validate import checked_backend
+from ...core.errors import OrchestratorError
+from ...core.model import Backend, Executable
+from ...plugin.logs import get_logger
 from .dag import Assessment, build, due_files
 from .handle import KILLABLE, WorkflowRun
 from .model import Workflow
