@@ -52,7 +52,7 @@ def test_tcp_answers_only_the_right_bearer_token(shared: Service) -> None:
         with c.stream("GET", "/api/events") as events:
             assert events.status_code == 200
             assert events.headers["content-type"].startswith("text/event-stream")
-            assert next(events.iter_lines()).startswith(": status changes follow")
+            assert next(events.iter_lines()).startswith(": events follow")
 
 
 def test_tcp_browser_login_sets_the_token_cookie(shared: Service) -> None:

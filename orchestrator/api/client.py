@@ -73,6 +73,16 @@ class ServiceClient:
             raise _job_error(message, error.get("fqid"), error.get("field"))
         raise OrchestratorError(f"service: {response.status_code} {message}")
 
+    def __getattr__(self, name: str) -> Any:
+        """``await client.submit(fqid="3")`` is ``await client.call("submit", fqid="3")``."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+
+        async def method(**kwargs: Any) -> Any:
+            return await self.call(name, **kwargs)
+
+        return method
+
     async def events(self, opened: anyio.Event | None = None) -> AsyncIterator[dict[str, Any]]:
         """Each event and change, encoded (:mod:`orchestrator.core.codec`), with ``seq``: the number of
         the step that made it.

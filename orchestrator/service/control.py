@@ -7,7 +7,12 @@ the API behaves the same through a service as embedded.
 
 Job ids travel as fqid strings (``"3"``, ``"3.1"``); statuses as their names;
 a master's subjob statuses as one string of digits (their codes), so that a
-client can mirror a master of a million subjobs in one answer.
+client can mirror a master of a million subjobs in one answer. An operation
+names its jobs with ``targets`` (a list), or one with ``fqid``; naming one, it
+answers with that job's summary (as ``jobs`` lists it) and ``acted``.
+
+``jobs`` and ``show`` are the records the CLI prints (:mod:`orchestrator.api.views`),
+for clients that speak HTTP alone (the status page, ``curl``).
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from typing import Any
 
 import anyio
 
+from ..api import views
 from ..api.embedded import Embedded
-from ..core.errors import UnknownJobError
+from ..api.registry import JobRegistry
+from ..core.errors import JobError, UnknownJobError
 from ..core.ids import FQID, fqid_str, parse_fqid
 from ..core.statuses import JobStatus, parse_status
 
@@ -40,16 +47,33 @@ class Control:
 
     def __init__(self, transport: Embedded) -> None:
         self.t = transport
+        self.jobs_ = JobRegistry(transport)
 
     def _known(self, fq: FQID) -> FQID:
         if not self.t.exists(fq):
             raise UnknownJobError(f"no job {fqid_str(fq)}", fqid=fqid_str(fq))
         return fq
 
-    def _targets(self, targets: Sequence[Any]) -> list[FQID]:
-        return [self._known(_fq(t)) for t in targets]
+    def _targets(self, targets: Sequence[Any] | None, fqid: str | None = None) -> list[FQID]:
+        named = list(targets or ()) + ([fqid] if fqid is not None else [])
+        if not named:
+            raise TypeError("name the jobs: targets=[...] or fqid=...")
+        return [self._known(_fq(t)) for t in named]
+
+    def _answer(self, acted: int, fqid: str | None) -> dict[str, Any]:
+        if fqid is None or not self.t.exists(_fq(fqid)):
+            return {"acted": acted}
+        return {**views.summary(self.jobs_.lookup(_fq(fqid))), "acted": acted}
 
     # ------------------------------------------------------------ reads
+    async def jobs(self, status: Sequence[str] | None = None, name: str | None = None) -> list[dict[str, Any]]:
+        """Top-level jobs as ``orchestrator jobs`` lists them."""
+        return [views.summary(j) for j in self.jobs_.select(status=list(status or ()) or None, name=name)]
+
+    async def show(self, fqid: str, subjobs: int = views.SHOW_SUBJOBS) -> dict[str, Any]:
+        """A job as ``orchestrator show`` shows it."""
+        return views.detail(self.jobs_.lookup(self._known(_fq(fqid))), int(subjobs))
+
     async def health(self) -> dict[str, Any]:
         rt = self.t.runtime
         return {"ok": True, "pid": os.getpid(), "home": str(self.t.home), "jobs": len(rt.sm.job_ids()),
@@ -91,40 +115,57 @@ class Control:
 
     # ------------------------------------------------------------ operations
     async def add(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-        return {"id": await self.t.add(name, spec)}
+        from ..api.job import Job
+        from ..api.validate import validate
 
-    async def submit(self, targets: Sequence[str], keep_going: bool = False,
-                     definitions: dict[str, Any] | None = None) -> dict[str, Any]:
-        defs = {int(k): (v[0], v[1]) for k, v in (definitions or {}).items()}
-        return {"acted": (await self.t.submit(self._targets(targets), keep_going, defs)).acted}
-
-    async def kill(self, targets: Sequence[str], keep_going: bool = False) -> dict[str, Any]:
-        return {"acted": (await self.t.kill(self._targets(targets), keep_going)).acted}
-
-    async def resubmit(self, targets: Sequence[str], only_failed: bool = True, keep_going: bool = False,
-                       backend: dict[str, Any] | None = None, from_state: str | None = None) -> dict[str, Any]:
-        done = await self.t.resubmit(self._targets(targets), only_failed=only_failed, keep_going=keep_going,
-                                     backend=backend, from_state=from_state)
-        return {"acted": done.acted}
-
-    async def release(self, targets: Sequence[str], retry_args: Sequence[str] | None = None) -> dict[str, Any]:
-        return {"acted": (await self.t.release(self._targets(targets), retry_args)).acted}
-
-    async def force_status(self, targets: Sequence[str], status: str, force: bool = False,
-                           keep_going: bool = False) -> dict[str, Any]:
-        done = await self.t.force_status(self._targets(targets), parse_status(status), force, keep_going)
-        return {"acted": done.acted}
-
-    async def remove(self, targets: Sequence[str], keep_going: bool = False) -> dict[str, Any]:
-        return {"acted": (await self.t.remove(self._targets(targets), keep_going)).acted}
-
-    async def wait(self, targets: Sequence[str], timeout: float | None = None) -> dict[str, Any]:
-        """Return once nothing of the jobs is active, or after ``timeout`` (``timed_out`` says which)."""
         try:
-            await self.t.wait(self._targets(targets), timeout)
+            job = Job.from_spec(name, spec)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise JobError(f"unreadable job definition: {type(exc).__name__}: {exc}", fqid="(new)") from None
+        validate(job, job.fqid_or_new)  # what a client checked, checked again: the service trusts no one
+        job_id = await self.t.add(name, job.spec())
+        return {"id": job_id, **views.summary(self.jobs_.top(job_id))}
+
+    async def submit(self, targets: Sequence[str] | None = None, keep_going: bool = False,
+                     definitions: dict[str, Any] | None = None, fqid: str | None = None) -> dict[str, Any]:
+        defs = {int(k): (v[0], v[1]) for k, v in (definitions or {}).items()}
+        return self._answer((await self.t.submit(self._targets(targets, fqid), keep_going, defs)).acted, fqid)
+
+    async def kill(self, targets: Sequence[str] | None = None, keep_going: bool = False,
+                   fqid: str | None = None) -> dict[str, Any]:
+        return self._answer((await self.t.kill(self._targets(targets, fqid), keep_going)).acted, fqid)
+
+    async def resubmit(self, targets: Sequence[str] | None = None, only_failed: bool = True, keep_going: bool = False,
+                       backend: dict[str, Any] | None = None, from_state: str | None = None,
+                       fqid: str | None = None) -> dict[str, Any]:
+        done = await self.t.resubmit(self._targets(targets, fqid), only_failed=only_failed, keep_going=keep_going,
+                                     backend=backend, from_state=from_state)
+        return self._answer(done.acted, fqid)
+
+    async def release(self, targets: Sequence[str] | None = None, retry_args: Sequence[str] | None = None,
+                      fqid: str | None = None) -> dict[str, Any]:
+        return self._answer((await self.t.release(self._targets(targets, fqid), retry_args)).acted, fqid)
+
+    async def force_status(self, targets: Sequence[str] | None = None, status: str = "failed", force: bool = False,
+                           keep_going: bool = False, fqid: str | None = None) -> dict[str, Any]:
+        done = await self.t.force_status(self._targets(targets, fqid), parse_status(status), force, keep_going)
+        return self._answer(done.acted, fqid)
+
+    async def remove(self, targets: Sequence[str] | None = None, keep_going: bool = False,
+                     fqid: str | None = None) -> dict[str, Any]:
+        done = await self.t.remove(self._targets(targets, fqid), keep_going)
+        return {"acted": done.acted, **({"fqid": fqid, "removed": True} if fqid is not None else {})}
+
+    async def wait(self, targets: Sequence[str] | None = None, timeout: float | None = None,
+                   fqid: str | None = None) -> dict[str, Any]:
+        """Return once nothing of the jobs is active, or after ``timeout`` (``timed_out`` says which)."""
+        chosen = self._targets(targets, fqid)
+        try:
+            await self.t.wait(chosen, timeout)
+            timed_out = False
         except TimeoutError:
-            return {"timed_out": True}
-        return {"timed_out": False}
+            timed_out = True
+        return {**self._answer(0, fqid), "timed_out": timed_out}
 
     async def annotate(self, job: int, comment: str | None = None,
                        metadata: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -139,10 +180,10 @@ class Control:
 
 
 #: The methods a client may call (the HTTP API's routes).
-METHODS = frozenset({"health", "describe", "info", "backend_id", "subjob_specs", "peek", "metrics", "states", "add",
-                     "submit",
+METHODS = frozenset({"jobs", "show", "health", "describe", "info", "backend_id", "subjob_specs", "peek", "metrics",
+                     "states", "add", "submit",
                      "kill", "resubmit", "release", "force_status", "remove", "wait", "annotate", "refresh"})
 #: Methods a ``GET`` may call: they change nothing.
-READ_ONLY = frozenset({"health", "describe", "info", "backend_id", "peek", "metrics", "states"})
+READ_ONLY = frozenset({"jobs", "show", "health", "describe", "info", "backend_id", "peek", "metrics", "states"})
 
 __all__ = ["METHODS", "READ_ONLY", "Control", "JobStatus"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api.job import Job
+from .job import Job
 from ..core.statuses import ALL_STATUSES, JobStatus
 
 #: Subjobs listed by ``show`` on a master unless asked otherwise.
