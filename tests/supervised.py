@@ -14,7 +14,6 @@ import json
 import os
 import random
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from stored import read_jobs_and_subjobs
 
 from orchestrator.api.client import ServiceClient, ServiceUnavailable
 
@@ -117,7 +117,7 @@ class Robust:
     async def add_and_submit(self, name: str, spec: dict[str, Any]) -> str:
         """Add the job unless a job of that name exists, then submit it while it is still new."""
         while True:
-            found = await self.read("select", name=name)
+            found = [j["fqid"] for j in await self.read("jobs", name=name)]
             if not found:
                 try:
                     async with ServiceClient.for_home(self.home) as client:
@@ -148,11 +148,10 @@ class Robust:
         return out
 
 
-def stored_subjobs(home: Path, master: str) -> list[tuple[int, str, int]]:
-    """(index, status, submit_counter) of each stored subjob, read from the repository file itself."""
-    with sqlite3.connect(home / "repository.sqlite") as db:
-        rows = db.execute("SELECT idx, status, info FROM subjobs WHERE master=? ORDER BY idx", (int(master),))
-        return [(idx, status, json.loads(info).get("submit_counter", 0)) for idx, status, info in rows]
+async def stored_subjobs(home: Path, master: str) -> list[tuple[int, str, int]]:
+    """(index, status, submit_counter) of each stored subjob, read from the repository with the runtime's loader."""
+    _, subjobs = await read_jobs_and_subjobs(home)
+    return [(i, status, int(info["submit_counter"])) for i, (status, info) in sorted(subjobs[int(master)].items())]
 
 
 def duplicates(values: list[str]) -> dict[str, int]:

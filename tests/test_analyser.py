@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.core.analyser import Limits, Outcome, classify, decide
-from orchestrator.core.statuses import JobStatus
 from orchestrator.core.runlog import parse_log
+from orchestrator.core.statuses import JobStatus
 
 S = JobStatus
 LIMITS = Limits(max_early=2, max_late_handled=3, max_late_unhandled=1, early_seconds=10)

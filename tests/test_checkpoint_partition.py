@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 
 import orchestrator.checkpoint as checkpoint_module
-from orchestrator import Executable, Job, JobError, Orchestrator
+from orchestrator import Executable, Job, JobError, Orchestrator, StepSplitter
 from orchestrator.checkpoint import Steps
-from orchestrator import StepSplitter
 
 pytestmark = pytest.mark.anyio
 FAST: dict[str, Any] = {"core": {"poll_interval": 0.05}}

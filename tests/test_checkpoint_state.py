@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 
 import orchestrator.checkpoint as checkpoint_module
-from orchestrator import Executable, Job
+from orchestrator import Executable, Job, StepSplitter
 from orchestrator.checkpoint import State, StateError, StateTooLarge, Steps, initial_text
-from orchestrator.runtime.repository import Repository, Save, StateRow
-from orchestrator import StepSplitter
 from orchestrator.core.splitters import partition_contiguous
+from orchestrator.runtime.repository import Repository, Save, StateRow
 
 HELPER = Path(checkpoint_module.__file__).parent / "scripts" / "orch-state"
 WEIRD = "tab\there, back\\slash\\n, new\nline, cr\r, unicode é✓, 'quotes' \"and\" $dollars `ticks`"

@@ -23,8 +23,8 @@ import httpx
 import pytest
 from served import ORCH, TOKEN, Service, start
 
-from orchestrator.core.errors import OrchestratorError
 from orchestrator.api.client import ServiceClient
+from orchestrator.core.errors import OrchestratorError
 
 
 # ------------------------------------------------------------------ (a) TCP and its token

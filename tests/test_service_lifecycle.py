@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from array import array
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +18,11 @@ import anyio
 import httpx
 import pytest
 from served import ORCH, STOP_LIMIT, Service, cli_ok, start
+from stored import jobs_and_subjobs
 
 from orchestrator.api.client import ServiceClient
 from orchestrator.cli.jobfile import load_job
 from orchestrator.core.errors import JobError, UnknownJobError
-from orchestrator.core.statuses import JobStatus
-from orchestrator.runtime.repository import Repository
 
 
 def sim_file(where: Path, *, name: str = "simjob", n: int = 4, run_seconds: float = 600.0) -> Path:
@@ -59,29 +57,8 @@ def derived_master_status(statuses: list[str]) -> str:
 
 
 def stored(home: Path) -> tuple[dict[int, str], dict[int, dict[int, tuple[str, dict[str, Any]]]]]:
-    """The repository as a stopped service left it, read with the runtime's own loader (nothing runs):
-    job id -> status; master -> idx -> (status, info)."""
-
-    async def read() -> tuple[dict[int, str], dict[int, dict[int, tuple[str, dict[str, Any]]]]]:
-        repo = Repository(home / "repository.sqlite")
-        await repo.open()
-        try:
-            loaded = await repo.load()
-        finally:
-            await repo.close()
-        jobs = {row.id: row.status for row in loaded.tops}
-        subjobs: dict[int, dict[int, tuple[str, dict[str, Any]]]] = {}
-        for row in loaded.tops:
-            if row.n_subjobs:
-                codes = loaded.runs[row.id].status
-                attempts = array("I", loaded.runs[row.id].attempt)
-                extras = loaded.infos.get(row.id, {})
-                subjobs[row.id] = {i: (JobStatus.from_code(c).value,
-                                       {**extras.get(i, {}), "submit_counter": attempts[i]})
-                                   for i, c in enumerate(codes)}
-        return jobs, subjobs
-
-    return anyio.run(read)
+    """The repository as a stopped service left it: job id -> status; master -> idx -> (status, info)."""
+    return jobs_and_subjobs(home)
 
 
 def ran_indexes(path: Path) -> list[int]:

@@ -82,6 +82,6 @@ async def test_sigkill_ten_times_loses_and_duplicates_nothing(supervised: Superv
     accepted = ledger_fqids(home / "backends" / "sim" / "submissions.log")
     assert duplicates(accepted) == {} and len(accepted) == SIM_N
     for master, n in ((local, LOCAL_N), (sim, SIM_N)):
-        rows = stored_subjobs(home, master)
+        rows = await stored_subjobs(home, master)
         assert len(rows) == n and {status for _, status, _ in rows} == {"completed"}
         assert {counter for _, _, counter in rows} == {1}  # one attempt each: nothing was sent twice

@@ -68,7 +68,7 @@ async def torture(sup: Supervised, job: Job, side: Path, seed: int, deadline: fl
     assert master["status"] == "completed" and master["counts"] == {"completed": N}, master
     runs = {i: len((side / str(i)).read_text().split()) if (side / str(i)).exists() else 0 for i in range(N)}
     assert {i: n for i, n in runs.items() if n != 1} == {}  # every subjob ran exactly once
-    rows = stored_subjobs(sup.home, fqid)
+    rows = await stored_subjobs(sup.home, fqid)
     assert {status for _, status, _ in rows} == {"completed"} and {c for _, _, c in rows} == {1}
     detail = await api.read("show", fqid=fqid, subjobs=N)
     ids = [row["backend_id"] for row in detail["subjob_rows"]]

@@ -9,11 +9,11 @@ from __future__ import annotations
 import itertools
 import random
 
-import pytest
-
 import orchestrator.statemachine as statemachine_mod
-from orchestrator.core.ids import fqid_str, parse_fqid
+import pytest
 from orchestrator.statemachine import Change, MasterChange, Refusal, StateMachine
+
+from orchestrator.core.ids import fqid_str, parse_fqid
 from orchestrator.core.statuses import ALL_STATUSES, FINAL, JobStatus, master_status, parse_status
 
 S = JobStatus

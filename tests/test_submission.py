@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 
 import anyio
 import pytest
+from stored import read_jobs_and_subjobs
 
 from orchestrator import ArgSplitter, Backend, Executable, GenericSplitter, Job, JobError, Orchestrator
 from orchestrator.core.events import StatusChanged
@@ -21,9 +21,10 @@ def sim_job(n: int = 5, **settings: object) -> Job:
                backend=Backend("sim", **settings))
 
 
-def stored_subjobs(home: Path, master: int) -> int:
-    with sqlite3.connect(home / "repository.sqlite") as db:
-        return int(db.execute("SELECT count(*) FROM subjobs WHERE master=?", (master,)).fetchone()[0])
+async def stored_subjobs(home: Path, master: int) -> int:
+    """How many subjobs of ``master`` the repository holds (read with the runtime's loader)."""
+    _, subjobs = await read_jobs_and_subjobs(home)
+    return len(subjobs.get(master, {}))
 
 
 def statuses(job: Job) -> list[str]:
@@ -51,7 +52,7 @@ async def test_subjobs_made_at_submit_in_splitter_order(tmp_path: Path) -> None:
         assert all(s.parent is j for s in j.subjobs)
         assert [s.application.args for s in j.subjobs] == [["0"], ["1"], ["2"], ["3"]]
         assert all(s.name == "scan" and s.backend.name == "sim" for s in j.subjobs)
-        assert stored_subjobs(tmp_path, j.id) == 4
+        assert (await stored_subjobs(tmp_path, j.id)) == 4
         await j.wait(timeout=10)
         assert j.status == "completed" and statuses(j) == ["completed"] * 4
         assert j.info.submit_counter == 1 and all(s.info.submit_counter == 1 for s in j.subjobs)
@@ -151,7 +152,7 @@ async def test_rollback_when_nothing_could_be_submitted(tmp_path: Path, bulk: bo
         with pytest.raises(JobError, match="no subjob could be submitted"):
             await j.submit(keep_going=keep_going)
         assert j.status == "new" and j.subjobs == [] and j.info.submit_counter == 0
-        assert stored_subjobs(tmp_path, j.id) == 0
+        assert (await stored_subjobs(tmp_path, j.id)) == 0
         assert not (tmp_path / "workspace" / str(j.id)).exists()
 
 
@@ -161,7 +162,7 @@ async def test_rollback_when_the_driver_call_fails_as_a_whole(tmp_path: Path) ->
         sim_faults(tmp_path, submit="raise")
         with pytest.raises(JobError, match="unreachable"):
             await j.submit(keep_going=True)
-        assert j.status == "new" and j.subjobs == [] and stored_subjobs(tmp_path, j.id) == 0
+        assert j.status == "new" and j.subjobs == [] and (await stored_subjobs(tmp_path, j.id)) == 0
 
 
 async def test_rollback_on_splitter_error(tmp_path: Path) -> None:
@@ -172,7 +173,7 @@ async def test_rollback_on_splitter_error(tmp_path: Path) -> None:
         with pytest.raises(JobError, match="differ in length"):
             await j.submit()
         assert j.status == "new" and j.subjobs == [] and j.info.submit_counter == 0
-        assert stored_subjobs(tmp_path, j.id) == 0 and not (tmp_path / "workspace" / str(j.id)).exists()
+        assert (await stored_subjobs(tmp_path, j.id)) == 0 and not (tmp_path / "workspace" / str(j.id)).exists()
         bad_attr = await orch.jobs.add(Job(application=Executable("/bin/true"), backend="sim",
                                            splitter=GenericSplitter("application.nope", [1, 2])))
         with pytest.raises(JobError, match="application.nope"):

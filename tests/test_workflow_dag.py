@@ -11,7 +11,17 @@ from pathlib import Path
 import pytest
 
 from orchestrator import RetryPolicy
-from orchestrator.features.workflows import Binary, FileSpec, Line, Package, Stage, Workflow, WorkflowError, build, parse_dagman
+from orchestrator.features.workflows import (
+    Binary,
+    FileSpec,
+    Line,
+    Package,
+    Stage,
+    Workflow,
+    WorkflowError,
+    build,
+    parse_dagman,
+)
 from orchestrator.features.workflows.dag import Facts, assess, bottom_levels, due_files, start_order
 from orchestrator.features.workflows.dagman import node_name, to_dagman
 from orchestrator.features.workflows.script import package_script
