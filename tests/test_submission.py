@@ -188,14 +188,14 @@ async def test_rollback_on_configure_error(tmp_path: Path) -> None:
         with pytest.raises(JobError, match="inputfiles"):
             await j.submit()
         assert j.status == "new" and j.subjobs == []
-        assert stored_subjobs(tmp_path / "home", j.id) == 0
+        assert (await stored_subjobs(tmp_path / "home", j.id)) == 0
         assert not (tmp_path / "home" / "workspace" / str(j.id)).exists()
         # A bad argument from the splitter is refused before anything exists.
         k = await orch.jobs.add(Job(application=Executable("/bin/true"), backend="sim",
                                     splitter=ArgSplitter([["a"], [{"not": "a string"}]])))
         with pytest.raises(JobError, match="application.args"):
             await k.submit()
-        assert k.status == "new" and k.subjobs == [] and stored_subjobs(tmp_path / "home", k.id) == 0
+        assert k.status == "new" and k.subjobs == [] and (await stored_subjobs(tmp_path / "home", k.id)) == 0
 
 
 async def test_subjob_left_new_is_submitted_by_resubmit(tmp_path: Path) -> None:
