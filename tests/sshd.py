@@ -18,10 +18,15 @@ processes it forked (by PID, walking ``/proc``), which is what a host going
 away looks like to a client; the jobs' wrappers, started with ``setsid`` in
 their own sessions, keep running, as they would on a real host whose sshd
 restarts.
+
+:class:`DelayProxy` forwards a loopback port to an sshd, holding each new
+connection a few seconds first: a host that answers late, while the others
+answer at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import getpass
 import os
@@ -31,6 +36,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -276,3 +282,76 @@ def env_or_skip(n_hosts: int = 1) -> SshEnv:
         return start_env(n_hosts)
     except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
         pytest.skip(f"cannot start a private sshd: {exc}")
+
+
+class DelayProxy:
+    """A TCP forwarder on loopback that holds each new connection ``delay`` seconds before any byte passes.
+
+    A host whose connection answers late, for tests where one host's submission must still be waiting
+    while another's is done (``ssh`` backend). It runs its own asyncio loop in a thread, so the delay
+    does not depend on the test's event loop. ``label(user)`` is the ``hosts`` entry that reaches the
+    target through it; ``known_hosts_line(sshd)`` trusts the target's key under the proxy's port.
+    """
+
+    def __init__(self, target_port: int, delay: float = 3.0) -> None:
+        self.target_port = target_port
+        self.delay = delay
+        self.port = 0
+        self.connections = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> DelayProxy:
+        ready = threading.Event()
+
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+            self.port = int(server.sockets[0].getsockname()[1])
+            ready.set()
+            await self._stop.wait()
+            server.close()  # (asyncio.run then cancels the connections still piping)
+
+        self._thread = threading.Thread(target=asyncio.run, args=(main(),), name="delay-proxy", daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("the delaying proxy did not start")
+        return self
+
+    def label(self, user: str) -> str:
+        """The ``hosts`` entry that reaches the target sshd through this proxy."""
+        return f"{user}@127.0.0.1:{self.port}"
+
+    def known_hosts_line(self, sshd: Sshd) -> str:
+        return f"[127.0.0.1]:{self.port} {sshd.host_key.export_public_key().decode().strip()}\n"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            await asyncio.sleep(self.delay)  # the client's first bytes wait here, and the server's banner too
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.close()
+            return
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except OSError:
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    def stop(self) -> None:
+        loop, stop, thread = self._loop, self._stop, self._thread
+        if loop is None or stop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(timeout=5)
+        self._loop = self._thread = None
