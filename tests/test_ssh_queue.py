@@ -97,3 +97,26 @@ async def test_runs_placed_while_another_host_is_slow_are_not_stranded(
     assert set(runs) == {fast, slow}
     for host, intervals in runs.items():
         assert most_at_once(intervals) <= SLOTS, (host, sorted(intervals))
+
+
+@pytest.fixture
+def one_host() -> Iterator[SshEnv]:
+    env = env_or_skip(1)
+    yield env
+    env.cleanup()
+
+
+async def test_a_queued_run_forced_to_an_end_is_never_started(one_host: SshEnv, side: Path, tmp_path: Path) -> None:
+    """The core's word (``force_status(..., force=True)`` leaves the backend alone) still lets go of a run."""
+    backend = Backend("ssh", **one_host.settings(slots=1))
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = await orch.jobs.add(timed_job("C", 2, 1.5, side, backend))
+        await j.submit()
+        with anyio.fail_after(20):
+            while j.subjobs[0].status != "running":
+                await anyio.sleep(0.05)
+        await j.subjobs[1].force_status("failed", force=True)  # still waiting for the only slot
+        await j.wait(timeout=30)
+        await anyio.sleep(2.5)  # the slot is free: the launcher had its chance
+        assert [s.status.value for s in j.subjobs] == ["completed", "failed"]
+    assert (side / "C0").exists() and not (side / "C1").exists()

@@ -19,6 +19,7 @@ driver acts on:
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 import time
 from collections import deque
@@ -49,6 +50,8 @@ _RANK = {UNVERIFIED: 0, QUEUED: 1, LAUNCHING: 2, LAUNCHED: 3, STARTED: 4, ENDED:
 RUNNING = frozenset({LAUNCHING, LAUNCHED, STARTED, UNVERIFIED})
 #: States not yet over (count towards the host's load when spreading new runs).
 ACTIVE = RUNNING | {QUEUED}
+#: States a run never leaves: it holds no slot, and is the driver's only while the core still watches it.
+OVER = frozenset({ENDED, LOST, KILLED})
 
 #: The wrapper scripts, and a hash of them that names their remote directory. An
 #: installed bin dir is never rewritten: a wrapper that runs keeps reading its file.
@@ -149,7 +152,8 @@ class Host:
         self.runs: dict[str, Run] = {}
         #: Runs this driver answers for, key -> since when (``inf`` while their submission is under way).
         #: Only these count against ``slots``: the events file also tells of runs nobody watches any more
-        #: (killed, lost, other jobs), which must not hold slots after a replay.
+        #: (killed, lost, other jobs), which must not hold slots after a replay. A run stays here until it
+        #: is over or killed (see :meth:`settle`), whether or not the core's status queries mention it.
         self.mine: dict[str, float] = {}
         self.queue: deque[Run] = deque()
         #: Run key -> token of the fence this driver's lookup put up for it here (see ``scripts.lookup``):
@@ -164,13 +168,34 @@ class Host:
         runs = self.runs
         return sum(1 for k in self.mine if (r := runs.get(k)) is not None and r.state in states)
 
-    def prune(self, before: float, watched: set[str]) -> None:
-        """Forget runs no longer watched (those that became ours before ``before``); adopt the watched ones."""
-        stale = [k for k, t in self.mine.items() if t < before and k not in watched]
-        for k in stale:
-            del self.mine[k]
+    def settle(self, watched: set[str]) -> None:
+        """Adopt the runs the core watches here; forget the ones that are over and that it no longer watches.
+
+        Adopting is how a reopened home's runs become this driver's again. A
+        status query that does not mention a run is no reason to forget it: the
+        core does not watch runs whose submission has not returned yet (another
+        host of the same ``submit_bulk`` may still be answering), and those must
+        keep their slots and their place in the launch queue. Only an ending or
+        a kill (:mod:`orch_ssh.kill`) gives a run up.
+        """
+        now = time.monotonic()
         for k in watched:
-            self.mine.setdefault(k, before)
+            self.mine.setdefault(k, now)
+        runs = self.runs
+        over = [k for k in self.mine if k not in watched and (r := runs.get(k)) is not None and r.state in OVER]
+        for k in over:
+            del self.mine[k]
+
+    def unwatched(self, watched: set[str]) -> list[Run]:
+        """Runs of this driver's that the core does not mention and that may still end (or die) silently.
+
+        The monitoring tick checks them with the core's runs, in the same remote
+        command, so that a run the core does not watch (yet, or any more) frees
+        its slot when it ends. Runs whose submission is under way are left to it.
+        """
+        runs = self.runs
+        return [r for k, t in self.mine.items() if k not in watched and t != math.inf
+                and (r := runs.get(k)) is not None and r.state in (UNVERIFIED, LAUNCHED, STARTED)]
 
     def run(self, key: str) -> Run:
         """The run with ``key``, known or not (unknown ones start unverified)."""

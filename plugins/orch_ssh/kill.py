@@ -1,4 +1,9 @@
-"""The ssh driver's kill path: cancel queued runs and signal running ones, one remote command per host."""
+"""The ssh driver's kill path: cancel queued runs and signal running ones, one remote command per host.
+
+Also where runs are given up without a kill: ``forget`` is the core's word that
+runs are of no more interest (the user forced them to an end, or removed
+them). Nothing else lets go of a run before it ends (see ``Host.settle``).
+"""
 
 from __future__ import annotations
 
@@ -16,7 +21,25 @@ from .placement import SshBase
 
 
 class KillMixin(SshBase):
-    """Cancelling and killing runs."""
+    """Cancelling and killing runs, and forgetting them."""
+
+    async def forget(self, handles: Sequence[RunHandle]) -> None:
+        """The core gave these runs up: they hold no slot, and a queued one is never started.
+
+        Their processes are left alone (a forced status leaves the backend alone);
+        a queued run stays prepared on its host, unlaunched.
+        """
+        gone: dict[Host, set[str]] = {}
+        for h in handles:
+            try:
+                host, key = self._locate(h)
+            except (ValueError, KeyError):
+                continue
+            host.mine.pop(key, None)
+            gone.setdefault(host, set()).add(key)
+        for host, keys in gone.items():
+            host.queue = deque(e for e in host.queue if e.key not in keys)
+        self._wake.set()  # slots may have come free
 
     # ------------------------------------------------------------------- kill
     async def kill(self, handle: RunHandle) -> None:

@@ -55,7 +55,6 @@ class MonitorMixin(SshBase):
     async def status_bulk(self, handles: Sequence[RunHandle]) -> list[StatusUpdate]:
         """One remote command per host (concurrently), whatever the number of runs; ended runs fetched first."""
         self.ticks += 1
-        began = time.monotonic()
         tally: dict[str, int] = {}
         updates: list[StatusUpdate] = []
         groups: dict[Host, list[RunHandle]] = {}
@@ -68,14 +67,17 @@ class MonitorMixin(SshBase):
                 continue
             groups.setdefault(host, []).append(h)
             watched.setdefault(host, set()).add(key)
-        for host in self.hosts.values():  # the core watches every active run: the others are no longer ours
-            host.prune(began, watched.get(host, set()))
+        for host in self.hosts.values():  # (runs not mentioned stay ours: their submission may not have returned)
+            host.settle(watched.get(host, set()))
         errors: dict[Host, BaseException] = {}
+        looked: dict[str, int] = {}
         async with anyio.create_task_group() as tg:
             for host, group in groups.items():
-                tg.start_soon(self._poll, host, group, tally, updates, errors)
+                extra = host.unwatched(watched[host])
+                looked[host.label] = len(group) + len(extra)
+                tg.start_soon(self._poll, host, group, extra, tally, updates, errors)
         self.tick_commands.append(tally)
-        self.tick_runs.append({host.label: len(group) for host, group in groups.items()})
+        self.tick_runs.append(looked)
         if not errors:
             return updates
         if len(errors) == len(groups):
@@ -93,10 +95,10 @@ class MonitorMixin(SshBase):
                 updates.append(StatusUpdate(h.fqid, S.FAILED, reason=reason, backend_verdict="lost"))
         return updates
 
-    async def _poll(self, host: Host, handles: list[RunHandle], tally: dict[str, int], updates: list[StatusUpdate],
-                    errors: dict[Host, BaseException]) -> None:
+    async def _poll(self, host: Host, handles: list[RunHandle], extra: list[Run], tally: dict[str, int],
+                    updates: list[StatusUpdate], errors: dict[Host, BaseException]) -> None:
         try:
-            found = await self._poll_host(host, handles, tally)
+            found = await self._poll_host(host, handles, extra, tally)
         except HostError as exc:
             errors[host] = exc
             return
@@ -107,10 +109,13 @@ class MonitorMixin(SshBase):
         self._silent_since.pop(host.label, None)
         updates.extend(found)
 
-    async def _poll_host(self, host: Host, handles: list[RunHandle], tally: dict[str, int]) -> list[StatusUpdate]:
+    async def _poll_host(self, host: Host, handles: list[RunHandle], extra: list[Run],
+                         tally: dict[str, int]) -> list[StatusUpdate]:
+        """One command for the core's runs here and ``extra``, the driver's runs it does not watch (no reports)."""
         pairs = [(h, host.run(_split_id(h.backend_id)[0])) for h in handles]
-        pids = sorted({e.pid for _, e in pairs if e.state in (LAUNCHED, STARTED) and e.pid})
-        unverified = [e.key for _, e in pairs if e.state == UNVERIFIED]
+        entries = [e for _, e in pairs] + extra
+        pids = sorted({e.pid for e in entries if e.state in (LAUNCHED, STARTED) and e.pid})
+        unverified = [e.key for e in entries if e.state == UNVERIFIED]
         script = scripts.monitor(host.base, pids, unverified, host.event_lines.offset)
         out = await host.command("monitor", script, tally, timeout=self.status_timeout)
         head, mark, events = out.partition(_MARK)
@@ -142,7 +147,7 @@ class MonitorMixin(SshBase):
         checked = set(pids)
         to_fetch: list[tuple[RunHandle, Run]] = []
         freed = False
-        for h, entry in pairs:
+        for entry in entries:
             if entry.state == STARTED and entry.pid in checked and entry.pid not in alive:
                 entry.reason = "the wrapper ended without an END line (killed or crashed)"
                 entry.advance(LOST)
@@ -155,8 +160,9 @@ class MonitorMixin(SshBase):
             elif entry.state == LAUNCHED and entry.pid is None and now - entry.since > self.launch_grace:
                 entry.reason = f"no sign of the wrapper {self.launch_grace:.0f} s after its launch"
                 entry.advance(LOST)
+            freed = freed or (entry.state in (ENDED, LOST) and not entry.fetched)  # a slot came free
+        for h, entry in pairs:  # (the output of a run the core does not watch yet is fetched once it does)
             if entry.state in (ENDED, LOST) and not entry.fetched:
-                freed = True
                 to_fetch.append((h, entry))
         if to_fetch:
             await self._fetch(host, to_fetch)

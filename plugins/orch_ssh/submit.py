@@ -193,7 +193,7 @@ class SubmitMixin(SshBase):
         batch: list[Run] = []
         while host.queue and len(batch) < free:
             entry = host.queue.popleft()
-            if entry.state == QUEUED and entry.key in host.mine:  # (a run nobody watches any more stays put)
+            if entry.state == QUEUED and entry.key in host.mine:  # (a run killed or forgotten meanwhile stays put)
                 batch.append(entry)
         if not batch:
             return
