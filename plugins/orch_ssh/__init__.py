@@ -21,6 +21,12 @@ The remote design mirrors the ``local`` driver's, so that what makes
 * **Adoption after a restart**: a run this process has not heard of is
   looked up in the host's events file (read from byte 0 on the first tick)
   and, if silent there, by its guard and run file, in the same one command.
+* **Runs stay ours until they end**: a run holds its slot (and its place in
+  the launch queue) until it ends, is killed, or the core ``forget``s it. A
+  status query that does not mention a run is no reason to let it go: the
+  core does not hold runs whose submission has not returned (another host of
+  the same ``submit_bulk`` may still be answering). The tick checks such runs
+  in the same one command, so one that dies silently still frees its slot.
 * **Nothing is guessed**: when a connection drops *during* a start command,
   the runs are reported submitted and the next tick asks the host where
   each one stands (prepared: launch it; started: watch it; absent: lost).
