@@ -113,7 +113,7 @@ async def test_two_terminal_keywords_are_an_application_failure(tmp_path: Path) 
         assert j.status == "failed" and last(j)["level"] == "application"
         assert "more than one terminal keyword" in last(j)["reason"]
         e = await run(orch, sh("$ORCH_LOG SUCCEEDED"))
-        assert e.status == "failed" and "without data" in last(e)["reason"]
+        assert e.status == "failed" and "SUCCEEDED needs data" in last(e)["reason"]  # refused when called
 
 
 async def test_retry_args_round_trip_and_reuse_below_user_level(tmp_path: Path) -> None:
@@ -150,6 +150,48 @@ async def test_return_file_outside_the_job_dir_is_refused(tmp_path: Path) -> Non
         refused = [h["reason"] for h in j.info.history if h["verdict"] == "refused"]
         assert len(refused) == 3 and any("../escape" in r for r in refused)
         assert not (out.parent / "escape").exists() or (out.parent / "escape").read_text() == "x\n"
+
+
+async def test_return_file_through_a_symlinked_directory_is_refused(tmp_path: Path) -> None:
+    """A link to a directory outside, then a name through it: refused, and the file outside stays put."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "key.txt").write_text("secret\n")
+    script = (f'ln -s {outside} linked; echo ok > good; $ORCH_LOG RETURN_FILE linked/key.txt; '
+              '$ORCH_LOG SUCCEEDED good')
+    async with Orchestrator(home=tmp_path / "home", config=FAST) as orch:
+        j = await run(orch, sh(script, outputfiles=["linked/key.txt"]))
+        assert j.status == "completed", j.info.reason
+        assert (outside / "key.txt").read_text() == "secret\n"  # nothing outside is touched
+        assert not (j.outputdir / "key.txt").exists()
+        refused = [h["reason"] for h in j.info.history if h["verdict"] == "refused"]
+        assert any("linked/key.txt" in r for r in refused), j.info.history
+        assert "REFUSED linked/key.txt" in (j.outputdir / "orch.log").read_text()
+
+
+async def test_late_lines_of_an_earlier_attempt_stay_in_its_own_log(tmp_path: Path) -> None:
+    """The first attempt leaves a process behind that writes FAILED into its log 2 s later, while the
+    retry runs: the line lands in the first attempt's own file, and the retry's own outcome decides."""
+    script = ('if [ "$ORCH_RETRY_COUNT" = 0 ]; then (sleep 2; $ORCH_LOG FAILED late) >/dev/null 2>&1 & '
+              '$ORCH_LOG RETRY first; else sleep 3; echo ok > good; $ORCH_LOG SUCCEEDED good; fi')
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = await run(orch, sh(script, retry=RetryPolicy(early_seconds=0.0, max_late_handled=3)))
+        assert j.status == "completed", j.info.reason
+        assert j.info.submit_counter == 2
+        log = (j.outputdir / "orch.log").read_text()
+        assert "SUCCEEDED good" in log and "late" not in log
+        assert "FAILED late" in (j.outputdir / "orch.1.log").read_text()  # the first attempt's own file
+
+
+async def test_a_terminal_keyword_without_data_is_refused_when_called(tmp_path: Path) -> None:
+    script = '$ORCH_LOG SUCCEEDED; echo "rc=$?"; $ORCH_LOG FAILED "   "; echo "rc=$?"'
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = await run(orch, sh(script))
+        assert (j.outputdir / "stdout").read_text() == "rc=2\nrc=2\n"
+        assert "$ORCH_LOG SUCCEEDED needs data" in (j.outputdir / "stderr").read_text()
+        log = (j.outputdir / "orch.log").read_text()
+        assert "SUCCEEDED" not in log and "FAILED" not in log  # nothing was logged
+        assert j.status == "completed", j.info.reason  # exit 0 without a keyword
 
 
 async def test_reopen_in_the_middle_of_a_retry_sequence(tmp_path: Path) -> None:

@@ -74,7 +74,7 @@ async def test_output_cancel_and_unknown_ids(tmp_path: Path, wms: WMSProcess) ->
         while (await call(wms.endpoint, "GET", f"/v1/collections/{cid}"))["nodes"][n0]["state"] != "done":
             await anyio.sleep(0.05)
     listing = await call(wms.endpoint, "GET", f"/v1/nodes/{n0}/output")
-    assert {"stdout", "stderr", "orch.log"} <= set(listing["files"])
+    assert {"stdout", "stderr", "orch.1.log"} <= set(listing["files"])  # the wrapper's log of attempt 1
     assert await http_call(wms.endpoint, "GET", f"/v1/nodes/{n0}/output/stdout") == (200, b"hi\n")
     assert (await http_call(wms.endpoint, "GET", f"/v1/nodes/{n0}/output/..%2F..%2Fx"))[0] == 404
     cancel = await call(wms.endpoint, "POST", "/v1/cancel", {"nodes": [n0, n1, "n-nope"]})

@@ -142,7 +142,7 @@ async def test_reopened_local_job_that_died_while_nobody_watched_is_failed(tmp_p
         with anyio.fail_after(10):
             while j.status != "running":
                 await anyio.sleep(0.05)
-        pid = int((j.outputdir / "orch.log").read_text().split()[2])  # "<time> START <pid>": the wrapper's
+        pid = int((j.outputdir / "orch.1.log").read_text().split()[2])  # "<time> START <pid>" in the attempt's log
     os.killpg(pid, signal.SIGKILL)
     async with Orchestrator(home=tmp_path) as orch:
         j = orch.jobs[0]

@@ -429,3 +429,23 @@ async def test_checkpointed_job_resumes_on_the_remote_host(one_host: SshEnv, sid
     ran = [line.split() for line in steps_file.read_text().splitlines()]
     assert [int(s) for _, s in ran] == list(range(1, 21))  # every step once: the retry resumed after step 10
     assert {r for r, s in ran if int(s) > 10} == {"1"}
+
+
+async def test_return_file_through_a_symlinked_directory_is_refused_remotely(one_host: SshEnv, side: Path,
+                                                                              tmp_path: Path) -> None:
+    """On the host as on this machine: a name through a link to a directory outside is refused, and
+    the file outside stays where it is."""
+    env = one_host
+    (side / "key.txt").write_text("secret\n")
+    script = (f'ln -s {side} linked; echo ok > good; $ORCH_LOG RETURN_FILE linked/key.txt; '
+              '$ORCH_LOG SUCCEEDED good')
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", script]),
+                                    backend=Backend("ssh", **env.settings()), outputfiles=["linked/key.txt"]))
+        await j.submit()
+        await j.wait(timeout=60)
+        assert j.status == "completed", j.info.reason
+        assert (side / "key.txt").read_text() == "secret\n"
+        assert not (j.outputdir / "key.txt").exists()
+        assert any("linked/key.txt" in h["reason"] for h in j.info.history if h["verdict"] == "refused")
+        assert "REFUSED linked/key.txt" in (j.outputdir / "orch.log").read_text()

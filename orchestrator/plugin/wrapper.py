@@ -73,6 +73,7 @@ def render_runfile(run: RunSpec, *, bindir: str, notify: str | None = None, boot
         "ORCH_BIN": bindir,
         "ORCH_MODE": run.mode,
         "ORCH_RETRY_COUNT": str(run.retry_count),
+        "ORCH_ATTEMPT": str(run.attempt),
         "ORCH_OUTPUTFILES": "\n".join(run.outputfiles),
         "ORCH_NOTIFY": notify or "",
         "ORCH_BOOT": str(boot) if boot else "",
@@ -111,9 +112,21 @@ def clear_outputs(outputdir: Path) -> None:
                 entry.unlink()
 
 
-def read_log(outputdir: Path) -> RunLog:
+def log_path(outputdir: Path, attempt: int) -> Path:
+    """The wrapper's log of one attempt: ``orch.<attempt>.log`` while it runs, ``orch.log`` once read.
+
+    Each attempt writes a file of its own, so that a late line of an earlier attempt (a run declared
+    lost whose process still lived) never lands in a later attempt's log. The runtime renames the
+    attempt's file ``orch.log`` once the run has ended and its log was read.
+    """
+    own = outputdir / f"orch.{attempt}.log"
+    return own if own.exists() else outputdir / "orch.log"
+
+
+def read_log(outputdir: Path, attempt: int = 0) -> RunLog:
+    """The log of ``attempt`` of the run whose output dir this is (empty if there is none yet)."""
     try:
-        return parse_log((outputdir / "orch.log").read_text(errors="replace"))
+        return parse_log(log_path(outputdir, attempt).read_text(errors="replace"))
     except FileNotFoundError:
         return RunLog()
 

@@ -49,9 +49,17 @@ class Bus:
         #: Hooks called with every step (the writer's wake-up, metrics).
         self.hooks: list[Callable[[Event, Step], None]] = []
         self.handled = 0
+        self.closed = False
 
     async def post(self, event: Event) -> None:
-        await self._in.send(event)
+        """Queue an event. Once the bus is closed (the home is closing) an event is dropped: what it
+        reported is asked again after the next open (a run's status is polled, a request was answered)."""
+        if self.closed:
+            return
+        try:
+            await self._in.send(event)
+        except anyio.ClosedResourceError:
+            pass
 
     async def run(self) -> None:
         async for event in self._out:
@@ -102,6 +110,7 @@ class Bus:
         await self._changed.wait()
 
     def close(self) -> None:
+        self.closed = True
         self._in.close()
         for send, _ in self._observers:
             send.close()

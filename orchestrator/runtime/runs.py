@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..core.runlog import parse_log
 from ..plugin.contract import RunHandle
+from ..plugin.wrapper import log_path
 from .monitor import Ending
 
 #: Lines of stderr a failure's reason quotes, and the longest line kept.
@@ -14,12 +15,23 @@ STDERR_WIDTH = 200
 
 
 def read_ending(handle: RunHandle) -> Ending:
-    """The run's log and stderr tail, from its output dir (a blocking read: the monitor runs it in a thread)."""
+    """The run's log and stderr tail, from its output dir (a blocking read: the monitor runs it in a thread).
+
+    The attempt's own log, ``orch.<attempt>.log``, is renamed ``orch.log`` once read: the name users
+    look for after a run ended.
+    """
     out = handle.outputdir
+    path = log_path(out, handle.attempt)
     try:
-        log = parse_log((out / "orch.log").read_text(errors="replace"))
+        log = parse_log(path.read_text(errors="replace"))
     except FileNotFoundError:
         log = None
+    else:
+        if path.name != "orch.log":
+            try:
+                path.replace(out / "orch.log")
+            except OSError:
+                pass  # read-only output dir: the attempt's name stays
     return Ending(log=log, stderr_tail=stderr_tail(out / "stderr"))
 
 

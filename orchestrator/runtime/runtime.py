@@ -169,6 +169,8 @@ class Runtime:
             with anyio.move_on_after(float(self.config.core["close_grace"])):
                 await self.settle()
             with anyio.CancelScope(shield=True):
+                for monitor in self._monitors.values():
+                    monitor.stopped = True
                 await self.writer.flush()
                 for driver in self._drivers.values():
                     try:

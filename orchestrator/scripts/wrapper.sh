@@ -4,7 +4,11 @@
 # Usage: sh wrapper.sh RUNFILE
 # RUNFILE is a shell fragment written by the orchestrator (every value quoted)
 # that sets ORCH_* variables, exports the user's environment and sets "$@" to
-# the user's command. The wrapper writes the job log ($ORCH_OUTDIR/orch.log):
+# the user's command. The wrapper writes the job log of this attempt,
+# $ORCH_OUTDIR/orch.$ORCH_ATTEMPT.log (renamed orch.log by the orchestrator
+# once it has read it, after the run ended; a late line of an earlier attempt
+# whose process outlived it lands in that attempt's own file, never in this
+# one's):
 #   <time> START <pid>         the wrapper began
 #   <time> <KEYWORD> <data>    written by the application through $ORCH_LOG
 #   <time> EXIT <code>         the application's exit code
@@ -30,8 +34,8 @@ orch_notify() {
     fi
 }
 
-ORCH_JOBLOG="$ORCH_OUTDIR/orch.log"
-export ORCH_HOME ORCH_MODE ORCH_RETRY_COUNT ORCH_JOBLOG ORCH_FQID ORCH_BOOT
+ORCH_JOBLOG="$ORCH_OUTDIR/orch.${ORCH_ATTEMPT:-0}.log"
+export ORCH_HOME ORCH_MODE ORCH_RETRY_COUNT ORCH_ATTEMPT ORCH_JOBLOG ORCH_FQID ORCH_BOOT
 export ORCH_LOG="$ORCH_BIN/orch-log"
 export ORCH_STATE="$ORCH_BIN/orch-state"
 orch_ts; echo "$_ts START $$" > "$ORCH_JOBLOG"
@@ -40,12 +44,24 @@ orch_notify START $$
 # (`[` is built in: no process unless there is something to remove).
 if [ -f "$ORCH_HOME/.orch-state/work" ]; then rm -f "$ORCH_HOME/.orch-state/work"; fi
 
-if cd "$ORCH_HOME" 2>>"$ORCH_JOBLOG"; then
+if cd -P "$ORCH_HOME" 2>>"$ORCH_JOBLOG"; then
+    _home=$PWD
     "$@" > "$ORCH_OUTDIR/stdout" 2> "$ORCH_OUTDIR/stderr" < /dev/null
     rc=$?
 else
+    _home=/nonexistent
     rc=96
 fi
+
+orch_inside() {
+    # True when $1 (relative to the work dir) is a file of the job's own directory: its directory,
+    # resolved through every symbolic link on the way, is the work dir or below, and it is no link itself.
+    if [ -L "$1" ]; then return 1; fi
+    case "$1" in */*) _d=${1%/*} ;; *) return 0 ;; esac
+    _d=$(cd -P -- "$_d" 2>/dev/null && pwd -P) || return 1
+    case "$_d/" in "$_home"/*) return 0 ;; esac
+    return 1
+}
 orch_ts; echo "$_ts EXIT $rc" >> "$ORCH_JOBLOG"
 
 # Keep the declared output files: move them from the work dir to the output dir.
@@ -59,8 +75,14 @@ if [ -n "${ORCH_OUTPUTFILES:-}" ]; then
         set +f
         for _f in $_pattern; do
             case "$_f" in
-                /*|..|../*|*/../*|*/..) orch_ts; echo "$_ts INFO refused output file $_f" >> "$ORCH_JOBLOG" ;;
-                *) if [ -f "$_f" ]; then mv -f -- "$_f" "$ORCH_OUTDIR/"; fi ;;
+                /*|..|../*|*/../*|*/..) orch_ts; echo "$_ts REFUSED $_f (outside the job directory)" >> "$ORCH_JOBLOG" ;;
+                *) if [ -f "$_f" ] || [ -L "$_f" ]; then
+                       if orch_inside "$_f"; then
+                           mv -f -- "$_f" "$ORCH_OUTDIR/"
+                       else
+                           orch_ts; echo "$_ts REFUSED $_f (leaves the job directory)" >> "$ORCH_JOBLOG"
+                       fi
+                   fi ;;
             esac
         done
         set -f
@@ -70,7 +92,8 @@ if [ -n "${ORCH_OUTPUTFILES:-}" ]; then
 fi
 
 # Files the application named with "$ORCH_LOG RETURN_FILE name": into the output
-# dir, unless the name leaves the job's working directory (or is a link).
+# dir, unless the name leaves the job's working directory (through "..", an
+# absolute path, or a symbolic link anywhere on the way) or is a link itself.
 _returns=
 while IFS=" " read -r _t _w _d; do
     if [ "$_w" = RETURN_FILE ]; then
@@ -89,8 +112,8 @@ if [ -n "$_returns" ]; then
         esac
         case "$_rel" in
             ''|/*|..|../*|*/../*|*/..) orch_ts; echo "$_ts REFUSED $_f (outside the job directory)" >> "$ORCH_JOBLOG" ;;
-            *) if [ -L "$_rel" ]; then
-                   orch_ts; echo "$_ts REFUSED $_f (a symbolic link)" >> "$ORCH_JOBLOG"
+            *) if ! orch_inside "$_rel"; then
+                   orch_ts; echo "$_ts REFUSED $_f (leaves the job directory)" >> "$ORCH_JOBLOG"
                elif [ -f "$_rel" ]; then
                    mv -f -- "$_rel" "$ORCH_OUTDIR/"
                else

@@ -13,7 +13,7 @@ submission, ``master.resubmit()`` of many failed subjobs, automatic retries
 of one tick) is one new collection.
 
 Runs go through the job wrapper on the WMS's machine, which shares this
-file system: the WMS writes each run's ``stdout``, ``stderr``, ``orch.log``
+file system: the WMS writes each run's ``stdout``, ``stderr``, ``orch.<attempt>.log``
 and output files into the run's ``outputdir``, where the core reads them
 (``runs_wrapper=True``); nothing has to be fetched.
 

@@ -224,7 +224,7 @@ class LocalDriver(Driver):
         if run.ended:
             if run.reason is not None:
                 return StatusUpdate(h.fqid, JobStatus.FAILED, reason=run.reason)
-            log = read_log(h.outputdir)
+            log = read_log(h.outputdir, h.attempt)
             code = run.end_code if run.end_code is not None else log.exit_code
             if code == 0:
                 return StatusUpdate(h.fqid, JobStatus.COMPLETED, exit_code=0)

@@ -173,7 +173,7 @@ class SlurmDriver(SubmitMixin):
         """A run ``squeue`` does not list: an update now, or the job id to ask ``sacct -c`` about."""
         if h.backend_id in self._killed:
             return StatusUpdate(h.fqid, S.KILLED, reason="killed"), None
-        log = read_log(h.outputdir)
+        log = read_log(h.outputdir, h.attempt)
         if log.finished:  # the wrapper's own word is there: no need to ask anyone
             return _by_log(h, log, "the wrapper ended"), None
         seen = self._absent[h.backend_id] = self._absent.get(h.backend_id, 0) + 1
@@ -186,7 +186,7 @@ class SlurmDriver(SubmitMixin):
 
     def _unknown(self, h: RunHandle, ref: JobRef, array_listed: bool) -> StatusUpdate | None:
         """Neither ``squeue`` nor ``sacct -c`` knows the run: judge it by what its wrapper left."""
-        log = read_log(h.outputdir)
+        log = read_log(h.outputdir, h.attempt)
         if log.finished:
             return _by_log(h, log, "the wrapper ended")
         if log.started is not None:
@@ -214,7 +214,7 @@ class SlurmDriver(SubmitMixin):
             what = "cancelled" if state == "CANCELLED" else "preempted"
             return StatusUpdate(h.fqid, S.HELD, reason=f"Slurm: {state} ({what} outside the orchestrator, by an "
                                                        "administrator or the system)", backend_verdict="cancelled")
-        log = read_log(h.outputdir)
+        log = read_log(h.outputdir, h.attempt)
         code = log.exit_code if log.exit_code is not None else row.exit_code
         if state in FAILED:
             why = "" if log.started is not None else " before the wrapper started (see wrapper.out)"
