@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .job import Job
 from ..core.statuses import ALL_STATUSES, JobStatus
+from .job import Job
 
 #: Subjobs listed by ``show`` on a master unless asked otherwise.
 SHOW_SUBJOBS = 50

@@ -18,11 +18,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from ..api import views
 from ..api.job import Job
 from ..api.orchestrator import Orchestrator
 from ..core.statuses import ALL_STATUSES, FINAL, JobStatus
 from ..plugin.logs import configure as configure_logs
-from ..api import views
 from . import render
 from .app import CliError, Group, home_of, home_option, job_id_argument, nothing_to_do, run
 from .jobfile import demo_job_text, load_job

@@ -56,10 +56,8 @@ class Bus:
         reported is asked again after the next open (a run's status is polled, a request was answered)."""
         if self.closed:
             return
-        try:
+        with suppress(anyio.ClosedResourceError):
             await self._in.send(event)
-        except anyio.ClosedResourceError:
-            pass
 
     async def run(self) -> None:
         async for event in self._out:

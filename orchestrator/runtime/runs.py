@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from ..core.runlog import parse_log
@@ -28,10 +29,8 @@ def read_ending(handle: RunHandle) -> Ending:
         log = None
     else:
         if path.name != "orch.log":
-            try:
+            with contextlib.suppress(OSError):  # a read-only output dir: the attempt's name stays
                 path.replace(out / "orch.log")
-            except OSError:
-                pass  # read-only output dir: the attempt's name stays
     return Ending(log=log, stderr_tail=stderr_tail(out / "stderr"))
 
 

@@ -235,7 +235,7 @@ class SimDriver(Driver):
         self.calls["submit_bulk"] += 1
         if self._fault("submit") == "raise":
             raise ConnectionError("sim: backend unreachable (faults.json)")
-        outcomes = []
+        outcomes: list[SubmitOutcome] = []
         counted: list[str] = []
         now = time.time()
         crash = self._crash_after()
