@@ -84,6 +84,10 @@ async def test_ids_are_consecutive_integers(tmp_path: Path) -> None:
     (Job(application=Executable("/bin/true"), backend="sim", mode="prod"), "mode"),
     (Job(application=Executable("/bin/true"), backend="sim", outputfiles=["../x"]), "outputfiles"),
     (Job(application=Executable("/bin/true"), backend="sim", retry=RetryPolicy(max_early=-1)), "retry.max_early"),
+    (Job(application=Executable("/no/such/program"), backend="local"), "application.exe"),  # runs here: checked
+    (Job(application=Executable("/bin/true", args=["x" * 131072]), backend="sim"), "application.args"),
+    (Job(application=Executable("/bin/true", args=["x" * 100000] * 30), backend="sim"), "application.args"),
+    (Job(application=Executable("/bin/true", env={"BIG": "x" * 131072}), backend="sim"), "application.env"),
 ])
 async def test_bad_input_is_refused_at_add_naming_the_field(tmp_path: Path, job: Job, field: str) -> None:
     async with Orchestrator(home=tmp_path) as orch:
@@ -92,6 +96,21 @@ async def test_bad_input_is_refused_at_add_naming_the_field(tmp_path: Path, job:
         assert len(orch.jobs) == 0
     async with Orchestrator(home=tmp_path) as orch:
         assert len(orch.jobs) == 0
+
+
+async def test_limits_the_system_sets_are_checked_for_each_subjob_at_the_split(tmp_path: Path) -> None:
+    """A subjob whose arguments exec would refuse (exit 126 at run time) is refused at submit, named."""
+    async with Orchestrator(home=tmp_path) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/echo"), backend="local",
+                                    splitter=ArgSplitter([["a"], ["b" * 200000], ["c"]])))
+        with pytest.raises(JobError, match=r"job 0\.1.*131071 bytes in one argument.*field application\.args"):
+            await j.submit()
+        assert j.status == "new" and len(j.subjobs) == 0  # nothing was split or stored
+        k = await orch.jobs.add(Job(application=Executable("/bin/echo"), backend="local",
+                                    splitter=GenericSplitter(attribute="application.exe",
+                                                             values=["/bin/echo", "/no/such/exe"])))
+        with pytest.raises(JobError, match=r"job 1\.1: /no/such/exe does not exist.*field application\.exe"):
+            await k.submit()
 
 
 async def test_remove_forgets_a_final_or_new_job_and_its_workspace(tmp_path: Path) -> None:

@@ -193,6 +193,22 @@ def test_unreadable_job_file(tmp_path: Path, home: Path) -> None:
     assert f"job file {tmp_path / 'absent.toml'}: cannot read it" in result.stderr
 
 
+def test_kill_of_a_finished_job_says_nothing_was_done(tmp_path: Path, home: Path) -> None:
+    job_id = submit(home, sim_file(tmp_path, n=2, run_seconds=0), "--wait")
+    done = run(home, "kill", job_id, code=3)  # NOTHING_TO_DO, documented in `orchestrator --help`
+    assert "nothing to kill" in done.stdout and "completed" in done.stdout
+    assert re.search(r"\b3\s+nothing to do", run(home, "--help").stdout)
+
+
+def test_a_job_file_whose_executable_does_not_exist_leaves_nothing(tmp_path: Path, home: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('name = "bad"\n[application]\nexe = "/no/such/program"\n[backend]\nname = "local"\n')
+    refused = run(home, "submit", str(path), code=2)
+    assert "application.exe" in refused.stderr and "/no/such/program does not exist" in refused.stderr
+    assert "Traceback" not in refused.output
+    assert run(home, "jobs").stdout.strip() == "no jobs"
+
+
 def test_unknown_ids_exit_2(tmp_path: Path, home: Path) -> None:
     assert run(home, "show", "999", code=2).stderr.strip() == "error: no job 999"
     job_id = submit(home, sim_file(tmp_path, n=2), "--wait")

@@ -76,6 +76,39 @@ async def test_hold_then_release_with_new_args(tmp_path: Path) -> None:
         assert [(s.outputdir / "stdout").read_text() for s in j.subjobs] == ["go\n", "on\n", "on\n"]
 
 
+async def test_release_without_args_gives_the_holds_data_back_as_retry_args(tmp_path: Path) -> None:
+    """GBS: a HOLD's data comes back as the retry arguments unless release gives new ones; the hold is
+    counted (early here) like a RETRY, and the history reads that verdict."""
+    script = ('if [ -z "${ORCH_RETRY_ARG_1:-}" ]; then $ORCH_LOG HOLD 5 x; '
+              'else echo "$ORCH_RETRY_ARG_1 ${ORCH_RETRY_ARG_2:-}"; fi')
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = await run(orch, sh(script))
+        assert j.status == "held"
+        assert j.info.counters == {"early": 1}
+        assert last(j)["verdict"] == "early" and last(j)["action"] == "held"
+        await j.release()
+        await j.wait(timeout=30)
+        assert j.status == "completed", j.info.reason
+        assert (j.outputdir / "stdout").read_text() == "5 x\n"
+
+
+async def test_a_held_jobs_history_does_not_grow_on_reopen_or_ticks(tmp_path: Path) -> None:
+    from structlog.testing import capture_logs
+
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = await run(orch, sh("$ORCH_LOG HOLD wait"))
+        assert j.status == "held" and len(j.info.history) == 1
+        await anyio.sleep(0.5)  # ten monitoring ticks
+        assert len(j.info.history) == 1
+    for _ in range(3):
+        with capture_logs() as logs:
+            async with Orchestrator(home=tmp_path, config=FAST) as orch:
+                j = orch.jobs[0]
+                await anyio.sleep(0.3)
+                assert j.status == "held" and len(j.info.history) == 1, j.info.history
+        assert not [e for e in logs if "refused" in str(e.get("event", "")) or "illegal" in str(e)], logs
+
+
 @pytest.mark.parametrize(("sleep", "verdict"), [("0", "early"), ("1", "late_unhandled")])
 async def test_nonzero_exit_without_keyword_early_and_late(tmp_path: Path, sleep: str, verdict: str) -> None:
     policy = RetryPolicy(max_early=0, max_late_handled=0, max_late_unhandled=0, early_seconds=0.5)
@@ -83,6 +116,16 @@ async def test_nonzero_exit_without_keyword_early_and_late(tmp_path: Path, sleep
         j = await run(orch, sh(f"sleep {sleep}; exit 4", retry=policy))
         assert j.status == "failed" and last(j)["level"] == "application" and last(j)["verdict"] == verdict
         assert last(j)["exit_code"] == 4
+
+
+async def test_a_failures_reason_quotes_the_end_of_stderr(tmp_path: Path) -> None:
+    """A relative executable that is not found: the reason says so, in the shell's own words."""
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = await run(orch, Job(application=Executable("no-such-program-here"), backend="local",
+                                retry=RetryPolicy(max_early=0)))
+        assert j.status == "failed" and last(j)["exit_code"] == 127
+        assert "no-such-program-here" in (j.info.reason or "") and "not found" in (j.info.reason or "")
+        assert "stderr: " in last(j)["reason"]
 
 
 async def test_application_killed_by_a_signal(tmp_path: Path) -> None:

@@ -209,6 +209,24 @@ async def test_subjob_left_new_is_submitted_by_resubmit(tmp_path: Path) -> None:
         assert j.status == "completed"
 
 
+async def test_fail_submit_counts_submissions_across_reopen(tmp_path: Path) -> None:
+    """``fail_submit={i: n}``: the first n submissions of subjob i fail, counted across reopens of the home."""
+    async with Orchestrator(home=tmp_path) as orch:
+        j = await orch.jobs.add(sim_job(3, bulk=False, fail_submit={1: 2}))
+        await j.submit(keep_going=True)
+        assert statuses(j)[1] == "new"  # the first submission failed
+    async with Orchestrator(home=tmp_path) as orch:
+        j = orch.jobs[0]
+        with pytest.raises(JobError, match="fail_submit"):
+            await j.subjobs[1].resubmit()  # the second
+        assert statuses(j)[1] == "new"
+    async with Orchestrator(home=tmp_path) as orch:
+        j = orch.jobs[0]
+        await j.subjobs[1].resubmit()  # the third goes through
+        await j.wait(timeout=10)
+        assert j.status == "completed"
+
+
 async def test_subjob_cannot_be_submitted_or_removed_alone(tmp_path: Path) -> None:
     async with Orchestrator(home=tmp_path) as orch:
         j = await orch.jobs.add(sim_job(2))
@@ -234,6 +252,26 @@ async def test_copy_of_a_subjob_is_a_new_toplevel_job(tmp_path: Path) -> None:
         m = await j.copy()
         assert m.parent is None and m.status == "new" and m.subjobs == [] and m.splitter == j.splitter
         await j.wait(timeout=10)
+
+
+async def test_a_copy_shares_no_object_with_its_original(tmp_path: Path) -> None:
+    from orchestrator import TextMerger
+
+    async with Orchestrator(home=tmp_path) as orch:
+        j = await orch.jobs.add(Job(name="scan", application=Executable("/bin/true", args=["a"]),
+                                    splitter=ArgSplitter([["0"], ["1"], ["2"]]), merger=TextMerger(files=["stdout"]),
+                                    backend=Backend("sim", run_seconds=0.01)))
+        c = await j.copy()
+        assert c.splitter is not j.splitter and c.merger is not j.merger and c.backend is not j.backend
+        assert c.application is not j.application
+        c.splitter.args.append(["3"])  # type: ignore[union-attr]
+        c.merger.files.append("stderr")  # type: ignore[union-attr]
+        c.application.args.append("b")
+        assert j.splitter.args == [["0"], ["1"], ["2"]]  # type: ignore[union-attr]
+        assert j.merger.files == ["stdout"] and j.application.args == ["a"]  # type: ignore[union-attr]
+        await j.submit()
+        await j.wait(timeout=10)
+        assert len(j.subjobs) == 3  # the original's own splitter
 
 
 async def test_kill_and_resubmit_single_subjobs(tmp_path: Path) -> None:

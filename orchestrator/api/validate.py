@@ -14,6 +14,7 @@ from ..core.splitters import Splitter
 from ..plugin.postprocess import Postprocessor
 from ..plugin.settings import SettingsError
 from ..runtime import registry
+from ..runtime.limits import exec_limit
 
 
 def checked_backend(backend: str | Backend | None, fqid: str) -> Backend:
@@ -45,7 +46,7 @@ def validate(job: Any, fqid: str, *, check_backend: bool = True) -> None:
         raise JobError("name must be a string", fqid=fqid, field="name")
     if not isinstance(job.application, Executable):
         raise JobError("application must be Executable(...)", fqid=fqid, field="application")
-    job.application.validate(fqid)
+    job.application.validate(fqid, exec_limit())
     for fieldname in ("inputfiles", "outputfiles"):
         values = getattr(job, fieldname)
         if not all(isinstance(v, str) and v for v in values):
@@ -70,6 +71,9 @@ def validate(job: Any, fqid: str, *, check_backend: bool = True) -> None:
         raise JobError("must be true or false", fqid=fqid, field="fail_on_missing_output")
     if check_backend:
         job.backend = checked_backend(job.backend, fqid)
+        problem = registry.driver_class(job.backend.name).check_executable(job.application.exe, job.backend.settings)
+        if problem is not None:
+            raise JobError(problem, fqid=fqid, field="application.exe")
     if job.steps is not None or job.step_weights is not None or job._prejob or job._aggregator:
         validate_partition(job, fqid)
 

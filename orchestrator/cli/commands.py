@@ -44,7 +44,16 @@ def _lookup(orch: Orchestrator, ident: str) -> Job:
 @home_option
 @click.option("-v", "--verbose", is_flag=True, help="Log the orchestrator's work (INFO) on stderr.")
 def cli(home: Path | None, verbose: bool) -> None:
-    """An asynchronous job orchestrator for batch and grid computing."""
+    """An asynchronous job orchestrator for batch and grid computing.
+
+    \b
+    Exit codes:
+      0  done (for submit --wait and wait: every job ended completed)
+      1  a job ended otherwise (failed, killed, held) or the wait timed out
+      2  an error: bad input, an unknown job, a refused operation
+      3  nothing to do: kill of a job that is over, resubmit with nothing
+         to resubmit (said on stdout)
+    """
     configure_logs(level="INFO" if verbose else "WARNING")
 
 

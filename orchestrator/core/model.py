@@ -7,7 +7,7 @@ reference to an orchestrator; :mod:`orchestrator.job` adds the behaviour.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,17 @@ def plain_copy(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
+#: The longest single argument or ``NAME=value`` string Linux passes to a program (MAX_ARG_STRLEN:
+#: 32 pages of 4 KiB). Longer ones fail at ``exec`` with "Argument list too long" (exit 126).
+MAX_ARG_STRLEN = 131072
+
+
+def exec_size(exe: str, args: Sequence[str], env: Mapping[str, str]) -> int:
+    """The bytes ``exec`` needs for this command line and environment: each string, its NUL, its pointer."""
+    strings = [exe, *args, *(f"{k}={v}" for k, v in env.items())]
+    return sum(len(s.encode()) + 1 + 8 for s in strings)
+
+
 @dataclass
 class Executable:
     """Run ``exe`` with ``args`` and extra environment ``env`` on the worker."""
@@ -42,7 +53,9 @@ class Executable:
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
 
-    def validate(self, fqid: str) -> None:
+    def validate(self, fqid: str, exec_limit: int | None = None) -> None:
+        """Check types and sizes; ``exec_limit``: the bytes the system leaves for the arguments and the
+        environment (``ARG_MAX`` less what the wrapper's own environment takes), checked when given."""
         if not isinstance(self.exe, str) or not self.exe.strip():
             raise JobError("the executable must be a non-empty string", fqid=fqid, field="application.exe")
         if isinstance(self.args, (str, bytes)) or not isinstance(self.args, (list, tuple)):
@@ -63,6 +76,23 @@ class Executable:
             if not isinstance(value, (str, int, float)) or isinstance(value, bool):
                 raise JobError(f"the value of {key} must be a string", fqid=fqid, field="application.env")
         self.env = {k: str(v) for k, v in self.env.items()}
+        self.check_size(fqid, exec_limit)
+
+    def check_size(self, fqid: str, exec_limit: int | None) -> None:
+        for i, arg in enumerate(self.args):
+            if len(arg.encode()) >= MAX_ARG_STRLEN:
+                raise JobError(f"argument {i} is {len(arg.encode())} bytes long; the system allows at most "
+                               f"{MAX_ARG_STRLEN - 1} bytes in one argument", fqid=fqid, field="application.args")
+        for key, value in self.env.items():
+            if len(key.encode()) + len(value.encode()) + 1 >= MAX_ARG_STRLEN:
+                raise JobError(f"{key} is longer than the system allows for one variable "
+                               f"({MAX_ARG_STRLEN - 1} bytes)", fqid=fqid, field="application.env")
+        if exec_limit is not None:
+            size = exec_size(self.exe, self.args, self.env)
+            if size > exec_limit:
+                raise JobError(f"the arguments and environment take {size} bytes; the system allows "
+                               f"{exec_limit} (ARG_MAX, less the wrapper's own environment)", fqid=fqid,
+                               field="application.args")
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "Executable", "exe": self.exe, "args": list(self.args), "env": dict(self.env)}

@@ -188,6 +188,16 @@ class Driver:
         setting at fault. The default checks them against :attr:`settings`."""
         return cls.settings.validate(settings, backend=cls.name)
 
+    @classmethod
+    def check_executable(cls, executable: str, settings: Mapping[str, Any]) -> str | None:
+        """What is known wrong with a run's executable before anything is stored, or ``None``.
+
+        Called at ``add()`` and for each subjob whose executable the split changes, so that a job that
+        cannot start is refused then, not failed later. A driver whose runs start on this machine checks
+        that an absolute path exists and is executable; the default knows nothing of where runs start.
+        """
+        return None
+
     def capabilities_for(self, settings: Mapping[str, Any]) -> Capabilities:
         """Capabilities for runs with these settings (a backend may offer two modes)."""
         return self.capabilities

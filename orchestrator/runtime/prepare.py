@@ -19,7 +19,7 @@ import json
 import shutil
 import time
 from array import array
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ S = JobStatus
 class Preparer:
     def __init__(self, *, definitions: Definitions, repo: Repository, workspace: Workspace,
                  post: Callable[[Event], Awaitable[None]], sm: Any, free_slots: Callable[[str], int],
-                 check_subjob: Callable[[Mapping[str, Any], str, bool], None],
+                 check_subjob: Callable[[Mapping[str, Any], str, Collection[str]], None],
                  add_job: Callable[[str, dict[str, Any], tuple[int, str] | None], Awaitable[int]]) -> None:
         self.definitions = definitions
         self.repo = repo
@@ -108,7 +108,7 @@ class Preparer:
                 self.check_subjob(apply_delta(spec, delta) if len(delta) > 1 or "application.args" not in delta
                                   else {**spec, "application": {**spec["application"],
                                                                 "args": delta["application.args"]}},
-                                  where, any(p.startswith("backend.") for p in delta))
+                                  where, delta.keys())
         return deltas
 
     def _configure_shared(self, job: int, spec: Mapping[str, Any]) -> None:

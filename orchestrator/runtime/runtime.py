@@ -17,7 +17,7 @@ import itertools
 import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from .config import Config
 from .definitions import Definitions
 from .executor import Executor
 from .homelock import HomeLock
+from .limits import exec_limit
 from .monitor import Ending, Monitor
 from .postprocess import Postprocessing
 from .prepare import Preparer
@@ -346,19 +347,26 @@ class Runtime:
         actor = self._actors.get(backend)
         return max(capacity - (len(actor.held) if actor is not None else 0), 1)
 
-    def check_subjob(self, spec: Mapping[str, Any], where: str, backend_changed: bool) -> None:
+    def check_subjob(self, spec: Mapping[str, Any], where: str, changed: Collection[str]) -> None:
+        """A subjob the split changed, checked as ``add()`` checks a job (``changed``: the delta's paths)."""
         from ..core.model import Executable
+        from ..plugin.settings import SettingsError
 
         app = spec["application"]
-        Executable(app["exe"], app.get("args", []), app.get("env", {})).validate(where)
+        Executable(app["exe"], app.get("args", []), app.get("env", {})).validate(where, exec_limit())
+        backend_changed = any(p.startswith("backend.") for p in changed)
+        if not backend_changed and "application.exe" not in changed:
+            return
+        cls = registry.driver_class(spec["backend"]["name"])
+        settings = spec["backend"].get("settings", {})
         if backend_changed:
-            cls = registry.driver_class(spec["backend"]["name"])
-            from ..plugin.settings import SettingsError
-
             try:
-                cls.validate_settings(spec["backend"].get("settings", {}))
+                cls.validate_settings(settings)
             except SettingsError as exc:
                 raise JobError(str(exc), fqid=where, field=f"backend.{exc.field}") from None
+        problem = cls.check_executable(app["exe"], settings)
+        if problem is not None:
+            raise JobError(problem, fqid=where, field="application.exe")
 
     def _checkpoint_record(self, fqid: str) -> Mapping[str, Any]:
         fq = tuple(int(p) for p in fqid.split("."))

@@ -138,12 +138,20 @@ class LocalDriver(Driver):
             elif word == "LOST":
                 run.ended, run.reason = True, " ".join(parts[2:-1])
 
+    @classmethod
+    def check_executable(cls, executable: str, settings: Mapping[str, Any]) -> str | None:
+        """Runs start here: an absolute executable must exist and be executable now (a relative one is
+        looked up in the run's PATH when it starts)."""
+        if os.path.isabs(executable) and not (os.path.isfile(executable) and os.access(executable, os.X_OK)):
+            return f"{executable} does not exist or is not executable"
+        return None
+
     # -------------------------------------------------------------- submit
     async def submit(self, run: RunSpec) -> str:
         shell = str(run.settings.get("shell", "/bin/sh"))
-        exe = run.executable
-        if os.path.isabs(exe) and not os.access(exe, os.X_OK):
-            raise SubmitError(f"executable {exe} does not exist or is not executable")
+        problem = self.check_executable(run.executable, run.settings)
+        if problem is not None:  # checked at add(); the file may have gone since
+            raise SubmitError(f"executable {problem}")
         clear_outputs(run.outputdir)
         runfile = prepare_local(run, bindir=self.bindir, notify=self.events)
         entry = _Run(run.key, runfile, shell)
