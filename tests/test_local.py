@@ -9,7 +9,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from orchestrator import ArgSplitter, Backend, Executable, Job, JobError, Orchestrator
+from orchestrator import ArgSplitter, Backend, Executable, Job, JobError, Orchestrator, RetryPolicy
 
 pytestmark = pytest.mark.anyio
 
@@ -82,9 +82,16 @@ async def test_wrapper_environment_and_output_files(tmp_path: Path) -> None:
         assert abs(stamp - time.time()) < 120
 
 
-async def test_missing_executable_is_a_submission_failure(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
-        j = await orch.jobs.add(Job(application=Executable("/no/such/exe"), backend="local"))
+async def test_missing_executable_is_refused_at_add_or_at_submit(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path / "home") as orch:
+        with pytest.raises(JobError, match="does not exist.*field application.exe"):
+            await orch.jobs.add(Job(application=Executable("/no/such/exe"), backend="local"))
+        assert len(orch.jobs) == 0
+        exe = tmp_path / "prog"
+        exe.write_text("#!/bin/sh\necho hi\n")
+        exe.chmod(0o755)
+        j = await orch.jobs.add(Job(application=Executable(str(exe)), backend="local"))
+        exe.unlink()  # gone between add and submit
         with pytest.raises(JobError, match="does not exist"):
             await j.submit()
         assert j.status == "new"
@@ -106,6 +113,18 @@ async def test_unstartable_shell_fails_the_run(tmp_path: Path) -> None:
         await j.wait(timeout=30)
         assert j.status == "failed" and "could not start the wrapper" in (j.info.reason or "")
         assert not (j.outputdir / "orch.log").exists()
+
+
+async def test_a_wrapper_that_never_starts_is_noticed_after_start_timeout(tmp_path: Path) -> None:
+    """``[backends.local] start_timeout``: a "shell" that exits at once never runs the wrapper (no START)."""
+    config = {"core": {"poll_interval": 0.05}, "backends": {"local": {"start_timeout": 0.5}}}
+    async with Orchestrator(home=tmp_path, config=config) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/true"), backend=Backend("local", shell="/bin/true"),
+                                    retry=RetryPolicy(max_early=0)))
+        await j.submit()
+        await j.wait(timeout=5)  # the default (15 s) would outlast this
+        assert j.status == "failed" and "never started" in (j.info.reason or "")
+        assert j.info.history[-1]["level"] == "batch"  # no log at all: the batch level
 
 
 async def test_resubmit_clears_the_previous_output(tmp_path: Path) -> None:

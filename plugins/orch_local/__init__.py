@@ -52,8 +52,6 @@ from orchestrator.plugin.wrapper import (
     spawn_wrapper,
 )
 
-#: Seconds a run may sit between INTENT and its wrapper's START before it counts as lost.
-LAUNCH_GRACE = 15.0
 #: Seconds between two liveness checks of running wrappers.
 LIVENESS_EVERY = 1.0
 
@@ -98,6 +96,8 @@ class LocalDriver(Driver):
         self.events.touch(exist_ok=True)
         self.max_running = int(context.config.get("max_running", 64))
         self.kill_grace = float(context.config.get("kill_grace", 2.0))
+        #: Seconds a run may sit between INTENT and its wrapper's START before it counts as lost.
+        self.start_timeout = float(context.config.get("start_timeout", 15.0))
         self._runs: dict[str, _Run] = {}
         self._queue: deque[_Run] = deque()
         self._children: set[int] = set()
@@ -244,7 +244,7 @@ class LocalDriver(Driver):
             if alive:
                 return StatusUpdate(h.fqid, JobStatus.RUNNING)
             return self._lost(run, h, "the wrapper ended without an END line (killed or crashed)")
-        if run.intent_at is not None and now - run.intent_at > LAUNCH_GRACE and not alive:
+        if run.intent_at is not None and now - run.intent_at > self.start_timeout and not alive:
             if run.pid is None:  # the process that meant to launch it died around the spawn
                 return self._after_interrupted_launch(run, h)
             return self._lost(run, h, "the wrapper never started")
