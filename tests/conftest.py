@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 #: Fixtures of the service tests (``services``, ``shared``), usable by name in any module.
-pytest_plugins = ("served",)
+pytest_plugins = ("served", "transports")
 
 
 @pytest.fixture

@@ -24,8 +24,8 @@ from orchestrator import (
 pytestmark = pytest.mark.anyio
 
 
-async def test_the_design_example_on_local(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_the_design_example_on_local(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(Job(name="scan", application=Executable("/bin/echo", args=["x"]),
                                     splitter=ArgSplitter([["a"], ["b"], ["c"]]), backend="local"))
         assert j.subjobs == [] and j.parent is None and j.status == "new"
@@ -38,17 +38,17 @@ async def test_the_design_example_on_local(tmp_path: Path) -> None:
         assert j.status == JobStatus.COMPLETED and isinstance(j.status, str)
         for i, word in enumerate("abc"):
             out = j.subjobs[i].outputdir
-            assert out == tmp_path / "workspace" / str(j.id) / str(i) / "output"
+            assert out == api_home / "workspace" / str(j.id) / str(i) / "output"
             assert (out / "stdout").read_text() == f"{word}\n"
             assert (out / "stderr").exists() and (out / "orch.log").exists()
-        assert j.inputdir == tmp_path / "workspace" / str(j.id) / "input"
+        assert j.inputdir == api_home / "workspace" / str(j.id) / "input"
         failed = j.subjobs.select(status="failed")
         assert len(failed) == 0
         await failed.resubmit()
 
 
-async def test_select_by_status_and_name(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_select_by_status_and_name(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         a = await orch.jobs.add(Job(name="scan-a", application=Executable("/bin/true"), backend="sim"))
         b = await orch.jobs.add(Job(name="scan-b", application=Executable("/bin/true"), backend="sim"))
         c = await orch.jobs.add(Job(name="other", application=Executable("/bin/true"), backend="sim"))
@@ -66,8 +66,8 @@ async def test_select_by_status_and_name(tmp_path: Path) -> None:
             orch.jobs("1.x")
 
 
-async def test_ids_are_consecutive_integers(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_ids_are_consecutive_integers(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         ids = [(await orch.jobs.add(Job(application=Executable("/bin/true"), backend="sim"))).id for _ in range(3)]
         assert ids == [0, 1, 2]
 
@@ -89,18 +89,18 @@ async def test_ids_are_consecutive_integers(tmp_path: Path) -> None:
     (Job(application=Executable("/bin/true", args=["x" * 100000] * 30), backend="sim"), "application.args"),
     (Job(application=Executable("/bin/true", env={"BIG": "x" * 131072}), backend="sim"), "application.env"),
 ])
-async def test_bad_input_is_refused_at_add_naming_the_field(tmp_path: Path, job: Job, field: str) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_bad_input_is_refused_at_add_naming_the_field(api_home: Path, job: Job, field: str) -> None:
+    async with Orchestrator(home=api_home) as orch:
         with pytest.raises(JobError, match=f"field {field}"):
             await orch.jobs.add(job)
         assert len(orch.jobs) == 0
-    async with Orchestrator(home=tmp_path) as orch:
+    async with Orchestrator(home=api_home) as orch:
         assert len(orch.jobs) == 0
 
 
-async def test_limits_the_system_sets_are_checked_for_each_subjob_at_the_split(tmp_path: Path) -> None:
+async def test_limits_the_system_sets_are_checked_for_each_subjob_at_the_split(api_home: Path) -> None:
     """A subjob whose arguments exec would refuse (exit 126 at run time) is refused at submit, named."""
-    async with Orchestrator(home=tmp_path) as orch:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(Job(application=Executable("/bin/echo"), backend="local",
                                     splitter=ArgSplitter([["a"], ["b" * 200000], ["c"]])))
         with pytest.raises(JobError, match=r"job 0\.1.*131071 bytes in one argument.*field application\.args"):
@@ -113,30 +113,30 @@ async def test_limits_the_system_sets_are_checked_for_each_subjob_at_the_split(t
             await k.submit()
 
 
-async def test_remove_forgets_a_final_or_new_job_and_its_workspace(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_remove_forgets_a_final_or_new_job_and_its_workspace(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(Job(application=Executable("/bin/echo", args=["hi"]), backend="local",
                                     splitter=ArgSplitter([["1"], ["2"]])))
         n = await orch.jobs.add(Job(application=Executable("/bin/true"), backend="sim"))
         await j.submit()
         await j.wait(timeout=30)
-        assert (tmp_path / "workspace" / str(j.id)).exists()
+        assert (api_home / "workspace" / str(j.id)).exists()
         await j.remove()
         await n.remove()
         assert j.id not in orch.jobs and len(orch.jobs) == 0
-        assert not (tmp_path / "workspace" / str(j.id)).exists()
+        assert not (api_home / "workspace" / str(j.id)).exists()
         r = await orch.jobs.add(Job(application=Executable("/bin/true"), backend=Backend("sim", run_seconds=30)))
         await r.submit()
         with pytest.raises(JobError, match="kill it first"):
             await r.remove()
         await r.kill()
         await r.remove()
-    async with Orchestrator(home=tmp_path) as orch:
+    async with Orchestrator(home=api_home) as orch:
         assert len(orch.jobs) == 0
 
 
-async def test_wait_times_out(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_wait_times_out(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(Job(application=Executable("/bin/true"), backend=Backend("sim", run_seconds=30)))
         await j.submit()
         with pytest.raises(TimeoutError):
@@ -145,8 +145,8 @@ async def test_wait_times_out(tmp_path: Path) -> None:
         await j.wait(timeout=1)
 
 
-async def test_single_job_without_splitter_follows_the_table(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_single_job_without_splitter_follows_the_table(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(Job(application=Executable("/bin/true"), backend=Backend("sim", run_seconds=0.01)))
         await j.submit()
         assert j.status in ("submitted", "running") and j.subjobs == []
@@ -179,13 +179,13 @@ async def test_running_first_order_setting(tmp_path: Path) -> None:
             await j.kill()
 
 
-async def test_generic_and_file_splitters(tmp_path: Path) -> None:
+async def test_generic_and_file_splitters(api_home: Path, tmp_path: Path) -> None:
     files = []
     for i in range(5):
         f = tmp_path / f"in{i}.txt"
         f.write_text(f"line {i}\n")
         files.append(str(f))
-    async with Orchestrator(home=tmp_path / "home") as orch:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", "cat in*.txt"]), backend="local",
                                     inputfiles=files, splitter=FileSplitter(files_per_job=2),
                                     merger=TextMerger(files=["stdout"])))
@@ -209,8 +209,8 @@ async def test_generic_and_file_splitters(tmp_path: Path) -> None:
             await none.submit()
 
 
-async def test_text_merger_fails_the_master_unless_ignorefailed(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_text_merger_fails_the_master_unless_ignorefailed(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         sh = Executable("/bin/sh", args=["-c", 'echo "$0"; [ "$0" != bad ]'])
         strict = await orch.jobs.add(Job(application=sh, backend="local", merger=TextMerger(files=["stdout"]),
                                          splitter=GenericSplitter("application.args",
@@ -231,12 +231,12 @@ async def test_text_merger_fails_the_master_unless_ignorefailed(tmp_path: Path) 
         assert strict.subjobs[1].status == "failed"
 
 
-async def test_workspace_attribute_is_the_jobs_directory(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_workspace_attribute_is_the_jobs_directory(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(Job(application=Executable("/bin/true"), backend="sim",
                                     splitter=ArgSplitter([["a"], ["b"]])))
         await j.submit()
-        assert j.workspace == tmp_path / "workspace" / str(j.id)
+        assert j.workspace == api_home / "workspace" / str(j.id)
         assert j.subjobs[1].workspace == j.workspace / "1"
         assert j.subjobs[1].outputdir == j.subjobs[1].workspace / "output"
         await j.wait(timeout=10)

@@ -43,8 +43,8 @@ def sim_faults(home: Path, **faults: str) -> None:
     path.write_text(json.dumps(faults))
 
 
-async def test_subjobs_made_at_submit_in_splitter_order(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_subjobs_made_at_submit_in_splitter_order(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(sim_job(4))
         assert j.subjobs == [] and j.parent is None and j.status == "new"
         await j.submit()
@@ -52,15 +52,15 @@ async def test_subjobs_made_at_submit_in_splitter_order(tmp_path: Path) -> None:
         assert all(s.parent is j for s in j.subjobs)
         assert [s.application.args for s in j.subjobs] == [["0"], ["1"], ["2"], ["3"]]
         assert all(s.name == "scan" and s.backend.name == "sim" for s in j.subjobs)
-        assert (await stored_subjobs(tmp_path, j.id)) == 4
+        assert (await stored_subjobs(api_home, j.id)) == 4
         await j.wait(timeout=10)
         assert j.status == "completed" and statuses(j) == ["completed"] * 4
         assert j.info.submit_counter == 1 and all(s.info.submit_counter == 1 for s in j.subjobs)
 
 
-async def test_master_is_submitting_while_submit_runs(tmp_path: Path) -> None:
+async def test_master_is_submitting_while_submit_runs(api_home: Path) -> None:
     seen: list[str] = []
-    async with Orchestrator(home=tmp_path) as orch:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(sim_job(200, bulk=False))
 
         async def watch() -> None:
@@ -77,8 +77,8 @@ async def test_master_is_submitting_while_submit_runs(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("bulk", [False, True])
-async def test_keep_going_true_attempts_everything_and_succeeds(tmp_path: Path, bulk: bool) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_keep_going_true_attempts_everything_and_succeeds(api_home: Path, bulk: bool) -> None:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(sim_job(5, bulk=bulk, fail_submit=[1, 3]))
         await j.submit(keep_going=True)
         left = "failed" if bulk else "new"  # native: rejected -> failed; emulated: left new
@@ -90,8 +90,8 @@ async def test_keep_going_true_attempts_everything_and_succeeds(tmp_path: Path, 
         assert "fail_submit" in (j.subjobs[1].info.reason or "")
 
 
-async def test_emulated_keep_going_false_stops_at_first_failure(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_emulated_keep_going_false_stops_at_first_failure(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(sim_job(5, bulk=False, fail_submit=[2]))
         with pytest.raises(JobError, match="2"):
             await j.submit(keep_going=False)
@@ -104,8 +104,8 @@ async def test_emulated_keep_going_false_stops_at_first_failure(tmp_path: Path) 
         assert j.status == "failed"
 
 
-async def test_native_keep_going_false_raises_but_keeps_the_rest(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_native_keep_going_false_raises_but_keeps_the_rest(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(sim_job(4, bulk=True, fail_submit=[0]))
         with pytest.raises(JobError):
             await j.submit(keep_going=False)
@@ -115,8 +115,8 @@ async def test_native_keep_going_false_raises_but_keeps_the_rest(tmp_path: Path)
         assert statuses(j) == ["failed", "completed", "completed", "completed"]
 
 
-async def test_native_failure_reported_later_goes_submitted_then_failed(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_native_failure_reported_later_goes_submitted_then_failed(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(sim_job(3, bulk=True, outcome={1: "failed"}))
         history: list[str] = []
 
@@ -137,8 +137,8 @@ async def test_native_failure_reported_later_goes_submitted_then_failed(tmp_path
 
 @pytest.mark.parametrize("keep_going", [False, True])
 @pytest.mark.parametrize("bulk", [False, True])
-async def test_rollback_when_nothing_could_be_submitted(tmp_path: Path, bulk: bool, keep_going: bool) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_rollback_when_nothing_could_be_submitted(api_home: Path, bulk: bool, keep_going: bool) -> None:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(sim_job(3, bulk=bulk, fail_submit=[0, 1, 2]))
         if bulk:
             # Native bulk: rejected subjobs are failed, not left new, so there is no rollback.
@@ -152,28 +152,28 @@ async def test_rollback_when_nothing_could_be_submitted(tmp_path: Path, bulk: bo
         with pytest.raises(JobError, match="no subjob could be submitted"):
             await j.submit(keep_going=keep_going)
         assert j.status == "new" and j.subjobs == [] and j.info.submit_counter == 0
-        assert (await stored_subjobs(tmp_path, j.id)) == 0
-        assert not (tmp_path / "workspace" / str(j.id)).exists()
+        assert (await stored_subjobs(api_home, j.id)) == 0
+        assert not (api_home / "workspace" / str(j.id)).exists()
 
 
-async def test_rollback_when_the_driver_call_fails_as_a_whole(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_rollback_when_the_driver_call_fails_as_a_whole(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(sim_job(3, bulk=True))
-        sim_faults(tmp_path, submit="raise")
+        sim_faults(api_home, submit="raise")
         with pytest.raises(JobError, match="unreachable"):
             await j.submit(keep_going=True)
-        assert j.status == "new" and j.subjobs == [] and (await stored_subjobs(tmp_path, j.id)) == 0
+        assert j.status == "new" and j.subjobs == [] and (await stored_subjobs(api_home, j.id)) == 0
 
 
-async def test_rollback_on_splitter_error(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_rollback_on_splitter_error(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(Job(application=Executable("/bin/true"), backend="sim",
                                     splitter=GenericSplitter(multi_attrs={"application.args": [["a"], ["b"]],
                                                                           "name": ["x"]})))
         with pytest.raises(JobError, match="differ in length"):
             await j.submit()
         assert j.status == "new" and j.subjobs == [] and j.info.submit_counter == 0
-        assert (await stored_subjobs(tmp_path, j.id)) == 0 and not (tmp_path / "workspace" / str(j.id)).exists()
+        assert (await stored_subjobs(api_home, j.id)) == 0 and not (api_home / "workspace" / str(j.id)).exists()
         bad_attr = await orch.jobs.add(Job(application=Executable("/bin/true"), backend="sim",
                                            splitter=GenericSplitter("application.nope", [1, 2])))
         with pytest.raises(JobError, match="application.nope"):
@@ -181,25 +181,25 @@ async def test_rollback_on_splitter_error(tmp_path: Path) -> None:
         assert bad_attr.status == "new" and bad_attr.subjobs == []
 
 
-async def test_rollback_on_configure_error(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path / "home") as orch:
+async def test_rollback_on_configure_error(api_home: Path, tmp_path: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(Job(application=Executable("/bin/true"), backend="sim",
                                     inputfiles=[str(tmp_path / "missing.txt")], splitter=ArgSplitter([["a"], ["b"]])))
         with pytest.raises(JobError, match="inputfiles"):
             await j.submit()
         assert j.status == "new" and j.subjobs == []
-        assert (await stored_subjobs(tmp_path / "home", j.id)) == 0
-        assert not (tmp_path / "home" / "workspace" / str(j.id)).exists()
+        assert (await stored_subjobs(api_home, j.id)) == 0
+        assert not (api_home / "workspace" / str(j.id)).exists()
         # A bad argument from the splitter is refused before anything exists.
         k = await orch.jobs.add(Job(application=Executable("/bin/true"), backend="sim",
                                     splitter=ArgSplitter([["a"], [{"not": "a string"}]])))
         with pytest.raises(JobError, match="application.args"):
             await k.submit()
-        assert k.status == "new" and k.subjobs == [] and (await stored_subjobs(tmp_path / "home", k.id)) == 0
+        assert k.status == "new" and k.subjobs == [] and (await stored_subjobs(api_home, k.id)) == 0
 
 
-async def test_subjob_left_new_is_submitted_by_resubmit(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_subjob_left_new_is_submitted_by_resubmit(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(sim_job(3, bulk=False, fail_submit={1: 1}))
         await j.submit(keep_going=True)
         assert statuses(j)[1] == "new"
@@ -209,26 +209,26 @@ async def test_subjob_left_new_is_submitted_by_resubmit(tmp_path: Path) -> None:
         assert j.status == "completed"
 
 
-async def test_fail_submit_counts_submissions_across_reopen(tmp_path: Path) -> None:
+async def test_fail_submit_counts_submissions_across_reopen(api_home: Path) -> None:
     """``fail_submit={i: n}``: the first n submissions of subjob i fail, counted across reopens of the home."""
-    async with Orchestrator(home=tmp_path) as orch:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(sim_job(3, bulk=False, fail_submit={1: 2}))
         await j.submit(keep_going=True)
         assert statuses(j)[1] == "new"  # the first submission failed
-    async with Orchestrator(home=tmp_path) as orch:
+    async with Orchestrator(home=api_home) as orch:
         j = orch.jobs[0]
         with pytest.raises(JobError, match="fail_submit"):
             await j.subjobs[1].resubmit()  # the second
         assert statuses(j)[1] == "new"
-    async with Orchestrator(home=tmp_path) as orch:
+    async with Orchestrator(home=api_home) as orch:
         j = orch.jobs[0]
         await j.subjobs[1].resubmit()  # the third goes through
         await j.wait(timeout=10)
         assert j.status == "completed"
 
 
-async def test_subjob_cannot_be_submitted_or_removed_alone(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_subjob_cannot_be_submitted_or_removed_alone(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(sim_job(2))
         await j.submit()
         await j.wait(timeout=10)
@@ -241,8 +241,8 @@ async def test_subjob_cannot_be_submitted_or_removed_alone(tmp_path: Path) -> No
         assert len(j.subjobs) == 2
 
 
-async def test_copy_of_a_subjob_is_a_new_toplevel_job(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_copy_of_a_subjob_is_a_new_toplevel_job(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(sim_job(3))
         await j.submit()
         c = await j.subjobs[2].copy()
@@ -254,10 +254,10 @@ async def test_copy_of_a_subjob_is_a_new_toplevel_job(tmp_path: Path) -> None:
         await j.wait(timeout=10)
 
 
-async def test_a_copy_shares_no_object_with_its_original(tmp_path: Path) -> None:
+async def test_a_copy_shares_no_object_with_its_original(api_home: Path) -> None:
     from orchestrator import TextMerger
 
-    async with Orchestrator(home=tmp_path) as orch:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(Job(name="scan", application=Executable("/bin/true", args=["a"]),
                                     splitter=ArgSplitter([["0"], ["1"], ["2"]]), merger=TextMerger(files=["stdout"]),
                                     backend=Backend("sim", run_seconds=0.01)))
@@ -274,8 +274,8 @@ async def test_a_copy_shares_no_object_with_its_original(tmp_path: Path) -> None
         assert len(j.subjobs) == 3  # the original's own splitter
 
 
-async def test_kill_and_resubmit_single_subjobs(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_kill_and_resubmit_single_subjobs(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(sim_job(3, run_seconds=30))
         await j.submit()
         await j.subjobs[1].kill()
@@ -289,8 +289,8 @@ async def test_kill_and_resubmit_single_subjobs(tmp_path: Path) -> None:
         await j.kill()  # every subjob final: a no-op
 
 
-async def test_killing_a_new_job_is_an_error(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_killing_a_new_job_is_an_error(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(sim_job(2))
         with pytest.raises(JobError, match="never submitted"):
             await j.kill()
@@ -305,8 +305,8 @@ async def test_killing_a_new_job_is_an_error(tmp_path: Path) -> None:
         assert statuses(k) == ["killed", "killed", "new"]
 
 
-async def test_master_with_a_failed_subjob_is_still_killable(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_master_with_a_failed_subjob_is_still_killable(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         # Subjob 0 fails at once; 1 and 2 wait in the backend's queue.
         j = await orch.jobs.add(sim_job(3, run_seconds=0.05, outcome={0: "failed"}, queued={1: 30, 2: 30}))
         await j.submit()
@@ -317,15 +317,15 @@ async def test_master_with_a_failed_subjob_is_still_killable(tmp_path: Path) -> 
         assert (await sim_calls(orch))["kill_bulk"] == 1
 
 
-async def test_master_resubmit_takes_failed_only_unless_asked(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
-        j = await orch.jobs.add(sim_job(4, outcome={0: ["failed", "completed"]}, run_seconds=0.05))
+async def test_master_resubmit_takes_failed_only_unless_asked(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
+        j = await orch.jobs.add(sim_job(4, outcome={0: ["failed", "completed"]}, run_seconds=0.05, queued={0: 1}))
         await j.submit()
         await j.subjobs[3].kill()
         await j.wait(timeout=10)
         assert statuses(j) == ["failed", "completed", "completed", "killed"]
         await j.resubmit()
-        assert j.status == "submitted"  # rule 1, from failed
+        assert j.status == "submitted"  # rule 1, from failed (subjob 0 waits 1 s in the backend's queue)
         assert [s.info.submit_counter for s in j.subjobs] == [2, 1, 1, 1]
         await j.wait(timeout=10)
         assert statuses(j) == ["completed", "completed", "completed", "killed"]
@@ -335,9 +335,9 @@ async def test_master_resubmit_takes_failed_only_unless_asked(tmp_path: Path) ->
         assert [s.info.submit_counter for s in j.subjobs] == [2, 1, 1, 2]
 
 
-async def test_resubmitting_one_subjob_moves_master_back_to_submitted(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
-        j = await orch.jobs.add(sim_job(2, run_seconds=0.01))
+async def test_resubmitting_one_subjob_moves_master_back_to_submitted(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
+        j = await orch.jobs.add(sim_job(2, run_seconds=0.01, queued={0: 0.5}))  # each run of 0 queues 0.5 s
         await j.submit()
         await j.wait(timeout=10)
         assert j.status == "completed"
@@ -347,8 +347,8 @@ async def test_resubmitting_one_subjob_moves_master_back_to_submitted(tmp_path: 
         assert j.status == "completed" and j.subjobs[0].info.submit_counter == 2
 
 
-async def test_resubmit_with_new_backend_settings_but_never_a_new_type(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_resubmit_with_new_backend_settings_but_never_a_new_type(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(sim_job(2, outcome={1: "failed"}, run_seconds=0.01))
         await j.submit()
         await j.wait(timeout=10)
@@ -360,8 +360,8 @@ async def test_resubmit_with_new_backend_settings_but_never_a_new_type(tmp_path:
         assert j.status == "completed"  # the new settings have no outcome for index 1
 
 
-async def test_two_concurrent_resubmits_of_one_subjob_are_serialised(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_two_concurrent_resubmits_of_one_subjob_are_serialised(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(sim_job(2, outcome={0: "failed"}, run_seconds=0.01))
         await j.submit()
         await j.wait(timeout=10)
@@ -383,10 +383,10 @@ async def test_two_concurrent_resubmits_of_one_subjob_are_serialised(tmp_path: P
         await j.wait(timeout=10)
 
 
-async def test_collective_operations_on_slices(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
+async def test_collective_operations_on_slices(api_home: Path) -> None:
+    async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(sim_job(6, outcome={1: ["failed", "completed"], 4: ["failed", "completed"]},
-                                        run_seconds=0.01))
+                                        run_seconds=0.01, queued={1: 0.5, 4: 0.5}))
         await j.submit()
         await j.wait(timeout=10)
         failed = j.subjobs.select(status="failed")
@@ -398,11 +398,11 @@ async def test_collective_operations_on_slices(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("keep_going", [False, True])
-async def test_slice_kill_follows_keep_going(tmp_path: Path, keep_going: bool) -> None:
-    async with Orchestrator(home=tmp_path) as orch:
-        j = await orch.jobs.add(sim_job(4, bulk=False, fail_submit=[1], run_seconds=30))
+async def test_slice_kill_follows_keep_going(api_home: Path, keep_going: bool) -> None:
+    async with Orchestrator(home=api_home) as orch:
+        j = await orch.jobs.add(sim_job(4, bulk=False, fail_submit=[1], run_seconds=30, queued={0: 30, 2: 30, 3: 30}))
         await j.submit(keep_going=True)
-        assert statuses(j) == ["submitted", "new", "submitted", "submitted"]
+        assert statuses(j) == ["submitted", "new", "submitted", "submitted"]  # (queued in the backend)
         everything = j.subjobs[0:4]
         if keep_going:
             await everything.kill(keep_going=True)  # the new one is skipped, the rest killed
