@@ -9,9 +9,12 @@ transport). The test body is the same: the assertions hold for both.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import aclosing
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 from served import Service
 
@@ -33,3 +36,20 @@ def api_home(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
         yield home
     finally:
         service.stop()
+
+
+async def collect_events(orch: Any, seen: list[Any], until: Callable[[list[Any]], bool],
+                         opened: anyio.Event) -> None:
+    """Append every event of ``orch.events()`` to ``seen`` until ``until(seen)`` holds, then close the stream.
+
+    The stream is left by ``break`` and closed at once (``aclosing``), not cancelled while it reads:
+    through a service, cancelling a read of the event stream's socket can race anyio's reader callback,
+    which asyncio then reports as an ``InvalidStateError`` in a callback (harmless, but the test runner
+    raises it).
+    """
+    async with aclosing(orch.events()) as stream:
+        opened.set()
+        async for ev in stream:
+            seen.append(ev)
+            if until(seen):
+                break

@@ -55,6 +55,10 @@ class ServiceClient:
                         tb: TracebackType | None) -> None:
         await self._http.__aexit__(exc_type, exc, tb)
 
+    async def aclose(self) -> None:
+        """Close every connection now; reads under way end with an error (the client is not used again)."""
+        await self._http.aclose()
+
     async def call(self, method: str, **kwargs: Any) -> Any:
         try:
             response = await self._http.post(f"/api/{method}", json=kwargs)

@@ -62,11 +62,24 @@ class Remote:
         self._stale: set[int] = set()
         self._wake = anyio.Event()
         self._connected = anyio.Event()
+        self._closing = False
+
+    async def _stop(self) -> None:
+        """End the background readers by closing their connections, not by cancelling them mid-read.
+
+        A read of a Unix socket cancelled just as data arrives makes anyio's reader callback set the
+        result of a cancelled future, which asyncio reports as an ``InvalidStateError`` in a callback:
+        closing the client wakes the reads with an error that the readers, seeing ``_closing``, end on.
+        """
+        self._closing = True
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+            await self.client.aclose()
 
     async def open(self, stack: AsyncExitStack) -> None:
         await stack.enter_async_context(self.client)
         tg = await stack.enter_async_context(anyio.create_task_group())
         stack.callback(tg.cancel_scope.cancel)
+        stack.push_async_callback(self._stop)
         tg.start_soon(self._follow)
         with anyio.move_on_after(OPEN_TIMEOUT):
             await self._connected.wait()
@@ -103,6 +116,8 @@ class Remote:
                     delay = 0.1
                     self._apply(item)
             except Exception as exc:  # a background task must not end the user's block: log, reconnect, re-read
+                if self._closing:
+                    return
                 log.warning("event stream from the service ended; reconnecting", error=str(exc))
             self._connected = anyio.Event()
             self._stale.add(-1)
@@ -145,8 +160,11 @@ class Remote:
             await self._connected.wait()
             stale, self._stale = self._stale, set()
             try:
-                await self._load(None if -1 in stale else sorted(stale))
+                with anyio.CancelScope(shield=True), anyio.move_on_after(30):  # see _stop: never cancelled mid-read
+                    await self._load(None if -1 in stale else sorted(stale))
             except Exception as exc:  # retried, never raised into the user's block
+                if self._closing:
+                    return
                 log.warning("could not re-read jobs from the service", error=f"{type(exc).__name__}: {exc}")
                 self._stale |= stale
                 await anyio.sleep(1.0)
