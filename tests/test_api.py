@@ -1,4 +1,4 @@
-"""The embedded API of DESIGN.md's "Public API": lookups, slices, add, remove, wait, bad input."""
+"""The embedded API of docs/design.md's "Public API": lookups, slices, add, remove, wait, bad input."""
 
 from __future__ import annotations
 

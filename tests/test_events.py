@@ -1,6 +1,6 @@
 """The bus carries every request and every report, and each change names the stimulus that caused it.
 
-DESIGN.md "Shape": API calls become request events on the bus, drivers' answers come back as
+docs/design.md "Shape": API calls become request events on the bus, drivers' answers come back as
 outcome events, and the state machine's changes (``StatusChanged``) carry the ``stimulus_id`` of the
 event that caused them. Observed here through ``orch.events()``, embedded and through a service.
 """

@@ -131,7 +131,7 @@ async def test_rejected_nodes_are_failed_and_keep_going_decides_raising(tmp_path
             with pytest.raises(JobError, match="2 subjob"):
                 await j.submit(keep_going=False)
         assert (await calls(orch))["submit_collection"] == 1
-        # DESIGN.md, native bulk: rejected subjobs are failed at once; their siblings were submitted all the same.
+        # docs/design.md, native bulk: rejected subjobs are failed at once; their siblings were submitted all the same.
         assert [statuses(j)[i] for i in (1, 4)] == ["failed", "failed"]
         assert all(statuses(j)[i] in ("submitted", "running", "completed") for i in (0, 2, 3, 5))
         assert "rejected by the WMS" in (j.subjobs[1].info.reason or "")

@@ -47,7 +47,7 @@ ALLOWED_WHILE_ACTIVE = {"submitted", "running", "completed"}
 
 
 def derived_master_status(statuses: list[str]) -> str:
-    """DESIGN.md's master rules, submitted-first."""
+    """docs/design.md's master rules, submitted-first."""
     present = set(statuses)
     for wanted, result in ((("submitted", "submitting"), "submitted"), (("running", "completing"), "running"),
                            (("held",), "held"), (("failed", "new"), "failed"), (("completed",), "completed")):

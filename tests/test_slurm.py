@@ -3,7 +3,7 @@
 Acceptance tests of issue 4 (Slurm half): 3. a 50-subjob job goes in with
 one ``sbatch --array`` and completes; killing one subjob cancels its array
 task only; resubmitting it runs it again, as a job of its own; 4. a run over
-its time limit and a run exiting non-zero are classified per DESIGN.md's
+its time limit and a run exiting non-zero are classified per docs/design.md's
 table and retried within the job's limits; 5. monitoring costs one
 ``squeue`` per tick whatever the number of subjobs. Plus: per-subjob
 resources make one array per group, a cancellation outside the orchestrator

@@ -1,4 +1,4 @@
-"""DESIGN.md "Submission, keep_going, bulk", sentence by sentence, on the sim backend."""
+"""docs/design.md "Submission, keep_going, bulk", sentence by sentence, on the sim backend."""
 
 from __future__ import annotations
 

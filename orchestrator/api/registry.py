@@ -1,6 +1,6 @@
 """``orch.jobs``: look jobs up, select them, add new ones.
 
-Look-ups (DESIGN.md, both editions): ``orch.jobs[3]``, ``orch.jobs(3)``,
+Look-ups (docs/design.md, both editions): ``orch.jobs[3]``, ``orch.jobs(3)``,
 ``orch.jobs[3, 1]``, ``orch.jobs((3, 1))``, ``orch.jobs["3.1"]``;
 ``orch.jobs[-1]`` and ``orch.jobs[a:b]`` by position in id order, as a list
 is indexed; ``orch.jobs["name"]`` the one job of that name. The same object

@@ -1,7 +1,7 @@
 """The analyser: why a run ended, and what to do about it (GBS error recovery).
 
 Pure functions, no I/O: given the backend's verdict, the wrapper's log and
-the job's retry counters, classify the run by how far it got (DESIGN.md's
+the job's retry counters, classify the run by how far it got (docs/design.md's
 table: orchestrator, backend, batch, worker, application, user) and by
 verdict (early, late handled, late unhandled), then decide: complete, fail,
 hold, or retry with which arguments, within which limit.

@@ -7,7 +7,7 @@ on it. ``time`` is the wall-clock time the event happened, set by whoever
 posts it: the state machine never reads a clock, so a recorded sequence of
 events replays to the same states.
 
-Three kinds, as DESIGN.md draws them:
+Three kinds, as docs/design.md draws them:
 
 - requests from users (the API, the CLI, the service, workflows):
   ``AddRequested``, ``SubmitRequested``, ``KillRequested``,

@@ -2,7 +2,7 @@
 
 A job without subjobs has a :class:`RunTable` of one run (index 0: the job
 itself). A master has one run per subjob; its own status is never set by a
-transition but derived from its subjobs' per-status counters (DESIGN.md's
+transition but derived from its subjobs' per-status counters (docs/design.md's
 rules, O(1) per change) or, while an operation on it runs or a linked job
 stands in for its subjobs, shown as ``pinned``.
 """

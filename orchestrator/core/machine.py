@@ -78,7 +78,7 @@ HANDLERS: dict[type[Event], Handler] = {
 class StateMachine:
     """Every job of one orchestrator home; see the module docstring.
 
-    ``order`` is DESIGN.md's ``master_status_order``.
+    ``order`` is docs/design.md's ``master_status_order``.
     """
 
     def __init__(self, order: str = "submitted-first") -> None:

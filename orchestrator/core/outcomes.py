@@ -1,6 +1,6 @@
 """The runtime's answers to instructions: what each outcome makes of the runs, and of the request.
 
-Submission (DESIGN.md, "Submission, keep_going, bulk"):
+Submission (docs/design.md, "Submission, keep_going, bulk"):
 
 - accepted runs are ``submitted`` and monitored to the end, whatever happens
   to their siblings;

@@ -1,7 +1,7 @@
 """The requests users make, one handler each: what is allowed, on which runs, and what to send.
 
 Each ``begin_*`` takes one group of a request's targets (the targets in one
-top-level job), checks them against DESIGN.md's rules (raising ``JobError``
+top-level job), checks them against docs/design.md's rules (raising ``JobError``
 for a refusal, which :mod:`.flow` turns into the request's answer by
 keep_going), moves what moves now, and sends the instructions whose
 outcomes finish the group. It returns how many outcomes the group waits for.

@@ -38,7 +38,7 @@ ALL_STATUSES: tuple[JobStatus, ...] = tuple(JobStatus)
 _CODES = {s: i for i, s in enumerate(ALL_STATUSES)}
 _BY_CODE = dict(enumerate(ALL_STATUSES))
 
-#: DESIGN.md, "Statuses and transitions": the only moves a running job may make.
+#: docs/design.md, "Statuses and transitions": the only moves a running job may make.
 TRANSITIONS: Mapping[JobStatus, frozenset[JobStatus]] = {
     S.NEW: frozenset({S.SUBMITTING}),
     S.SUBMITTING: frozenset({S.SUBMITTED, S.NEW, S.FAILED}),
@@ -83,7 +83,7 @@ def parse_status(value: str | JobStatus) -> JobStatus:
 def master_status(counts: Mapping[JobStatus, int], order: str = "submitted-first") -> JobStatus:
     """Derive a master's status from its subjobs' per-status counts.
 
-    DESIGN.md's rules 1-6, first match wins; ``order="running-first"`` swaps
+    docs/design.md's rules 1-6, first match wins; ``order="running-first"`` swaps
     rules 1 and 2. A subjob left ``new`` by a partial submission counts as a
     failure (rule 4). O(1): it reads counters, never the subjobs.
     """

@@ -11,7 +11,7 @@ suits the backend: the base class makes each form from the other, so a
 backend with only a bulk API writes only the bulk forms. The runtime calls
 the bulk form when the capability is declared, and the single-run form,
 run by run, when it is not (keep_going=False then stops at the first
-failure, as DESIGN.md's emulated bulk does).
+failure, as docs/design.md's emulated bulk does).
 
 Two ways to monitor, by ``Capabilities.reports``:
 

@@ -1,6 +1,6 @@
 """Calling a driver in bulk: natively when it declares it, emulated run by run otherwise.
 
-Emulated bulk follows DESIGN.md: a series that must stop at the first
+Emulated bulk follows docs/design.md: a series that must stop at the first
 failure (keep_going=False) goes one run at a time in index order and
 reports the rest as not attempted; otherwise every run is attempted, at
 most ``concurrency`` at once. A bulk call that raises, or answers the wrong

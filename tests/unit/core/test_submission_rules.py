@@ -1,4 +1,4 @@
-"""Submission, keep_going and bulk (DESIGN.md), every case, decided by the state machine alone."""
+"""Submission, keep_going and bulk (docs/design.md), every case, decided by the state machine alone."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The transition table, exhaustively: every (from, to) pair of DESIGN.md's statuses, on a subjob and on a
+"""The transition table, exhaustively: every (from, to) pair of docs/design.md's statuses, on a subjob and on a
 job that runs itself. ``Core.move`` is the one place a run's status changes; a pair outside the table is
 refused and leaves the run, its counters and its times alone."""
 
