@@ -22,7 +22,7 @@ from orchestrator.features.workflows import (
     build,
     parse_dagman,
 )
-from orchestrator.features.workflows.dag import Facts, assess, bottom_levels, due_files, start_order
+from orchestrator.features.workflows.dag import Facts, assess, bottom_levels, due_files
 from orchestrator.features.workflows.dagman import node_name, to_dagman
 from orchestrator.features.workflows.script import package_script
 from orchestrator.features.workflows.toml import WorkflowFileError, load_workflow
@@ -200,13 +200,12 @@ def test_due_files_wait_for_every_consumer() -> None:
     assert due_files(dag, {**states, "1.3.1": "killed"}) == [("f", "deletable")]  # type: ignore[arg-type]
 
 
-def test_start_order_priority_then_critical_path() -> None:
+def test_bottom_levels_measure_the_critical_path() -> None:
     wf = chain(([], ["a"]), (["a"], ["b"]), (["b"], []), ([], []), ([], []))
     wf.stages[0].lines[4].packages[0].priority = 3
     dag = built(wf)
     levels = bottom_levels(dag)  # type: ignore[arg-type]
-    assert levels["1.1.1"] == 3.0 and levels["1.4.1"] == 1.0
-    assert start_order(dag, ["1.4.1", "1.1.1", "1.5.1"]) == ["1.5.1", "1.1.1", "1.4.1"]  # type: ignore[arg-type]
+    assert levels["1.1.1"] == 3.0 and levels["1.2.1"] == 2.0 and levels["1.4.1"] == 1.0
 
 
 # ----------------------------------------------------------------- DAGMan

@@ -29,7 +29,6 @@ FINISHED = frozenset({"completed", "killed"})
 #: When consumers disagree, the most careful disposition wins.
 STRENGTH = {"deletable": 0, "temporary": 1, "retain": 2}
 #: Workflow statuses; ``wait()`` returns on any but ``running``.
-WORKFLOW_STATUSES = ("running", "held", "failed", "blocked", "killed", "completed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,8 +309,3 @@ def bottom_levels(dag: Dag, default_estimate: float = 1.0) -> dict[str, float]:
         level[key] = (default_estimate if own is None else own) + below
     return level
 
-
-def start_order(dag: Dag, keys: Iterable[str], levels: Mapping[str, float] | None = None) -> list[str]:
-    """Ready packages in the order they get slots: priority, then critical path, then definition order."""
-    levels = levels if levels is not None else bottom_levels(dag)
-    return sorted(keys, key=lambda k: (-dag.nodes[k].priority, -levels.get(k, 0.0), dag.nodes[k].index))
