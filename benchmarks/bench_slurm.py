@@ -1,6 +1,6 @@
 """Benchmark (e): ``slurm`` backend, 1,000 subjobs of ``/bin/true`` on a private one-node cluster.
 
-A private Slurm (``tests/slurmd.py``: own munged, slurmctld and slurmd on
+A private Slurm (``tests/support/slurmd.py``: own munged, slurmctld and slurmd on
 loopback, one node ``localhost`` with the machine's 2 CPUs) serves both
 sides, which run one after the other in the same process:
 
@@ -36,7 +36,7 @@ from typing import Any
 import anyio
 from _common import peak_rss_mib, record
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from slurmd import SlurmCluster, slurm_unavailable, start_cluster  # noqa: E402
 
 from orchestrator import ArgSplitter, Backend, Executable, Job, Orchestrator  # noqa: E402

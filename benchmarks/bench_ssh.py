@@ -1,6 +1,6 @@
 """Benchmark (d): ``ssh`` backend, 500 subjobs of ``/bin/true`` to loopback, against plain OpenSSH loops.
 
-A private sshd on 127.0.0.1 (``tests/sshd.py``: own host key, own
+A private sshd on 127.0.0.1 (``tests/support/sshd.py``: own host key, own
 ``authorized_keys``, a login user whose shell is ``/bin/sh``) serves both
 sides, which run alternately in the same process:
 
@@ -35,7 +35,7 @@ from typing import Any
 import anyio
 from _common import peak_rss_mib, record
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from sshd import SshEnv, sshd_unavailable, start_env  # noqa: E402
 
 from orchestrator import ArgSplitter, Backend, Executable, Job, Orchestrator  # noqa: E402

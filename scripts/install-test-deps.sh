@@ -10,9 +10,9 @@
 #   slurmctld slurmd slurm-client munge
 #                    a real one-node Slurm cluster for the slurm backend's tests;
 #                    its setup (munged, slurm.conf, the daemons) is private to
-#                    the tests and made by tests/slurmd.py, not here
+#                    the tests and made by tests/support/slurmd.py, not here
 #   chromium         a real headless browser for the status page's test
-#                    (tests/test_status_page.py drives it over the DevTools protocol)
+#                    (tests/integration/test_status_page.py drives it over the DevTools protocol)
 set -euo pipefail
 
 PACKAGES=(openssh-server slurmctld slurmd slurm-client munge chromium)

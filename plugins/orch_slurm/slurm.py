@@ -1,7 +1,7 @@
 """What the ``slurm`` driver says to Slurm and how it reads the answers; no state of its own.
 
 Kept apart from the driver so that each parser is tested on Slurm's real
-output without a cluster (``tests/test_slurm_unit.py``), and so that the
+output without a cluster (``tests/integration/test_slurm_unit.py``), and so that the
 way commands are run is one small seam: :class:`LocalRunner` runs them with
 ``anyio.run_process`` and an argument list (never a shell string); a runner
 that sends the same argument lists over SSH can take its place later.

@@ -19,7 +19,7 @@ from plugin_install import installed
 
 from orchestrator import ArgSplitter, Backend, Executable, Job, JobError, Orchestrator, plugins
 
-GUIDE = Path(__file__).resolve().parent.parent / "docs" / "plugins.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
 DIST = "orchestrator-minimal-backend"
 MODULE = "orch_minimal"
 BLOCK = re.compile(r"<!-- file: (?P<path>[\w./-]+) -->\n```\w*\n(?P<code>.*?)\n```", re.DOTALL)

@@ -1,7 +1,7 @@
 """The ``slurm`` backend without a cluster: its parsers on Slurm's real output, its settings, and its
 decisions (arrays, chunks, state mapping, vanished runs, kills) against a scripted fake of the commands.
 
-The real-cluster tests are in ``tests/test_slurm.py``; these cover what a
+The real-cluster tests are in ``tests/integration/test_slurm.py``; these cover what a
 one-node test cluster cannot be made to do on demand (a node failure, an
 out-of-memory kill, a preemption, a controller that hangs during ``sbatch``).
 """

@@ -1,4 +1,4 @@
-"""The ``slurm`` backend against a real one-node Slurm cluster on loopback (see ``tests/slurmd.py``).
+"""The ``slurm`` backend against a real one-node Slurm cluster on loopback (see ``tests/support/slurmd.py``).
 
 Acceptance tests of issue 4 (Slurm half): 3. a 50-subjob job goes in with
 one ``sbatch --array`` and completes; killing one subjob cancels its array

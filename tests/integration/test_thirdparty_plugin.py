@@ -1,6 +1,6 @@
 """A backend from a separately installed distribution works like a built-in one.
 
-``tests/thirdparty_plugin/`` is its own distribution (``orchestrator-echo-backend``)
+``tests/support/thirdparty_plugin/`` is its own distribution (``orchestrator-echo-backend``)
 that registers the backend ``thirdparty`` through the entry-point group
 ``orchestrator.backends`` and nothing else. This module pip-installs it into
 the running interpreter's environment, asks the core to look for plugins
@@ -26,7 +26,7 @@ from plugin_install import installed
 
 from orchestrator import ArgSplitter, Backend, Executable, Job, JobError, Orchestrator, TextMerger, plugins
 
-PLUGIN_SRC = Path(__file__).parent / "thirdparty_plugin"
+PLUGIN_SRC = Path(__file__).resolve().parents[1] / "support" / "thirdparty_plugin"
 DIST = "orchestrator-echo-backend"
 MODULE = "orch_thirdparty_echo"
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo"]

@@ -26,7 +26,7 @@ from stored import read_jobs_and_subjobs
 
 from orchestrator.api.client import ServiceClient, ServiceUnavailable
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 

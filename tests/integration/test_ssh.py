@@ -1,4 +1,4 @@
-"""The ``ssh`` backend against real OpenSSH sshds on loopback (see ``tests/sshd.py``).
+"""The ``ssh`` backend against real OpenSSH sshds on loopback (see ``tests/support/sshd.py``).
 
 Acceptance tests of issue 4 (SSH half): 1. a 20-subjob job completes with
 each subjob's stdout fetched back, spread over two sshds acting as two

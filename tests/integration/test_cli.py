@@ -17,7 +17,7 @@ from orchestrator.cli import cli
 from orchestrator.cli.jobfile import JobFileError, load_job
 from orchestrator.runtime.homelock import HomeLock
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.fixture(autouse=True)
