@@ -7,6 +7,9 @@ either way, and ``--json`` prints these records as they are.
 
 from __future__ import annotations
 
+import itertools
+import time
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..core.statuses import ALL_STATUSES, JobStatus
@@ -24,10 +27,38 @@ def counts(job: Job) -> dict[str, int]:
     return {s.value: found[s] for s in ALL_STATUSES if found.get(s)}
 
 
+def times(job: Job, now: float | None = None) -> tuple[float | None, float | None]:
+    """``(submitted at, elapsed seconds)``: from the first submission to the end, or to now while active."""
+    stamps = job.info.timestamps
+    started = min((stamps[k] for k in ("submitting", "submitted") if k in stamps), default=None)
+    if started is None:
+        return None, None
+    end = stamps.get("final") if not job.is_active() else None
+    end = end if end is not None else (now if now is not None else time.time())
+    return started, max(0.0, end - started)
+
+
 def summary(job: Job) -> dict[str, Any]:
     c = counts(job)
+    submitted_at, elapsed = times(job)
     return {"fqid": job.fqid, "name": job.name, "status": job.status.value, "backend": job.backend.name,
-            "subjobs": sum(c.values()), "counts": c, "reason": job.info.reason, "active": job.is_active()}
+            "subjobs": sum(c.values()), "counts": c, "reason": job.info.reason, "active": job.is_active(),
+            "submitted_at": submitted_at, "elapsed": elapsed}
+
+
+def subjob_row(sub: Job) -> dict[str, Any]:
+    return {"fqid": sub.fqid, "status": sub.status.value, "args": list(sub.application.args) if sub.application else [],
+            "submits": sub.info.submit_counter, "backend_id": sub.backend_id, "reason": sub.info.reason}
+
+
+def subjob_rows(job: Job, statuses: Sequence[str] = (), offset: int = 0, limit: int | None = None,
+                ) -> list[dict[str, Any]]:
+    """Rows of the master's subjobs in the given statuses (all if none), in index order, a page at a time."""
+    if not counts(job):
+        return []
+    chosen: Iterable[Job] = job.subjobs.select(status=list(statuses)) if statuses else job.subjobs
+    stop = None if limit is None else offset + limit
+    return [subjob_row(sub) for sub in itertools.islice(chosen, offset, stop)]
 
 
 def detail(job: Job, subjobs: int = SHOW_SUBJOBS) -> dict[str, Any]:
@@ -45,11 +76,7 @@ def detail(job: Job, subjobs: int = SHOW_SUBJOBS) -> dict[str, Any]:
         "subjob_rows": [],
     }
     if out["counts"] and subjobs > 0:
-        for sub in job.subjobs.build(range(min(len(job.subjobs), subjobs))):
-            out["subjob_rows"].append({
-                "fqid": sub.fqid, "status": sub.status.value,
-                "args": list(sub.application.args) if sub.application else [],
-                "submits": sub.info.submit_counter, "backend_id": sub.backend_id, "reason": sub.info.reason})
+        out["subjob_rows"] = [subjob_row(sub) for sub in job.subjobs.build(range(min(len(job.subjobs), subjobs)))]
     return out
 
 
@@ -60,4 +87,4 @@ def final_or_total(record: dict[str, Any]) -> tuple[int, int]:
     return sum(c.get(s.value, 0) for s in FINAL), sum(c.values())
 
 
-__all__ = ["SHOW_SUBJOBS", "JobStatus", "counts", "detail", "summary"]
+__all__ = ["SHOW_SUBJOBS", "JobStatus", "counts", "detail", "subjob_row", "subjob_rows", "summary", "times"]

@@ -1,4 +1,4 @@
-"""The ``orchestrator`` commands: submit, jobs, show, kill, resubmit, release, remove, wait, demo, serve.
+"""The ``orchestrator`` commands: submit, jobs, show, peek, kill, resubmit, release, remove, wait, demo, serve.
 
 Written once over the API (see :mod:`.app`): through a service when one
 holds the home, on the home opened here otherwise; the output is the same.
@@ -8,9 +8,11 @@ completed, 1 otherwise.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import click
@@ -41,6 +43,7 @@ def _lookup(orch: Orchestrator, ident: str) -> Job:
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="orchestrator", prog_name="orchestrator")
 @home_option
 @click.option("-v", "--verbose", is_flag=True, help="Log the orchestrator's work (INFO) on stderr.")
 def cli(home: Path | None, verbose: bool) -> None:
@@ -82,16 +85,31 @@ def submit(jobfile: Path, keep_going: bool, wait_: bool, timeout: float | None, 
     click.get_current_context().exit(run(home, body))
 
 
+STATUS_CHOICE = click.Choice([s.value for s in ALL_STATUSES])
+
+
+def print_json(value: Any) -> None:
+    """One JSON document on stdout (the schemas are in docs/reference.md)."""
+    click.echo(json.dumps(value, indent=1, sort_keys=False))
+
+
 @cli.command()
-@click.option("--status", "statuses", multiple=True, type=click.Choice([s.value for s in ALL_STATUSES]),
-              help="Only jobs in this status (repeatable).")
+@click.option("--status", "statuses", multiple=True, type=STATUS_CHOICE, help="Only jobs in this status (repeatable).")
 @click.option("--name", default=None, help="Only jobs whose name matches this glob.")
+@click.option("--backend", default=None, help="Only jobs on this backend.")
+@click.option("--limit", type=click.IntRange(1), default=None, help="Only the N most recent of the matching jobs.")
+@click.option("--json", "as_json", is_flag=True, help="A JSON document instead of the table (docs/reference.md).")
 @home_option
-def jobs(statuses: tuple[str, ...], name: str | None, home: Path | None) -> None:
-    """List the top-level jobs with their subjob counts per status."""
+def jobs(statuses: tuple[str, ...], name: str | None, backend: str | None, limit: int | None, as_json: bool,
+         home: Path | None) -> None:
+    """List the top-level jobs: id, name, status, backend, subjob counts per status, submitted, elapsed."""
 
     async def body(orch: Orchestrator) -> None:
-        selected = [views.summary(j) for j in orch.jobs.select(status=list(statuses) or None, name=name)]
+        chosen = list(orch.jobs.select(status=list(statuses) or None, name=name, backend=backend))
+        selected = [views.summary(j) for j in (chosen[-limit:] if limit else chosen)]
+        if as_json:
+            print_json({"schema": 1, "jobs": selected, "totals": render.totals_of(selected)})
+            return
         console = render.console()
         if not selected:
             console.print("no jobs")
@@ -103,12 +121,52 @@ def jobs(statuses: tuple[str, ...], name: str | None, home: Path | None) -> None
 
 @cli.command()
 @job_id_argument
+@click.option("--status", "statuses", multiple=True, type=STATUS_CHOICE,
+              help="On a master: list every subjob in this status (repeatable).")
+@click.option("--all", "all_", is_flag=True, help="On a master: list every subjob (not only the first 50).")
+@click.option("--offset", type=click.IntRange(0), default=0, help="With --status or --all: skip the first K listed.")
+@click.option("--limit", type=click.IntRange(1), default=None, help="With --status or --all: list at most N.")
+@click.option("--json", "as_json", is_flag=True, help="A JSON document instead of the text (docs/reference.md).")
 @home_option
-def show(job_id: str, home: Path | None) -> None:
-    """Show a job (ID: 3) or a subjob (ID: 3.1) in full."""
+def show(job_id: str, statuses: tuple[str, ...], all_: bool, offset: int, limit: int | None, as_json: bool,
+         home: Path | None) -> None:
+    """Show a job (ID: 3) or a subjob (ID: 3.1) in full; on a master, its subjobs (the first 50, or those asked)."""
 
     async def body(orch: Orchestrator) -> None:
-        render.show(views.detail(_lookup(orch, job_id)), render.console())
+        job = _lookup(orch, job_id)
+        listing = bool(statuses) or all_
+        record = views.detail(job, subjobs=0 if listing else views.SHOW_SUBJOBS)
+        if listing:
+            record["subjob_rows"] = views.subjob_rows(job, statuses, offset, limit)
+        if as_json:
+            print_json({"schema": 1, **record})
+            return
+        console = render.console()
+        if listing and console.is_terminal and len(record["subjob_rows"]) > console.height:
+            with console.pager(styles=True):
+                render.show(record, console, listed=True)
+        else:
+            render.show(record, console, listed=listing)
+
+    run(home, body, refresh=True)
+
+
+@cli.command()
+@job_id_argument
+@click.argument("name", default="stdout")
+@click.option("--tail", type=click.IntRange(1), default=None, help="Only the last N lines.")
+@click.option("--json", "as_json", is_flag=True, help='{"fqid", "name", "text"} instead of the text.')
+@home_option
+def peek(job_id: str, name: str, tail: int | None, as_json: bool, home: Path | None) -> None:
+    """Print a file of a run (NAME: stdout, stderr, orch.log or an output file): from its output dir once it
+    ended, from its work dir while it runs."""
+
+    async def body(orch: Orchestrator) -> None:
+        text = await _lookup(orch, job_id).peek(name, tail=tail)
+        if as_json:
+            print_json({"schema": 1, "fqid": job_id, "name": name, "text": text})
+        else:
+            click.echo(text, nl=not text.endswith("\n") and bool(text))
 
     run(home, body, refresh=True)
 

@@ -41,8 +41,26 @@ def status_text(status: str) -> Text:
     return Text(status, style=STYLES[JobStatus(status)])
 
 
-def iso(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts).astimezone().isoformat(timespec="milliseconds")
+def when(ts: float | None, now: float | None = None) -> str:
+    """A time as people read it: ``14:03:07`` today, ``2026-11-24 14:03`` before."""
+    if ts is None:
+        return "-"
+    at = dt.datetime.fromtimestamp(ts)
+    today = dt.datetime.fromtimestamp(now) if now is not None else dt.datetime.now()
+    return at.strftime("%H:%M:%S") if at.date() == today.date() else at.strftime("%Y-%m-%d %H:%M")
+
+
+def duration(seconds: float | None) -> str:
+    """``4.2s``, ``3m07s``, ``2h05m``, ``3d04h``."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    m, sec = divmod(int(seconds), 60)
+    if m < 60:
+        return f"{m}m{sec:02d}s"
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h < 24 else f"{h // 24}d{h % 24:02d}h"
 
 
 def short(value: Any, limit: int = 200) -> str:
@@ -56,21 +74,40 @@ def progress(summary: Mapping[str, Any]) -> tuple[int, int]:
     return sum(counts.get(s.value, 0) for s in FINAL), sum(counts.values())
 
 
+#: The columns of ``orchestrator jobs``, always in this order; per-status counts come between subjobs and
+#: submitted, one column per status that any listed job has.
+JOBS_COLUMNS = ("id", "name", "status", "backend", "subjobs", "submitted", "elapsed")
+
+
 def jobs_table(summaries: list[dict[str, Any]]) -> Table:
     shown = [s for s in ALL_STATUSES if any(j["counts"].get(s.value) for j in summaries)]
-    table = Table(box=None, header_style="bold")
-    for col in ("id", "name", "status", "backend", "subjobs", *(s.value for s in shown)):
-        numeric = col in ("id", "subjobs") or col in {s.value for s in shown}
-        table.add_column(col, justify="right" if numeric else "left", no_wrap=col != "name")
+    table = Table(box=None, header_style="bold", show_footer=len(summaries) > 1, footer_style="bold")
+    totals = totals_of(summaries)
+    footers = {"id": "", "name": f"{len(summaries)} jobs", "subjobs": str(totals["subjobs"]),
+               **{s.value: str(totals["counts"].get(s.value, "")) for s in shown}}
+    for col in (*JOBS_COLUMNS[:5], *(s.value for s in shown), *JOBS_COLUMNS[5:]):
+        numeric = col in ("id", "subjobs", "elapsed") or col in {s.value for s in shown}
+        table.add_column(col, footer=footers.get(col, ""), justify="right" if numeric else "left",
+                         no_wrap=col != "name")
     for j in summaries:
         c = j["counts"]
         cells = [Text(str(c.get(s.value, "")), style=STYLES[s]) for s in shown]
         table.add_row(j["fqid"], Text(j["name"]), status_text(j["status"]), Text(j["backend"]),
-                      str(j["subjobs"]) if c else "", *cells)
+                      str(j["subjobs"]) if c else "", *cells, when(j["submitted_at"]), duration(j["elapsed"]))
     return table
 
 
-def show(detail: dict[str, Any], out: Console) -> None:
+def totals_of(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Subjobs (a job without subjobs counts as one run) per status over the listed jobs."""
+    counts: dict[str, int] = {}
+    for j in summaries:
+        for status, n in (j["counts"] or {j["status"]: 1}).items():
+            counts[status] = counts.get(status, 0) + n
+    return {"jobs": len(summaries), "subjobs": sum(counts.values()), "counts": counts}
+
+
+def show(detail: dict[str, Any], out: Console, listed: bool = False) -> None:
+    """The job's fields, then its subjobs: the first ones, or (``listed``) exactly those chosen."""
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
@@ -100,7 +137,9 @@ def show(detail: dict[str, Any], out: Console) -> None:
     info = detail["info"]
     row("submit_counter", info.get("submit_counter", 0))
     stamps = sorted(info.get("timestamps", {}).items(), key=lambda kv: kv[1])
-    row("timestamps", "\n".join(f"{k:<11}{iso(t)}" for k, t in stamps) or "-")
+    row("timestamps", "\n".join(f"{k:<11}{when(t)}" for k, t in stamps) or "-")
+    if detail.get("submitted_at") is not None:
+        row("elapsed", duration(detail.get("elapsed")))
     if info.get("reason"):
         row("reason", Text(info["reason"], style="red"))
     for i, entry in enumerate(info.get("history", [])):
@@ -111,20 +150,28 @@ def show(detail: dict[str, Any], out: Console) -> None:
     if detail["counts"]:
         row("subjobs", Text(f"{detail['subjobs']}: ") + counts_text(detail["counts"]))
     out.print(grid)
-    if detail["counts"]:
+    if listed:
+        out.print()
+        out.print(subjobs_table(detail["subjob_rows"]) if detail["subjob_rows"] else Text("no such subjobs"))
+    elif detail["counts"]:
         _subjobs(detail, out)
 
 
 def _subjobs(detail: dict[str, Any], out: Console) -> None:
+    out.print()
+    out.print(subjobs_table(detail["subjob_rows"]))
+    n = detail["subjobs"]
+    rows = detail["subjob_rows"]
+    if n > len(rows):
+        out.print(Text(f"... and {n - len(rows)} more subjobs (orchestrator show {detail['fqid']} --all, "
+                       f"or --status STATUS)", style="dim"))
+
+
+def subjobs_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(box=None, header_style="bold", title=None)
     for col in ("id", "status", "args", "submits", "backend_id", "reason"):
         table.add_column(col, no_wrap=col in ("id", "status", "submits"), overflow="fold")
-    rows = detail["subjob_rows"]
     for sub in rows:
         table.add_row(sub["fqid"], status_text(sub["status"]), Text(short(" ".join(sub["args"]), 60)),
                       str(sub["submits"]), Text(sub["backend_id"] or "-"), Text(sub["reason"] or "", style="red"))
-    out.print()
-    out.print(table)
-    n = detail["subjobs"]
-    if n > len(rows):
-        out.print(Text(f"... and {n - len(rows)} more subjobs (orchestrator show {detail['fqid']}.N)", style="dim"))
+    return table

@@ -73,8 +73,9 @@ def test_submit_then_wait_then_jobs_lists_counts(tmp_path: Path, home: Path) -> 
     assert f"job {job_id} completed: 4/4 final (completed 4)" in waited.stdout
     listing = run(home, "jobs").stdout
     header, row = listing.splitlines()[:2]
-    assert header.split() == ["id", "name", "status", "backend", "subjobs", "completed"]
-    assert row.split() == [job_id, "simjob", "completed", "sim", "4", "4"]
+    assert header.split() == ["id", "name", "status", "backend", "subjobs", "completed", "submitted", "elapsed"]
+    assert row.split()[:6] == [job_id, "simjob", "completed", "sim", "4", "4"]
+    assert re.fullmatch(r"\d\d:\d\d:\d\d", row.split()[6]) and re.fullmatch(r"[\d.]+s", row.split()[7])
 
 
 def test_submit_wait_exits_1_when_a_subjob_failed(tmp_path: Path, home: Path) -> None:
@@ -92,7 +93,8 @@ def test_show_master_and_subjob(tmp_path: Path, home: Path) -> None:
     for expected in ("simjob", "completed", "sim (", "run_seconds=0.05", "/bin/echo", "submit_counter",
                      "ArgSplitter", "subjobs         3: completed 3", f"{job_id}.0", f"{job_id}.2"):
         assert expected in shown, expected
-    assert re.search(r"submitted\s+\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", shown)
+    assert re.search(r"submitted\s+\d\d:\d\d:\d\d\s", shown)  # today's times as people read them
+    assert re.search(r"elapsed\s+[\d.]+s", shown)
     sub = run(home, "show", f"{job_id}.1").stdout
     assert re.search(rf"master\s+{job_id}\b", sub)
     assert re.search(r"application\s+/bin/echo 1", sub)
