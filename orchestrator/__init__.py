@@ -7,15 +7,17 @@ from .core.errors import ConfigError, HomeLockedError, JobError, OrchestratorErr
 from .core.model import Backend, Executable, JobInfo, RetryPolicy
 from .core.splitters import ArgSplitter, FileSplitter, GenericSplitter, Splitter
 from .core.statuses import JobStatus
+from .features.notifier import Notifier
 from .features.partitioning import StepSplitter
-from .features.postprocessors import TextMerger
+from .features.postprocessors import CustomChecker, CustomMerger, FileChecker, TextMerger
 from .plugin.postprocess import Merger, Postprocessor
 from .runtime import registry as plugins  # what is installed: plugins.backend_names(), plugins.refresh()
 
 __version__ = "0.2.0"
 
 __all__ = [
-    "ArgSplitter", "Backend", "ConfigError", "Executable", "FileSplitter", "GenericSplitter", "HomeLockedError",
-    "Job", "JobError", "JobInfo", "JobSlice", "JobStatus", "Merger", "Orchestrator", "OrchestratorError",
-    "Postprocessor", "RetryPolicy", "plugins", "Splitter", "StepSplitter", "SubjobList", "TextMerger",
+    "ArgSplitter", "Backend", "ConfigError", "CustomChecker", "CustomMerger", "Executable", "FileChecker",
+    "FileSplitter", "GenericSplitter", "HomeLockedError", "Job", "JobError", "JobInfo", "JobSlice", "JobStatus",
+    "Merger", "Notifier", "Orchestrator", "OrchestratorError", "Postprocessor", "RetryPolicy", "plugins", "Splitter",
+    "StepSplitter", "SubjobList", "TextMerger",
 ]

@@ -64,6 +64,8 @@ class Profile:
     splits: bool = False
     #: Postprocessors (mergers, checkers, notifiers) run once every subjob ended.
     postprocess: bool = False
+    #: A notification asks to be told when the master becomes held (the others wait for its end).
+    notify_held: bool = False
     #: A pre-job runs before the subjobs; an aggregator after them (DataGrid's partitioned job).
     prejob: bool = False
     aggregator: bool = False

@@ -285,15 +285,14 @@ def handle_postprocess_done(core: Core, event: PostprocessDone) -> None:
     if js is None:
         return
     sid = event.stimulus_id
-    js.postprocessing = False
     js.merged_at = event.time
     js.post_failed = event.error is not None
     if event.error is not None or not js.partition.get("failed"):
         js.top.reason = event.error
     for i, why in event.failed_subjobs:
         if js.runs.get(i) == S.COMPLETED:
-            js.runs.extra(i).reason = why
-            force_now(core, js, [i], S.FAILED, sid)
+            force_now(core, js, [i], S.FAILED, sid, checked=why)  # still postprocessing: not run a second time
+    js.postprocessing = False
     core.dirty_tops.add(js.id)
     core.rederive(js, sid)
 

@@ -20,7 +20,7 @@ ended otherwise than completed: no subjob started), ``subjobs``,
 from __future__ import annotations
 
 from .base import Core
-from .instructions import CreateLinked, RunPostprocess
+from .instructions import CreateLinked, Notify, RunPostprocess
 from .jobs import JobState
 from .sending import send_submit
 from .statuses import FINAL, JobStatus
@@ -33,8 +33,11 @@ SHOWN = {S.SUBMITTING: S.SUBMITTED, S.SUBMITTED: S.SUBMITTED, S.RUNNING: S.RUNNI
 
 def settle(core: Core, js: JobState, sid: str) -> None:
     """After moves on ``js``: derive, and start what its end makes due."""
+    before = js.status
     if js.is_master and core.rederive(js, sid):
         master_ended(core, js, sid)
+    if js.is_master and js.profile.notify_held and js.status == S.HELD and before != S.HELD:
+        core.emit(Notify(stimulus_id=sid, job=js.id, status=S.HELD))
     if js.link is not None:
         master = core.jobs.get(js.link[0])
         if master is not None:

@@ -259,16 +259,26 @@ def begin_force(core: Core, pending: Pending, job: int, targets: list[FQID]) -> 
     return waits
 
 
-def force_now(core: Core, js: JobState, indexes: list[int], to: JobStatus, sid: str) -> None:
-    """Move runs to ``to`` outside the table, on record as forced; their backend is left alone."""
+def force_now(core: Core, js: JobState, indexes: list[int], to: JobStatus, sid: str, *,
+              checked: str | None = None) -> None:
+    """Move runs to ``to`` outside the table, on record as forced; their backend is left alone.
+
+    ``checked``: not a user but a postprocessor's checker failed them, saying this.
+    """
     watched = [i for i in indexes if js.runs.get(i) in MONITORED]
     for i in indexes:
         extra = js.runs.extra(i)
         was = js.runs.get(i)
-        extra.history = [*extra.history, {"time": core.now, "level": "user", "verdict": "forced",
-                                          "reason": f"forced from {was.value} to {to.value} by the user",
-                                          "attempt": js.runs.attempt[i], "action": to.value}]
-        extra.reason = f"forced to {to.value} by the user" if to == S.FAILED else None
+        if checked is not None:
+            entry = {"level": "postprocess", "verdict": "checked", "reason": checked}
+        else:
+            entry = {"level": "user", "verdict": "forced",
+                     "reason": f"forced from {was.value} to {to.value} by the user"}
+        extra.history = [*extra.history, {"time": core.now, **entry, "attempt": js.runs.attempt[i], "action": to.value}]
+        if checked is not None:
+            extra.reason = checked
+        else:
+            extra.reason = f"forced to {to.value} by the user" if to == S.FAILED else None
     core.move(js, indexes, to, sid, forced=True)
     if watched:
         core.emit(Unwatch(stimulus_id=sid, backend=js.profile.backend, runs=core.runs_of(js, watched)))

@@ -81,3 +81,34 @@ class Merger(Postprocessor):
     def run(self, context: PostprocessContext) -> PostprocessResult:
         return PostprocessResult(self.merge(context.outputdir, [(s.index, s.status, s.outputdir)
                                                                  for s in context.subjobs]))
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a master ended, as a notification tells it: after its other postprocessors ran."""
+
+    status: str  # completed, failed, killed or held
+    counts: Mapping[str, int]
+    #: ``(fqid, reason)`` of the first failures, in index order (at most ten).
+    failures: Sequence[tuple[str, str]] = ()
+    #: Why the postprocessors failed the master, if they did.
+    error: str | None = None
+
+
+class Notification(Postprocessor):
+    """A postprocessor that tells someone how a master ended, once per master (never once per subjob).
+
+    The runtime runs notifications after every other postprocessor, with the outcome those left (a checker's
+    failures counted), and only for an ending named in ``on``; a master that becomes ``held`` is told at
+    once. A notification that cannot be delivered is logged: it never fails the job.
+    """
+
+    on: tuple[str, ...] = ("failed", "held", "completed")
+
+    @abstractmethod
+    def send(self, context: PostprocessContext, outcome: Outcome) -> None:
+        """Deliver the message (blocking I/O is fine: a worker thread runs it); raise ``OSError`` if it failed."""
+
+    def run(self, context: PostprocessContext) -> PostprocessResult:
+        return PostprocessResult()
+

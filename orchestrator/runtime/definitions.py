@@ -24,6 +24,7 @@ from ..core.events import Profile
 from ..core.ids import Runs, fqid_str
 from ..core.splitters import apply_delta
 from ..plugin.contract import Capabilities, RunSpec
+from . import registry
 from .repository import Repository
 from .workspace import Workspace
 
@@ -97,6 +98,8 @@ class Definitions:
             checkpointable=spec.get("steps") is not None, max_restarts=self.max_restarts,
             splits=spec.get("splitter") is not None,
             postprocess=bool(spec.get("postprocessors") or spec.get("merger")),
+            notify_held=any("held" in (p.get("params") or {}).get("on", ()) for p in spec.get("postprocessors") or ()
+                            if registry.is_notification(p)),
             prejob=spec.get("prejob") is not None, aggregator=spec.get("aggregator") is not None,
             min_success=float(spec.get("min_success", 1.0)),
         )

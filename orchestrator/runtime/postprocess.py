@@ -18,7 +18,7 @@ from ..core.events import Event, PostprocessDone
 from ..core.instructions import Notify, RunPostprocess
 from ..core.machine import StateMachine
 from ..core.statuses import JobStatus
-from ..plugin.postprocess import PostprocessContext, PostprocessResult, SubjobOutput
+from ..plugin.postprocess import Notification, Outcome, PostprocessContext, PostprocessResult, SubjobOutput
 from . import registry
 from .definitions import Definitions
 from .workspace import Workspace
@@ -41,30 +41,70 @@ class Postprocessing:
             found.insert(0, registry.load_postprocessor(spec["merger"]))
         return [p for p in found if p is not None]
 
-    async def run(self, ins: RunPostprocess) -> None:
-        job = ins.job
+    def context(self, job: int) -> PostprocessContext:
         js = self.sm.job_state(job)
         statuses = bytes(js.runs.status)
         subjobs = [SubjobOutput(i, JobStatus.from_code(code), self.workspace.outputdir((job, i)),
                                 js.runs.extras[i].reason if i in js.runs.extras else None)
                    for i, code in enumerate(statuses)]
-        context = PostprocessContext(str(job), self.definitions.names.get(job, ""),
-                                     self.workspace.outputdir((job,)), subjobs,
-                                     {s.value: n for s, n in js.counts().items()}, self.settings, self.log)
+        return PostprocessContext(str(job), self.definitions.names.get(job, ""), self.workspace.outputdir((job,)),
+                                  subjobs, {s.value: n for s, n in js.counts().items()}, self.settings, self.log)
+
+    async def run(self, ins: RunPostprocess) -> None:
+        job = ins.job
+        context = self.context(job)
         error: str | None = None
         failed: list[tuple[int, str]] = []
-        for post in self.postprocessors(job):
+        chosen = self.postprocessors(job)
+        for post in [p for p in chosen if not isinstance(p, Notification)]:
             try:
                 result: PostprocessResult = await anyio.to_thread.run_sync(post.run, context)
-            except OSError as exc:
-                result = PostprocessResult(f"{type(post).__name__}: {exc}")
+            except (OSError, ValueError, ImportError, AttributeError) as exc:  # a user's merger or checker
+                result = PostprocessResult(f"{type(post).__name__}: {type(exc).__name__}: {exc}")
             if result.error and error is None:
                 error = result.error
             failed += result.failed_subjobs
         if error:
             self.log.warning("postprocessing failed", fqid=str(job), reason=error)
+        notices = [p for p in chosen if isinstance(p, Notification)]
+        await self._tell(job, notices, context, outcome(context, failed, error))
         await self.post(PostprocessDone(stimulus_id=ins.stimulus_id, time=time.time(), job=job, error=error,
                                       failed_subjobs=failed))
 
     async def notify(self, ins: Notify) -> None:
-        """Notifiers are postprocessors of their own; nothing else is told here yet."""
+        """A master became ``held``: its notifications that ask for it are sent now."""
+        context = self.context(ins.job)
+        notices = [p for p in self.postprocessors(ins.job) if isinstance(p, Notification)]
+        await self._tell(ins.job, notices, context, outcome(context, [], None, held=True))
+
+    async def _tell(self, job: int, notices: list[Notification], context: PostprocessContext, end: Outcome) -> None:
+        for notice in notices:
+            if end.status not in notice.on:
+                continue
+            try:
+                await anyio.to_thread.run_sync(notice.send, context, end)
+                self.log.info("notification sent", fqid=str(job), notifier=type(notice).__name__, status=end.status)
+            except (OSError, ValueError) as exc:  # never fails the job: said in the log
+                self.log.warning("notification failed", fqid=str(job), notifier=type(notice).__name__,
+                                 error=f"{type(exc).__name__}: {exc}")
+
+
+def outcome(context: PostprocessContext, failed: list[tuple[int, str]], error: str | None, *,
+            held: bool = False) -> Outcome:
+    """The master's ending once its checkers ran: their failures counted, the first reasons gathered."""
+    counts = dict(context.counts)
+    checked = dict(failed)
+    for index in checked:
+        if context.subjobs[index].status == JobStatus.COMPLETED:
+            counts["completed"] = counts.get("completed", 0) - 1
+            counts["failed"] = counts.get("failed", 0) + 1
+    counts = {k: n for k, n in counts.items() if n}
+    failures = [(f"{context.fqid}.{s.index}", checked.get(s.index) or s.reason or "failed") for s in context.subjobs
+                if s.index in checked or s.status == JobStatus.FAILED][:10]
+    if held:
+        status = "held"
+    elif error or counts.get("failed"):  # the master-status rules: failed, then completed, then killed
+        status = "failed"
+    else:
+        status = "completed" if counts.get("completed") else "killed"
+    return Outcome(status, counts, failures, error)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
 from ..core.errors import JobError
 from ..core.splitters import Splitter
 from ..plugin.contract import Driver
-from ..plugin.postprocess import Postprocessor
+from ..plugin.postprocess import Notification, Postprocessor
 
 BACKENDS = "orchestrator.backends"
 SPLITTERS = "orchestrator.splitters"
@@ -74,6 +75,12 @@ def _postprocessors() -> dict[str, Any]:
     for namespace in reversed(POSTPROCESSORS):
         out.update(group(namespace))
     return out
+
+
+def is_notification(data: Mapping[str, Any]) -> bool:
+    """Whether a stored postprocessor is a notification (told of a master's end, or of its hold)."""
+    cls = _postprocessors().get(str(data.get("plugin")))
+    return isinstance(cls, type) and issubclass(cls, Notification)
 
 
 def dump(obj: Splitter | Postprocessor | None) -> dict[str, Any] | None:

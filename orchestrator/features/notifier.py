@@ -1,0 +1,80 @@
+"""``Notifier``: one mail per master when it ends (DØ's notify-on-failure, Ganga's Notifier), over SMTP.
+
+The mail names the job, its ending, its subjobs per status and the first
+failure reasons. It goes to ``to``, by default the job owner's address: the
+user who runs the orchestrator, at ``[postprocess] mail_domain`` (this host's
+name when that is empty). SMTP settings come from ``[postprocess]``:
+``smtp_host``, ``smtp_port``, ``smtp_sender``, ``smtp_starttls``,
+``smtp_user`` and ``smtp_password_file`` (a file holding the password, so
+that it is never in a settings file). The standard library's ``smtplib``
+speaks SMTP: nothing more is needed for one mail per master.
+"""
+
+from __future__ import annotations
+
+import getpass
+import smtplib
+import socket
+import ssl
+from collections.abc import Mapping, Sequence
+from email.message import EmailMessage
+from pathlib import Path
+from typing import Any
+
+from ..plugin.postprocess import Notification, Outcome, PostprocessContext
+
+ENDINGS = ("completed", "failed", "killed", "held")
+
+
+class Notifier(Notification):
+    """``Notifier(to="me@example.org", on=("failed", "held"))``: mail when the master ends in one of ``on``."""
+
+    name = "notifier"
+
+    def __init__(self, to: str | Sequence[str] | None = None, on: Sequence[str] = ("failed", "held", "completed"),
+                 ) -> None:
+        self.to = [to] if isinstance(to, str) else list(to or [])
+        for address in self.to:
+            if "@" not in address or any(c in address for c in "\r\n,;<>"):
+                raise ValueError(f"Notifier: to={address!r} is not one mail address")
+        chosen = [on] if isinstance(on, str) else list(on)
+        unknown = [s for s in chosen if s not in ENDINGS]
+        if unknown or not chosen:
+            raise ValueError(f"Notifier: on={chosen!r}: each must be one of {', '.join(ENDINGS)}")
+        self.on = tuple(chosen)
+
+    def params(self) -> dict[str, Any]:
+        return {"to": self.to, "on": list(self.on)}
+
+    def recipients(self, config: Mapping[str, Any]) -> list[str]:
+        domain = str(config.get("mail_domain") or socket.getfqdn())
+        return self.to or [f"{getpass.getuser()}@{domain}"]
+
+    def message(self, context: PostprocessContext, outcome: Outcome) -> EmailMessage:
+        config = context.config
+        mail = EmailMessage()
+        counts = ", ".join(f"{n} {status}" for status, n in outcome.counts.items())
+        label = f"job {context.fqid}" + (f" ({context.name})" if context.name else "")
+        mail["Subject"] = f"orchestrator: {label} {outcome.status}: {counts}"
+        mail["From"] = str(config.get("smtp_sender") or f"orchestrator@{socket.getfqdn()}")
+        mail["To"] = ", ".join(self.recipients(config))
+        lines = [f"{label} {outcome.status} on {socket.gethostname()}.", "", "Subjobs per status:"]
+        lines += [f"  {status:<10} {n}" for status, n in outcome.counts.items()]
+        if outcome.error:
+            lines += ["", f"Postprocessing failed it: {outcome.error}"]
+        if outcome.failures:
+            lines += ["", "First failures:"] + [f"  {fqid}: {reason}" for fqid, reason in outcome.failures]
+        lines += ["", f"Output: {context.outputdir}", f"See: orchestrator show {context.fqid} --status failed"]
+        mail.set_content("\n".join(lines) + "\n")
+        return mail
+
+    def send(self, context: PostprocessContext, outcome: Outcome) -> None:
+        config = context.config
+        host, port = str(config.get("smtp_host") or "localhost"), int(config.get("smtp_port") or 25)
+        with smtplib.SMTP(host, port, timeout=30) as smtp:
+            if config.get("smtp_starttls"):
+                smtp.starttls(context=ssl.create_default_context())
+            if config.get("smtp_user"):
+                password = Path(str(config.get("smtp_password_file") or "")).expanduser().read_text().strip()
+                smtp.login(str(config["smtp_user"]), password)
+            smtp.send_message(self.message(context, outcome))
