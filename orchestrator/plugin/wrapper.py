@@ -102,10 +102,16 @@ def prepare_local(run: RunSpec, *, bindir: Path, notify: Path | None = None) -> 
     return runfile
 
 
+#: Files of an output dir that outlive an attempt: the CPU records of every attempt (useful and wasted CPU).
+KEPT = frozenset({"orch.usage"})
+
+
 def clear_outputs(outputdir: Path) -> None:
-    """Empty an output dir before a new run writes into it."""
+    """Empty an output dir before a new run writes into it (the attempts' CPU records stay)."""
     if outputdir.is_dir():
         for entry in outputdir.iterdir():
+            if entry.name in KEPT:
+                continue
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry)
             else:

@@ -15,6 +15,11 @@
 #   <time> END <code>          the wrapper finished
 # and, when ORCH_NOTIFY names a file, one line "<key> START|END ..." there at
 # start and end, so that a driver watches one file instead of every job's log.
+# Each attempt also appends its own CPU record to $ORCH_OUTDIR/orch.usage (GBS's
+# useful and wasted CPU), when its application ends or when it is stopped by
+# SIGTERM: "<attempt> <state it started from> <newest state> <start> <end> <code>"
+# then the output of the shell's built-in `times` (two lines: the wrapper's and
+# its children's user and system time).
 
 . "$1" || exit 97
 
@@ -39,7 +44,21 @@ export ORCH_HOME ORCH_MODE ORCH_RETRY_COUNT ORCH_ATTEMPT ORCH_JOBLOG ORCH_FQID O
 export ORCH_LOG="$ORCH_BIN/orch-log"
 export ORCH_STATE="$ORCH_BIN/orch-state"
 orch_ts; echo "$_ts START $$" > "$ORCH_JOBLOG"
+_t0=$_ts
 orch_notify START $$
+_from=0
+if [ -f "$ORCH_HOME/.orch-state/current" ]; then read -r _from < "$ORCH_HOME/.orch-state/current"; fi
+orch_usage() {
+    # Built-ins only ({ } groups without a subshell): no process is started for the record.
+    _to=$_from
+    if [ -f "$ORCH_HOME/.orch-state/current" ]; then read -r _to < "$ORCH_HOME/.orch-state/current"; fi
+    orch_ts
+    { printf '%s %s %s %s %s %s\n' "${ORCH_ATTEMPT:-0}" "${_from:-0}" "${_to:-0}" "$_t0" "$_ts" "$1"; times; } \
+        >> "$ORCH_OUTDIR/orch.usage" 2>/dev/null
+}
+# Stopped from outside (a kill, a batch system's preemption): the application got the signal too (same
+# process group); once it has ended, the attempt's CPU is recorded and the wrapper ends without END.
+trap 'orch_usage 143; exit 143' TERM
 # A run resumes from the last *saved* state: drop the state helper's unsaved changes of an earlier run
 # (`[` is built in: no process unless there is something to remove).
 if [ -f "$ORCH_HOME/.orch-state/work" ]; then rm -f "$ORCH_HOME/.orch-state/work"; fi
@@ -62,6 +81,8 @@ orch_inside() {
     case "$_d/" in "$_home"/*) return 0 ;; esac
     return 1
 }
+trap - TERM
+orch_usage "$rc"
 orch_ts; echo "$_ts EXIT $rc" >> "$ORCH_JOBLOG"
 
 # Keep the declared output files: move them from the work dir to the output dir.
