@@ -13,10 +13,11 @@
 #                    the tests and made by tests/support/slurmd.py, not here
 #   chromium         a real headless browser for the status page's test
 #                    (tests/integration/test_status_page.py drives it over the DevTools protocol)
+#   prometheus       a real Prometheus that scrapes the service's /metrics (tests/integration/test_metrics.py)
 #   tmux             a real terminal for the live displays' test (tests/integration/test_cli_screen.py)
 set -euo pipefail
 
-PACKAGES=(openssh-server slurmctld slurmd slurm-client munge chromium tmux)
+PACKAGES=(openssh-server slurmctld slurmd slurm-client munge chromium tmux prometheus)
 
 installed() {
     if command -v dpkg-query >/dev/null 2>&1; then

@@ -95,6 +95,8 @@ class Monitor:
         self.concurrency = concurrency
         self.log = log
         self.ticks = 0
+        #: Seconds the last polled tick took, from its query to its reports posted (for the metrics).
+        self.last_tick = 0.0
         #: A graceful stop: no new tick starts.
         self.stopped = False
         self._seq = 0
@@ -158,6 +160,7 @@ class Monitor:
             await self._lose(lost, f"no answer from backend {self.name} ({exc!r})")
             return
         await self.receive(updates, sid=self._sid(), answered_all=True)
+        self.last_tick = time.time() - now
 
     # ------------------------------------------------------------ every driver
     async def receive(self, updates: Sequence[Any], *, sid: str | None = None, answered_all: bool = False) -> None:

@@ -42,6 +42,7 @@ from .definitions import Definitions
 from .executor import Executor
 from .homelock import HomeLock
 from .limits import exec_limit
+from .metrics import Metrics
 from .monitor import Ending, Monitor
 from .postprocess import Postprocessing
 from .prepare import Preparer
@@ -110,6 +111,9 @@ class Runtime:
                   CreateLinked: self.preparer.create_linked, RunPostprocess: self.postprocessing.run,
                   Notify: self.postprocessing.notify})
         self.bus = Bus(self.sm, self.executor, self.log)
+        self.prometheus = Metrics(self.sm, queue_depth=lambda: self.bus._in.statistics().current_buffer_used,
+                               monitors=lambda: {n: (m.ticks, m.last_tick) for n, m in self._monitors.items()})
+        self.bus.hooks.append(self.prometheus.observe)
 
     # ------------------------------------------------------------ life
     async def open(self, tg: TaskGroup) -> None:

@@ -23,7 +23,7 @@ import inspect
 import json
 import os
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from importlib import resources
 from typing import Any
 
@@ -41,12 +41,16 @@ LIST_PARAMS = frozenset({"targets", "retry_args", "jobs", "indexes"})
 COOKIE = "orch_token"
 #: Seconds between two keep-alive comments on an idle event stream.
 HEARTBEAT = 15.0
+#: Prometheus's text exposition format.
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class Api:
-    def __init__(self, control: Control, bus: Bus, *, token: str | None, owner_uid: int | None = None) -> None:
+    def __init__(self, control: Control, bus: Bus, *, token: str | None, owner_uid: int | None = None,
+                 metrics: Callable[[], bytes] | None = None) -> None:
         self.control = control
         self.bus = bus
+        self.metrics = metrics
         self.token = token
         self.owner_uid = os.getuid() if owner_uid is None else owner_uid
 
@@ -60,6 +64,8 @@ class Api:
             return Response(200, _page(), "text/html; charset=utf-8")
         if req.path == "/health" and req.method in ("GET", "HEAD"):
             return Response.json(await self.control.health())
+        if req.path == "/metrics" and req.method == "GET" and self.metrics is not None:
+            return Response(200, self.metrics(), METRICS_TYPE)
         if req.path == "/api/events" and req.method == "GET":
             return Response(200, content_type="text/event-stream", stream=self._events())
         if req.path.startswith("/api/"):

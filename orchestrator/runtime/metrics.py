@@ -1,0 +1,157 @@
+"""Prometheus metrics of one home, with prometheus-client: an observer of the bus, and gauges read on scrape.
+
+What is counted comes from the bus, like any observer sees it: every event
+by type, every status change by backend and new status, submissions and
+their latency per backend (from a ``SendSubmit`` to the ``SubmitOutcomes``
+of the same stimulus), retries and final failures by level and verdict (the
+history entry the state machine just wrote), runs lost, and runs looked up
+after a crash by what was found. What is read on each scrape: subjobs by
+status and backend (the state machine's counters), the bus's queue depth,
+and each backend's monitoring ticks and the last tick's duration. Label sets
+are bounded: backend, status, event type, level, verdict; never a job id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ..core.events import Event, LookupOutcomes, RunLost, SubmitOutcomes
+from ..core.instructions import ScheduleRetry, SendSubmit
+from ..core.machine import StateMachine
+from ..core.statuses import ALL_STATUSES, JobStatus
+from ..core.step import Step
+
+#: Submission latencies, seconds: from a millisecond (sim) to minutes (a busy batch system).
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class Metrics:
+    """The metrics of one runtime; ``observe`` is a bus hook, ``render`` the text Prometheus scrapes."""
+
+    def __init__(self, sm: StateMachine, *, queue_depth: Callable[[], int],
+                 monitors: Callable[[], Mapping[str, tuple[int, float]]]) -> None:
+        self.sm = sm
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.events = Counter("orchestrator_events", "Events handled by the state machine, by type", ["type"],
+                              registry=r)
+        self.changes = Counter("orchestrator_status_changes", "Runs that entered a status, by backend",
+                               ["backend", "status"], registry=r)
+        self.submissions = Counter("orchestrator_submissions", "Runs sent to a backend, by outcome",
+                                   ["backend", "outcome"], registry=r)
+        self.latency = Histogram("orchestrator_submission_seconds", "From a submission's instruction to the "
+                                 "backend's answer", ["backend"], buckets=LATENCY_BUCKETS, registry=r)
+        self.retries = Counter("orchestrator_retries", "Automatic retries, by failure level and verdict",
+                               ["level", "verdict"], registry=r)
+        self.failures = Counter("orchestrator_final_failures", "Runs that ended failed, by level and verdict",
+                                ["level", "verdict"], registry=r)
+        self.lost = Counter("orchestrator_runs_lost", "Runs counted lost (no word from their backend)",
+                            ["backend"], registry=r)
+        self.reconciled = Counter("orchestrator_runs_reconciled", "Runs caught mid-submission by a crash, looked "
+                                  "up by key at start", ["backend", "found"], registry=r)
+        r.register(_Gauges(sm, queue_depth, monitors))
+        self._sent: dict[tuple[str, str], float] = {}
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def observe(self, event: Event, step: Step) -> None:
+        self.events.labels(type(event).__name__).inc()
+        if isinstance(event, SubmitOutcomes):
+            self._answered(event)
+        elif isinstance(event, RunLost):
+            self.lost.labels(self._backend(event.runs.job)).inc(len(event.runs))
+        elif isinstance(event, LookupOutcomes):
+            backend = self._backend(event.runs.job)
+            self.reconciled.labels(backend, "yes").inc(len(event.found))
+            self.reconciled.labels(backend, "no").inc(len(event.absent))
+        for change in step.changes:
+            n = 1 if change.indexes is None else len(change.indexes)
+            self.changes.labels(self._backend(change.job), change.new.value).inc(n)
+            if change.new == JobStatus.FAILED:
+                for level, verdict in self._judged(change.job, change.indexes):
+                    self.failures.labels(level, verdict).inc()
+        for ins in step.instructions:
+            if isinstance(ins, SendSubmit):
+                self._sent[(ins.stimulus_id, ins.backend)] = step_time(step, event)
+            elif isinstance(ins, ScheduleRetry):
+                for level, verdict in self._judged(ins.runs.job, ins.runs.indexes):
+                    self.retries.labels(level, verdict).inc()
+
+    def _answered(self, event: SubmitOutcomes) -> None:
+        backend = self._backend(event.runs.job)
+        start = self._sent.pop((event.stimulus_id, backend), None)
+        if start is not None:
+            self.latency.labels(backend).observe(max(0.0, event.time - start))
+        self.submissions.labels(backend, "accepted").inc(len(event.accepted))
+        self.submissions.labels(backend, "rejected").inc(len(event.rejected))
+        if len(self._sent) > 10_000:  # answers that never came (a crash mid-call): forget the oldest
+            for key in list(self._sent)[:5_000]:
+                del self._sent[key]
+
+    def _backend(self, job: int) -> str:
+        try:
+            return self.sm.job_state(job).profile.backend
+        except KeyError:
+            return "unknown"
+
+    def _judged(self, job: int, indexes: Iterable[int] | None) -> list[tuple[str, str]]:
+        """``(level, verdict)`` of the newest history entry of each run (what the state machine just judged)."""
+        try:
+            runs = self.sm.job_state(job).runs
+        except KeyError:
+            return []
+        out = []
+        for i in indexes if indexes is not None else [0]:
+            extra = runs.extras.get(i)
+            if extra is not None and extra.history:
+                entry = extra.history[-1]
+                out.append((str(entry.get("level", "unknown")), str(entry.get("verdict", "unknown"))))
+        return out
+
+
+def step_time(step: Step, event: Event) -> float:
+    return step.changes[0].time if step.changes else event.time
+
+
+class _Gauges(Collector):
+    """What is read at each scrape rather than counted: it costs one pass over the jobs, not over subjobs."""
+
+    def __init__(self, sm: StateMachine, queue_depth: Callable[[], int],
+                 monitors: Callable[[], Mapping[str, tuple[int, float]]]) -> None:
+        self.sm, self.queue_depth, self.monitors = sm, queue_depth, monitors
+
+    def collect(self) -> Iterable[Any]:
+        runs = GaugeMetricFamily("orchestrator_runs", "Runs (subjobs, and jobs without subjobs) by status and "
+                                 "backend", labels=["backend", "status"])
+        totals: dict[tuple[str, str], int] = {}
+        for job in self.sm.job_ids():
+            js = self.sm.job_state(job)
+            for status, n in js.counts().items() if js.is_master else [(js.status, 1)]:
+                key = (js.profile.backend, status.value)
+                totals[key] = totals.get(key, 0) + n
+        for (backend, name), n in sorted(totals.items()):
+            runs.add_metric([backend, name], n)
+        yield runs
+        jobs = GaugeMetricFamily("orchestrator_jobs", "Top-level jobs by status", labels=["status"])
+        by_status = {s.value: 0 for s in ALL_STATUSES}
+        for job in self.sm.job_ids():
+            by_status[self.sm.job_state(job).status.value] += 1
+        for name, n in by_status.items():
+            jobs.add_metric([name], n)
+        yield jobs
+        yield GaugeMetricFamily("orchestrator_bus_queue_depth", "Events waiting on the bus", value=self.queue_depth())
+        ticks = GaugeMetricFamily("orchestrator_monitor_ticks", "Monitoring ticks so far, by backend",
+                                  labels=["backend"])
+        last = GaugeMetricFamily("orchestrator_monitor_tick_seconds", "Duration of the last monitoring tick",
+                                 labels=["backend"])
+        for backend, (n, seconds) in sorted(self.monitors().items()):
+            ticks.add_metric([backend], n)
+            last.add_metric([backend], seconds)
+        yield ticks
+        yield last
