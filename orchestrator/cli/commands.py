@@ -1,4 +1,5 @@
-"""The ``orchestrator`` commands: submit, jobs, show, peek, kill, resubmit, release, remove, wait, demo, serve.
+"""The ``orchestrator`` commands: submit, jobs, show, peek, kill, resubmit, release, remove, wait, demo, serve,
+backup.
 
 Written once over the API (see :mod:`.app`): through a service when one
 holds the home, on the home opened here otherwise; the output is the same.
@@ -53,7 +54,8 @@ def cli(home: Path | None, verbose: bool) -> None:
     Exit codes:
       0  done (for submit --wait and wait: every job ended completed)
       1  a job ended otherwise (failed, killed, held) or the wait timed out
-      2  an error: bad input, an unknown job, a refused operation
+      2  an error: bad input, an unknown job, a refused operation, a damaged
+         repository file (the message says which and what to do)
       3  nothing to do: kill of a job that is over, resubmit with nothing
          to resubmit (said on stdout)
     """
@@ -354,6 +356,31 @@ def serve(tcp_port: int | None, token_file: Path | None, home: Path | None) -> N
 
     path = home_of(home)
     click.get_current_context().exit(anyio.run(lambda: run_service(path, tcp_port=tcp_port, token_file=token_file)))
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--force", is_flag=True, help="Replace the backup already in PATH.")
+@home_option
+def backup(path: Path, force: bool, home: Path | None) -> None:
+    """Copy the home's databases into the directory PATH, safely while a service or anyone writes the home.
+
+    \b
+    PATH gets repository.sqlite (and workflows.sqlite, when the home has one),
+    copied with SQLite's online backup API and checked with PRAGMA quick_check.
+    An existing backup in PATH is refused without --force. To restore, stop
+    what uses the home and copy the files back into it; `--home PATH` opens the
+    backup itself. Job directories and outputs are not copied.
+    """
+    from ..runtime.backup import backup as backup_home
+
+    for copied in backup_home(home_of(home), path, force=force):
+        jobs = f"{copied.jobs} job{'s' if copied.jobs != 1 else ''}, " if copied.jobs is not None else ""
+        click.echo(f"{copied.source} -> {copied.target}: {jobs}{_size(copied.size)}, quick_check ok")
+
+
+def _size(n: int) -> str:
+    return f"{n / 1024:.0f} KiB" if n < 1024 ** 2 else f"{n / 1024 ** 2:.1f} MiB"
 
 
 def add_plugin_commands() -> None:

@@ -22,6 +22,15 @@ class HomeLockedError(OrchestratorError):
     """Another process holds this orchestrator home."""
 
 
+class RepositoryError(OrchestratorError):
+    """A home's database file cannot be used: damaged, or a write to it failed. The message names the file,
+    says what SQLite said, and what to do; ``path`` is the file."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
 class ConfigError(OrchestratorError):
     """The configuration file is invalid; the message names the file and the key."""
 

@@ -113,20 +113,22 @@ class Repository:
 
     # ------------------------------------------------------------ life
     async def open(self) -> None:
-        self._db = await sqlite.connect(self.path)
-        try:
-            version = await sqlite.checked_version(self._db, self.path, schema.VERSION)
-            if version < schema.VERSION:
-                async with sqlite.immediate(self._db):
-                    await schema.migrate(self._db, version)
-                    await self._db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
-                                           (str(schema.VERSION),))
-        except BaseException:
-            await self.close()
-            raise
-        reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        reader.execute("PRAGMA query_only=1")
-        self._reader = reader
+        """Open (and migrate) the file; a damaged one raises :class:`~orchestrator.core.errors.RepositoryError`."""
+        with sqlite.guarded(self.path):
+            self._db = await sqlite.connect(self.path)
+            try:
+                version = await sqlite.checked_version(self._db, self.path, schema.VERSION)
+                if version < schema.VERSION:
+                    async with sqlite.immediate(self._db):
+                        await schema.migrate(self._db, version)
+                        await self._db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
+                                               (str(schema.VERSION),))
+                reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                reader.execute("PRAGMA query_only=1")
+                self._reader = reader
+            except BaseException:
+                await self.close()
+                raise
 
     async def close(self) -> None:
         if self._reader is not None:
@@ -160,6 +162,10 @@ class Repository:
                     await self.db.execute(sql, params)
 
     async def next_id(self) -> int:
+        with sqlite.guarded(self.path):
+            return await self._next_id()
+
+    async def _next_id(self) -> int:
         async with self.db.execute("SELECT value FROM meta WHERE key='next_id'") as cur:
             row = await cur.fetchone()
         async with self.db.execute("SELECT COALESCE(MAX(id), -1) + 1 FROM jobs") as cur:
@@ -247,7 +253,11 @@ class Repository:
 
     # ------------------------------------------------------------- reads
     async def load(self) -> Loaded:
-        """Every job, its run arrays, and the extras of the runs that have any."""
+        """Every job, its run arrays, and the extras of the runs that have any (a damaged file: ``RepositoryError``)."""
+        with sqlite.guarded(self.path):
+            return await self._load()
+
+    async def _load(self) -> Loaded:
         async with self.db.execute("SELECT id, name, status, spec, backend_id, info, n_subjobs, added "
                                    "FROM jobs ORDER BY id") as cur:
             rows = await cur.fetchall()

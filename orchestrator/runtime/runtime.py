@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 import secrets
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
@@ -25,7 +26,7 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup
 
-from ..core.errors import JobError
+from ..core.errors import JobError, RepositoryError
 from ..core.events import AddRequested, Event, Request, Started
 from ..core.ids import FQID, Runs, fqid_str
 from ..core.instructions import CreateLinked, Forget, Notify, Prepare, Reply, RunPostprocess, SetBackend, Unprepare
@@ -176,14 +177,21 @@ class Runtime:
             with anyio.CancelScope(shield=True):
                 for monitor in self._monitors.values():
                     monitor.stopped = True
-                await self.writer.flush()
-                for driver in self._drivers.values():
-                    try:
-                        await driver.aclose()
-                    except Exception as exc:  # a driver's close must not lose the home's state
-                        self.log.warning("driver close failed", backend=driver.name, error=repr(exc))
-                self.bus.close()
-                await self.repo.close()
+                try:
+                    await self.writer.flush()
+                except sqlite3.Error as exc:
+                    raise RepositoryError(
+                        f"{self.repo.path}: the last write failed (SQLite says \"{exc}\"): what changed since the "
+                        "previous write is not stored; the next start asks the backends again",
+                        path=str(self.repo.path)) from exc
+                finally:  # whatever the last write did, the drivers and the file are closed
+                    for driver in self._drivers.values():
+                        try:
+                            await driver.aclose()
+                        except Exception as exc:  # a driver's close must not lose the home's state
+                            self.log.warning("driver close failed", backend=driver.name, error=repr(exc))
+                    self.bus.close()
+                    await self.repo.close()
         finally:
             self._lock.release()
 

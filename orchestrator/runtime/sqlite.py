@@ -5,15 +5,23 @@ The job repository (``repository.sqlite``) and the workflow store
 own writers (:mod:`orchestrator.workflow.store` says why), but both are
 opened, versioned and written the same way; this module is that way, once,
 so that a fix to one (a pragma, the rollback path) reaches both.
+
+A damaged file (SQLite's ``SQLITE_CORRUPT`` or ``SQLITE_NOTADB``) met while
+opening or loading either becomes a :class:`~orchestrator.core.errors.RepositoryError`
+that names the file, quotes SQLite, and says what to do (:func:`guarded`).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import sqlite3
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import aiosqlite
+import anyio
+
+from ..core.errors import RepositoryError
 
 META_TABLE = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
 
@@ -51,9 +59,39 @@ async def checked_version(db: aiosqlite.Connection, path: Path, supported: int) 
     await db.execute(META_TABLE)
     version = await schema_version(db)
     if version > supported:
-        raise RuntimeError(f"{path} has schema version {version}, newer than this orchestrator's "
-                           f"{supported}: upgrade the orchestrator")
+        raise RepositoryError(f"{path} has schema version {version}, newer than this orchestrator's "
+                              f"{supported}: upgrade the orchestrator", path=str(path))
     return version
+
+
+#: SQLite's primary result codes for a file that is not (or no longer) a database.
+DAMAGED = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
+
+
+def is_damaged(exc: BaseException) -> bool:
+    """Whether SQLite said the file is damaged (an extended code's low byte is its primary code)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, sqlite3.DatabaseError) and isinstance(code, int) and code & 0xFF in DAMAGED
+
+
+def damaged(path: Path, exc: BaseException) -> RepositoryError:
+    """The error a user reads: which file, what SQLite said, what to do."""
+    return RepositoryError(
+        f"{path} is damaged: SQLite says \"{exc}\". Nothing was changed. Restore it from a backup made with "
+        f"'orchestrator backup' (copy the backup's {path.name} over it while no orchestrator uses the home), or "
+        f"move it aside to start with an empty one; 'sqlite3 {path} .recover' may save what is still readable.",
+        path=str(path))
+
+
+@contextmanager
+def guarded(path: Path) -> Iterator[None]:
+    """Around opening or reading ``path``: a damaged file raises :func:`damaged`'s error, anything else as is."""
+    try:
+        yield
+    except sqlite3.DatabaseError as exc:
+        if is_damaged(exc):
+            raise damaged(path, exc) from exc
+        raise
 
 
 @asynccontextmanager
@@ -63,11 +101,38 @@ async def immediate(db: aiosqlite.Connection) -> AsyncIterator[None]:
     ``BEGIN IMMEDIATE`` takes the write lock at the start, so a busy file makes the BEGIN wait (busy
     timeout) instead of a statement half-way through failing. Whatever the body raises, cancellation
     included, is re-raised after the rollback: a change is written whole or not at all.
+
+    Cancellation does not stop SQLite: a ``BEGIN`` cancelled while it waits for the lock still runs in
+    the connection's thread, and opens a transaction once the lock comes free. So the COMMIT and every
+    rollback are shielded, and a BEGIN that did not return is followed (shielded) by a rollback of
+    whatever transaction it left open; the connection's next transaction then starts clean.
     """
-    await db.execute("BEGIN IMMEDIATE")
+    try:
+        await db.execute("BEGIN IMMEDIATE")
+    except BaseException as exc:
+        await _abandon(db, exc)
+        raise
     try:
         yield
-        await db.execute("COMMIT")
-    except BaseException:
-        await db.execute("ROLLBACK")
+        with anyio.CancelScope(shield=True):
+            await db.execute("COMMIT")
+    except BaseException as exc:
+        await _abandon(db, exc)
         raise
+
+
+async def _abandon(db: aiosqlite.Connection, exc: BaseException) -> None:
+    """Roll back the connection's open transaction, if any, whatever cancels the caller meanwhile.
+
+    The ``SELECT 1`` queues behind a statement that may still be running in the connection's thread
+    (a cancelled BEGIN waiting for the lock), so ``in_transaction`` is read once that has ended. SQLite
+    may have rolled back already (a failed COMMIT, a full disk): then there is nothing to do. A rollback
+    that fails is noted on ``exc``, which is the error the caller sees.
+    """
+    with anyio.CancelScope(shield=True):
+        try:
+            await db.execute("SELECT 1")
+            if db.in_transaction:
+                await db.execute("ROLLBACK")
+        except Exception as failed:  # the original error is the one to report
+            exc.add_note(f"and the rollback failed: {failed!r}")

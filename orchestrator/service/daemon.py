@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from anyio.abc import Listener, TaskGroup
+from anyio.abc import Listener, TaskGroup, TaskStatus
 
 from ..api.embedded import Embedded
 from ..api.orchestrator import Orchestrator
@@ -98,6 +98,7 @@ async def _serve(orch: Orchestrator, signals: Any, tcp_port: int | None, token_f
     runtime = orch.runtime
     api = Api(Control(Embedded(runtime)), runtime.bus, token=token, metrics=runtime.prometheus.render)
     async with anyio.create_task_group() as tg:
+        await tg.start(_host_workflows, orch)  # a damaged workflows.sqlite refuses the start, as the repository does
         unix = await anyio.create_unix_listener(paths.socket, mode=0o600)
         tg.start_soon(_accept, unix, api, "unix", tg)
         bound: int | None = None
@@ -109,7 +110,6 @@ async def _serve(orch: Orchestrator, signals: Any, tcp_port: int | None, token_f
                 raise ConfigError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}") from None
             bound = int(tcp.extra(anyio.abc.SocketAttribute.local_port))
             tg.start_soon(_accept, tcp, api, "tcp", tg)
-        tg.start_soon(_host_workflows, orch)
         _write_info(paths, {"pid": os.getpid(), "socket": str(paths.socket), "tcp_port": bound,
                             "host": "127.0.0.1", "started": started})
         log.info("service ready", home=str(orch.home), socket=str(paths.socket), tcp_port=bound,
@@ -139,11 +139,12 @@ async def _accept(listener: Listener[Any], api: Api, via: str, tg: TaskGroup) ->
         await listener.serve(connection, task_group=tg)
 
 
-async def _host_workflows(orch: Orchestrator) -> None:
+async def _host_workflows(orch: Orchestrator, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
     """Workflows advance while the service runs, not only while a user's ``Workflows(orch)`` is open."""
     from ..features.workflows.runner import Workflows
 
     async with Workflows(orch):
+        task_status.started()
         await anyio.sleep_forever()
 
 

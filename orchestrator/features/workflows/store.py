@@ -75,13 +75,16 @@ class WorkflowStore:
         self._lock = anyio.Lock()
 
     async def open(self) -> None:
-        db = self._db = await sqlite.connect(self.path)
-        try:
-            await self._migrate()
-        except BaseException:
-            self._db = None
-            await db.close()
-            raise
+        """Open (and create) the file; a damaged one raises :class:`~orchestrator.core.errors.RepositoryError`."""
+        with sqlite.guarded(self.path):
+            db = self._db = await sqlite.connect(self.path)
+            try:
+                await self._migrate()
+            except BaseException:
+                self._db = None
+                with anyio.CancelScope(shield=True):
+                    await db.close()
+                raise
 
     async def close(self) -> None:
         if self._db is not None:
@@ -133,6 +136,10 @@ class WorkflowStore:
             return [r[0] for r in await cur.fetchall()]
 
     async def load(self) -> list[StoredWorkflow]:
+        with sqlite.guarded(self.path):
+            return await self._load()
+
+    async def _load(self) -> list[StoredWorkflow]:
         async with self.db.execute("SELECT id, seq, spec, state FROM workflows ORDER BY seq") as cur:
             rows = await cur.fetchall()
         out = {r[0]: StoredWorkflow(r[0], r[1], json.loads(r[2]), json.loads(r[3]), {}) for r in rows}
