@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import events as ev
+from .actions import Rule
 from .analyser import Limits
 from .errors import JobError
 from .ids import Runs
@@ -91,8 +92,8 @@ def _typed(value: Any, hint: Any) -> Any:
         error.args = (value["message"],)
         error.fqid, error.field = value.get("fqid"), value.get("field")
         return error
-    if hint in (ev.Profile, ev.RunReport, RunLog, Limits):
-        hints = typing.get_type_hints(hint, {**vars(ev), "RunLog": RunLog, "Limits": Limits})
+    if hint in (ev.Profile, ev.RunReport, RunLog, Limits, Rule):
+        hints = typing.get_type_hints(hint, {**vars(ev), "RunLog": RunLog, "Limits": Limits, "Rule": Rule})
         fields = {f.name: _typed(value[f.name], hints[f.name]) for f in dataclasses.fields(hint) if f.name in value}
         return hint(**fields)
     if origin is tuple or origin is list or origin is Sequence or getattr(origin, "__name__", "") == "Sequence":

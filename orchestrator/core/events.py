@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .actions import Rule
 from .analyser import Limits
 from .ids import FQID, Runs
 from .runlog import RunLog
@@ -70,6 +71,8 @@ class Profile:
     prejob: bool = False
     aggregator: bool = False
     min_success: float = 1.0
+    #: The action table's rules that may apply to this job's backend, in order (see :mod:`.actions`).
+    actions: tuple[Rule, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -19,6 +19,7 @@ carries that id back.
 - ``RunPostprocess``: run a master's postprocessors; answered by ``PostprocessDone``.
 - ``CreateLinked``: add a pre-job or aggregator for a master; answered by ``LinkedAdded``.
 - ``ScheduleRetry``: post ``RetryDue`` at ``at``.
+- ``AdjustRun``: change runs' backend settings before their retry, as an action-table rule asks.
 - ``SetBackend``: store new backend settings for a job (``resubmit(backend=...)``).
 - ``Unprepare`` / ``Forget``: undo a ``Prepare`` (a rolled-back submission: the subjobs and the
   workspace it made go) / remove a whole job.
@@ -106,6 +107,22 @@ class CreateLinked(Instruction):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AdjustRun(Instruction):
+    """Before a retry: change the backend settings of ``runs`` as the action-table rule ``rule`` asks.
+
+    ``setting`` times ``factor`` (at most ``cap``) for ``more_memory`` / ``more_time``; the ``values`` for
+    ``elsewhere``. The runtime holds the settings, so it computes and records the new values.
+    """
+
+    runs: Runs
+    rule: str
+    setting: str | None = None
+    factor: float = 1.0
+    cap: str | None = None
+    values: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ScheduleRetry(Instruction):
     runs: Runs
     at: float
@@ -145,6 +162,6 @@ class Notify(Instruction):
 
 
 __all__ = [
-    "CreateLinked", "Forget", "Instruction", "Lookup", "Notify", "Persist", "Prepare", "Reply", "RunPostprocess",
-    "ScheduleRetry", "SendKill", "SendSubmit", "SetBackend", "Unprepare", "Unwatch",
+    "AdjustRun", "CreateLinked", "Forget", "Instruction", "Lookup", "Notify", "Persist", "Prepare", "Reply",
+    "RunPostprocess", "ScheduleRetry", "SendKill", "SendSubmit", "SetBackend", "Unprepare", "Unwatch",
 ]

@@ -18,9 +18,10 @@
 
 from __future__ import annotations
 
+from .actions import SETTING, Rule
 from .base import Core, positions
 from .events import RetryDue, RunLost, RunReport, Started, StatusReport
-from .instructions import Lookup, RunPostprocess
+from .instructions import AdjustRun, Lookup, RunPostprocess
 from .jobs import JobState
 from .partition import settle
 from .retry import judge
@@ -72,15 +73,21 @@ def apply_report(core: Core, js: JobState, report: RunReport, sid: str) -> None:
         return
     by_status: dict[JobStatus, list[int]] = {}
     retries: list[int] = []
+    adjust: dict[str, tuple[Rule, list[int]]] = {}
     for i in ending:
         verdict = judge(js, i, report, core.now)
         by_status.setdefault(verdict.status, []).append(i)
         if verdict.retry:
             retries.append(i)
+            if verdict.adjust is not None:
+                adjust.setdefault(verdict.adjust.name, (verdict.adjust, []))[1].append(i)
     for target in (S.HELD, S.COMPLETED, S.FAILED, S.KILLED):
         if target in by_status:
             core.move(js, by_status[target], target, sid, report=True)
     core.mark(js.id, ending)
+    for rule, indexes in adjust.values():  # carried out before the retries' submission, in the same step
+        core.emit(AdjustRun(stimulus_id=sid, runs=core.runs_of(js, indexes), rule=rule.name,
+                            setting=SETTING.get(rule.action), factor=rule.factor, cap=rule.cap, values=rule.settings))
     if retries:
         retry(core, js, retries, sid)
     settle(core, js, sid)

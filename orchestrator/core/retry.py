@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .actions import RETRYING, Rule, choose
 from .analyser import Decision, Outcome, decide
 from .events import RunReport
 from .jobs import JobState
@@ -33,6 +34,8 @@ EXTERNAL = frozenset({"orchestrator", "backend", "batch", "worker"})
 class Verdict:
     status: JobStatus
     retry: bool
+    #: The action-table rule whose retry changes the run's settings first (more memory, more time, elsewhere).
+    adjust: Rule | None = None
 
 
 def judge(js: JobState, i: int, report: RunReport, now: float) -> Verdict:
@@ -46,6 +49,7 @@ def judge(js: JobState, i: int, report: RunReport, now: float) -> Verdict:
     outcome = Outcome(report.status, report.exit_code, report.reason, report.verdict)
     decision = decide(outcome, log, js.profile.limits, extra.counters, extra.retry_args, seconds, wrapper=wrapper)
     attempt = runs.attempt[i]
+    before = dict(extra.counters)
     extra.counters = dict(decision.counters)
     if report.state:
         extra.checkpoint.update(report.state)
@@ -69,6 +73,12 @@ def judge(js: JobState, i: int, report: RunReport, now: float) -> Verdict:
     entry = decision.history_entry(now, exit_code, attempt)
     entry["reason"] = reason
     extra.history = [*extra.history, entry][-HISTORY_KEPT:]
+    rule = None
+    if js.profile.actions and decision.verdict not in ("success", "killed"):
+        rule = choose(js.profile.actions, js.profile.backend, decision.level, decision.verdict,
+                      f"{report.reason or ''} {decision.reason}", exit_code, report.stderr_tail)
+    if rule is not None:
+        return _act(js, i, rule, decision, entry, before)
     retry = decision.retry
     if decision.status == S.FAILED and (js.profile.checkpointable or "seq" in extra.checkpoint):
         retry = _resume(js, i, decision, entry)
@@ -100,3 +110,34 @@ def _resume(js: JobState, i: int, decision: Decision, entry: dict[str, object]) 
     entry.update(action="retry", reason=base, state=label, restart=cp["restarts"])
     extra.reason = f"{base}; resumed from state {label}"
     return True
+
+
+def _act(js: JobState, i: int, rule: Rule, decision: Decision, entry: dict[str, object],
+         counters: dict[str, int]) -> Verdict:
+    """The action-table rule decides; its retries are counted against its own ``max``, never the user's limits."""
+    extra = js.runs.extra(i)
+    extra.counters = counters  # the user's counters stay as they were before this run
+    entry.pop("limit", None)
+    entry.update(rule=rule.name, change=rule.describe())
+    base = decision.reason.split("; retry limit ")[0]
+    if rule.action == "hold":
+        entry["action"] = "held"
+        extra.reason = f"{base}; held by rule {rule.name}"
+        return Verdict(S.HELD, False)
+    if rule.action == "fail":
+        entry["action"] = "failed"
+        extra.reason = f"{base}; failed by rule {rule.name}"
+        return Verdict(S.FAILED, False)
+    assert rule.action in RETRYING
+    used = counters.get(rule.counter, 0)
+    if used >= rule.max:
+        entry.update(action="failed", limit=rule.counter)
+        extra.reason = f"{base}; rule {rule.name} retried it {used} time(s): its max={rule.max} reached"
+        return Verdict(S.FAILED, False)
+    extra.counters = {**counters, rule.counter: used + 1}
+    entry["action"] = "retry"
+    extra.reason = f"{base}; retried by rule {rule.name} ({rule.describe()})"
+    if js.profile.checkpointable or "seq" in extra.checkpoint:
+        _resume(js, i, decision, entry)  # from the newest state, its restarts counted (the rule retries anyway)
+        entry["action"] = "retry"
+    return Verdict(S.FAILED, True, rule if rule.action != "retry" else None)

@@ -13,6 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..core.actions import Rule, parse_rules
 from ..core.errors import ConfigError
 from ..core.statuses import MASTER_ORDERS
 
@@ -61,10 +62,19 @@ class Config:
         for key in ("poll_interval", "emulated_bulk_concurrency"):
             if not isinstance(core[key], (int, float)) or core[key] <= 0:
                 raise ConfigError(f"{where}: core.{key} must be a positive number")
+        try:
+            parse_rules(self.data.get("actions", []))
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
 
     @property
     def core(self) -> dict[str, Any]:
         return self.data["core"]  # type: ignore[no-any-return]
+
+    @property
+    def actions(self) -> tuple[Rule, ...]:
+        """The action table, checked (a malformed rule was refused when the settings were loaded)."""
+        return parse_rules(self.data.get("actions", []))
 
     @property
     def retry(self) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..core.actions import Rule
 from ..core.analyser import Limits
 from ..core.events import Profile
 from ..core.ids import Runs, fqid_str
@@ -34,8 +35,11 @@ class Definitions:
 
     def __init__(self, repo: Repository, workspace: Workspace, home_key: str, *, retry_defaults: Mapping[str, Any],
                  max_restarts: int, extra_env: Callable[[], Mapping[str, str]],
-                 capabilities: Callable[[str, Mapping[str, Any]], Capabilities]) -> None:
+                 capabilities: Callable[[str, Mapping[str, Any]], Capabilities],
+                 actions: Sequence[Rule] = ()) -> None:
         self.repo = repo
+        #: The action table (``[[actions]]`` of the settings), checked when the home opened.
+        self.actions = tuple(actions)
         self.workspace = workspace
         self.home_key = home_key
         self.retry_defaults = retry_defaults
@@ -70,6 +74,15 @@ class Definitions:
                 if any(k.startswith("backend.") for k in delta):
                     self.dirty_deltas[(job, idx)] = {k: v for k, v in delta.items() if not k.startswith("backend.")}
 
+    def set_run_settings(self, job: int, index: int | None, values: Mapping[str, Any]) -> None:
+        """New backend settings for one run (an action-table rule's retry): a subjob's own, or the job's."""
+        if index is None:
+            self.specs[job]["backend"].setdefault("settings", {}).update(values)
+            self.dirty.add(job)
+            return
+        delta = self.deltas(job, [index]).get(index, {})
+        self.dirty_deltas[(job, index)] = {**delta, **{f"backend.{k}": v for k, v in values.items()}}
+
     def deltas(self, job: int, indexes: Sequence[int]) -> dict[int, dict[str, Any]]:
         """The splitter's deltas of these subjobs (changes not yet written included)."""
         if isinstance(indexes, range) and len(indexes) > 5000:
@@ -102,6 +115,7 @@ class Definitions:
                             if registry.is_notification(p)),
             prejob=spec.get("prejob") is not None, aggregator=spec.get("aggregator") is not None,
             min_success=float(spec.get("min_success", 1.0)),
+            actions=tuple(r for r in self.actions if not r.backends or backend["name"] in r.backends),
         )
 
     # ------------------------------------------------------------ what a driver gets

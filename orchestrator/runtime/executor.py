@@ -20,6 +20,7 @@ from anyio.abc import TaskGroup
 from ..core.errors import JobError
 from ..core.events import Event, RetryDue
 from ..core.instructions import (
+    AdjustRun,
     CreateLinked,
     Forget,
     Instruction,
@@ -54,8 +55,9 @@ class Executor:
                  flush: Callable[[], Awaitable[None]], work: dict[type[Instruction], Callable[[Any], Awaitable[None]]],
                  forget: Callable[[Forget], Awaitable[None]], set_backend: Callable[[SetBackend], None],
                  given_state: Callable[[str], str | None], post: Callable[[Event], Awaitable[None]],
-                 log: Any) -> None:
+                 log: Any, adjust: Callable[[AdjustRun], None] | None = None) -> None:
         self.sm = sm
+        self._adjust = adjust
         self._actor = actor
         self._flush = flush
         self._work = work
@@ -92,6 +94,9 @@ class Executor:
                 await self._forget(ins)
             elif isinstance(ins, SetBackend):
                 self._set_backend(ins)
+            elif isinstance(ins, AdjustRun):
+                if self._adjust is not None:
+                    self._adjust(ins)  # at once: the retry's submission that follows reads the new settings
             elif isinstance(ins, ScheduleRetry):
                 self.spawn(self._retry_at(ins))
             elif isinstance(ins, (Prepare, Unprepare, RunPostprocess, CreateLinked, Notify)):

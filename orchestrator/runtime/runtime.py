@@ -26,10 +26,21 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup
 
+from ..core.actions import scaled
 from ..core.errors import JobError, RepositoryError
 from ..core.events import AddRequested, Event, Request, Started
 from ..core.ids import FQID, Runs, fqid_str
-from ..core.instructions import CreateLinked, Forget, Notify, Prepare, Reply, RunPostprocess, SetBackend, Unprepare
+from ..core.instructions import (
+    AdjustRun,
+    CreateLinked,
+    Forget,
+    Notify,
+    Prepare,
+    Reply,
+    RunPostprocess,
+    SetBackend,
+    Unprepare,
+)
 from ..core.machine import StateMachine
 from ..core.statuses import MONITORED, JobStatus
 from ..plugin.contract import Capabilities, Driver, DriverContext, RunHandle
@@ -98,7 +109,7 @@ class Runtime:
                                        self._store_state, self.log)
         self.definitions = Definitions(self.repo, self.workspace, home_key(home), retry_defaults=config.retry,
                                        max_restarts=self.checkpoints.max_restarts, extra_env=self.checkpoints.env,
-                                       capabilities=self.capabilities)
+                                       capabilities=self.capabilities, actions=config.actions)
         self.writer = Writer(self.sm, self.repo, self.definitions, self.checkpoints.keep)
         self.preparer = Preparer(definitions=self.definitions, repo=self.repo, workspace=self.workspace,
                                  post=self.post, sm=self.sm, free_slots=self.free_slots,
@@ -107,7 +118,7 @@ class Runtime:
                                              settings=config.section("postprocess"), post=self.post, log=self.log)
         self.executor = Executor(
             self.sm, actor=self.actor, flush=self.writer.flush, forget=self._forget, set_backend=self._set_backend,
-            given_state=self._given.get, post=self.post, log=self.log,
+            given_state=self._given.get, post=self.post, log=self.log, adjust=self._adjust,
             work={Prepare: self.preparer.prepare, Unprepare: self.preparer.unprepare,
                   CreateLinked: self.preparer.create_linked, RunPostprocess: self.postprocessing.run,
                   Notify: self.postprocessing.notify})
@@ -405,6 +416,26 @@ class Runtime:
         with anyio.CancelScope(shield=True):
             await self.repo.remove_job(ins.job)
         self.workspace.remove((ins.job,))
+
+    def _adjust(self, ins: AdjustRun) -> None:
+        """An action-table rule retries runs with other settings: more memory, more time, or elsewhere."""
+        job = ins.runs.job
+        js = self.sm.job_state(job)
+        for i in ins.runs.indexes if ins.runs.indexes is not None else [None]:
+            spec = self.definitions.subjob_spec(job, i) if i is not None else self.definitions.spec(job)
+            settings = spec["backend"].get("settings", {})
+            if ins.setting is not None:
+                try:
+                    values = {ins.setting: scaled(ins.setting, settings.get(ins.setting), ins.factor, ins.cap)}
+                except ValueError as exc:  # a value the job set that is not Slurm's form: left as it is
+                    self.log.warning("rule could not change the setting", rule=ins.rule, setting=ins.setting,
+                                     error=str(exc))
+                    continue
+            else:
+                values = dict(ins.values)
+            self.definitions.set_run_settings(job, i if js.is_master else None, values)
+            self.log.info("rule changed the run's settings", rule=ins.rule, fqid=f"{job}.{i}" if i is not None
+                          else str(job), changed={k: f"{settings.get(k)} -> {v}" for k, v in values.items()})
 
     def _set_backend(self, ins: SetBackend) -> None:
         backend = ins.backend

@@ -63,8 +63,10 @@ from .slurm import (
     ABORTED,
     ACTIVE,
     FAILED,
+    OVER_MEMORY,
     QUEUED,
     SACCT_FIELDS,
+    SLURM_OUT,
     SQUEUE_FORMAT,
     JobRef,
     Row,
@@ -216,6 +218,10 @@ class SlurmDriver(SubmitMixin):
                                                        "administrator or the system)", backend_verdict="cancelled")
         log = read_log(h.outputdir, h.attempt)
         code = log.exit_code if log.exit_code is not None else row.exit_code
+        if state in FAILED and _over_memory(h):
+            verdict = None if log.started is not None else "aborted"
+            return StatusUpdate(h.fqid, S.FAILED, exit_code=code, backend_verdict=verdict,
+                                reason="Slurm: OUT_OF_MEMORY (killed over its memory limit, says slurm.out)")
         if state in FAILED:
             why = "" if log.started is not None else " before the wrapper started (see wrapper.out)"
             return StatusUpdate(h.fqid, S.FAILED, exit_code=code, reason=f"Slurm: {state}{why}")
@@ -269,3 +275,15 @@ def _by_log(h: RunHandle, log: RunLog, why: str) -> StatusUpdate:
     if code == 0:
         return StatusUpdate(h.fqid, S.COMPLETED, exit_code=0)
     return StatusUpdate(h.fqid, S.FAILED, exit_code=code, reason=f"{why} with exit code {code}")
+
+
+def _over_memory(h: RunHandle) -> bool:
+    """Whether Slurm's own word to the run (its ``slurm.out``) says it was killed over its memory limit."""
+    try:
+        with open(h.outputdir.parent / SLURM_OUT, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 4096))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    return any(sign in tail for sign in OVER_MEMORY)

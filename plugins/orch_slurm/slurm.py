@@ -38,6 +38,10 @@ ABORTED = {
     "REVOKED": "revoked by a federated cluster",
 }
 FAILED = frozenset({"FAILED", "SPECIAL_EXIT"})
+#: What Slurm says to a task, in its run's dir: without cgroups, a task killed for its memory ends FAILED, and
+#: only this file tells why (``slurmstepd: error: Exceeded job memory limit``).
+SLURM_OUT = "slurm.out"
+OVER_MEMORY = ("Exceeded job memory limit", "exceeded memory limit", "oom-kill", "Out Of Memory")
 
 #: scancel's per-job complaints that mean "nothing left to kill".
 _GONE = ("already completing or completed", "invalid job id")

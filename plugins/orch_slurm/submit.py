@@ -23,7 +23,7 @@ from orchestrator.plugin.wrapper import RUNFILE, clear_outputs, prepare_local, r
 from .journal import Attempt
 from .lookup import LookupMixin
 from .settings import resources_key, sbatch_options
-from .slurm import SlurmError, SlurmTimeout, batch_key, batch_script, parse_job_id
+from .slurm import SLURM_OUT, SlurmError, SlurmTimeout, batch_key, batch_script, parse_job_id
 
 
 class SubmitMixin(LookupMixin):
@@ -72,6 +72,26 @@ class SubmitMixin(LookupMixin):
             raise SubmitError(next((o.error for o in result if o.error), "submission refused"))
         return result
 
+    def _output(self, name: str, jobdirs: list[Path]) -> str:
+        try:
+            return self._slurm_out(name, jobdirs)
+        except OSError as exc:  # Slurm's word is then lost, not the run
+            self.log.warning("cannot link the runs' slurm.out", error=str(exc))
+            return "/dev/null"
+
+    def _slurm_out(self, name: str, jobdirs: list[Path]) -> str:
+        """Where Slurm writes what it says to a task (``slurmstepd: error: Exceeded job memory limit``): each run's
+        ``slurm.out``. An array's ``%a`` names a link to it, in a dir of the submission's own."""
+        if len(jobdirs) == 1:
+            return str(jobdirs[0] / SLURM_OUT).replace("%", "%%")
+        links = self.context.statedir / "out" / name
+        links.mkdir(parents=True, exist_ok=True)
+        for i, jobdir in enumerate(jobdirs):
+            link = links / str(i)
+            link.unlink(missing_ok=True)
+            link.symlink_to(jobdir / SLURM_OUT)
+        return f"{str(links).replace('%', '%%')}/%a"
+
     async def _sbatch(self, conf: str | None, chunk: list[tuple[RunSpec, Path]],
                       outcomes: dict[str, SubmitOutcome]) -> None:
         runs = [run for run, _ in chunk]
@@ -81,7 +101,8 @@ class SubmitMixin(LookupMixin):
             name = f"{batch_key(keys)}+{secrets.token_hex(4)}"
         self._names.add(name)
         argv = ["sbatch", "--parsable", "--no-requeue", f"--job-name={name}", f"--comment={name}",
-                "--output=/dev/null", f"--chdir={self.context.statedir}", *sbatch_options(runs[0].settings)]
+                f"--output={self._output(name, [rf.parent for _, rf in chunk])}",
+                f"--chdir={self.context.statedir}", *sbatch_options(runs[0].settings)]
         if len(runs) > 1:
             argv.append(f"--array=0-{len(runs) - 1}")
         script = batch_script(self.shell, self.wrapper, [rf.parent for _, rf in chunk], RUNFILE,

@@ -108,7 +108,7 @@ async def test_time_limit_and_nonzero_exit_are_classified_and_retried(slurm_clus
     job = Job(name="limits", application=Executable("/bin/sh", args=["-c", slow]),
               splitter=ArgSplitter([["-c", slow], ["-c", bad]]),
               backend=backend(slurm_cluster, time=1),  # one minute: Slurm's smallest limit
-              retry=RetryPolicy(max_early=1, max_late_handled=0, max_late_unhandled=1, early_seconds=20))
+              retry=RetryPolicy(max_early=1, max_late_handled=0, max_late_unhandled=0, early_seconds=20))
     async with Orchestrator(home=tmp_path, config=CONFIG) as orch:
         j = await orch.jobs.add(job)
         await j.submit()
@@ -117,24 +117,56 @@ async def test_time_limit_and_nonzero_exit_are_classified_and_retried(slurm_clus
         await j.wait(timeout=170)
         timed_out, failing = j.subjobs[0], j.subjobs[1]
 
-        # Over its time limit: Slurm killed the wrapper after START and before END -> worker level, and it
-        # ran longer than early_seconds -> late unhandled; retried once (max_late_unhandled=1), then it completed.
+        # Over its time limit: Slurm killed the wrapper after START and before END -> worker level, late
+        # unhandled. The action table's rule "slurm-time-limit" retried it with twice the time, although the
+        # job allows no late unhandled retry (max_late_unhandled=0): the infrastructure's fault is not the user's.
         assert timed_out.status == "completed", states(j)
         assert timed_out.info.submit_counter == 2
         [entry] = timed_out.info.history
         assert (entry["level"], entry["verdict"], entry["action"]) == ("worker", "late_unhandled", "retry")
+        assert entry["rule"] == "slurm-time-limit" and entry["change"].startswith("time x2")
         assert "TIMEOUT" in entry["reason"]
+        assert timed_out.info.counters == {"rule:slurm-time-limit": 1}  # the user's late_unhandled untouched
+        assert any("--time=2" in call for call in (await slurm_driver(orch)).history)
         assert (timed_out.outputdir / "stdout").read_text() == "ok 1\n"
 
-        # Exit 3 without a keyword -> application level, early; retried once (max_early=1), then the limit.
+        # Exit 3 without a keyword -> application level, early: no rule matches; retried once (max_early=1).
         assert failing.status == "failed"
         assert failing.info.submit_counter == 2
         first, second = failing.info.history
         assert (first["level"], first["verdict"], first["action"]) == ("application", "early", "retry")
         assert (second["level"], second["verdict"], second["limit"]) == ("application", "early", "max_early")
         assert first["exit_code"] == 3 and "max_early=1 reached" in str(failing.info.reason)
+        assert "rule" not in first
         assert j.status == "failed"
         assert (await slurm_driver(orch)).calls["sbatch"] == 3  # the array of two, then each retry as a job of its own
+    async with Orchestrator(home=tmp_path, config=CONFIG) as orch:  # the subjob's new limit is stored as its own
+        assert orch.jobs[0].subjobs[0].backend.settings["time"] == "2"
+        assert orch.jobs[0].subjobs[1].backend.settings["time"] == "1"
+
+
+async def test_out_of_memory_is_retried_with_more_memory(slurm_cluster: SlurmCluster,  # noqa: F811
+                                                         tmp_path: Path) -> None:
+    """Over its --mem, Slurm kills the run (OUT_OF_MEMORY, enforced by the accounting poller here, where the
+    test cluster has no cgroups); the rule "slurm-out-of-memory" retries it with twice the memory until it fits,
+    and no retry limit of the job is used (they are all 0)."""
+    hog = 'import time; x = b"x" * (300 << 20); time.sleep(4); print("fits", len(x) >> 20)'
+    job = Job(name="hog", application=Executable("/usr/bin/python3", args=["-c", hog]),
+              backend=backend(slurm_cluster, mem=100, time=5))
+    async with Orchestrator(home=tmp_path, config=CONFIG) as orch:
+        j = await orch.jobs.add(job)
+        await j.submit()
+        await j.wait(timeout=120)
+        assert j.status == "completed", j.info.history
+        assert [(h["rule"], h["action"]) for h in j.info.history] == [("slurm-out-of-memory", "retry")] * 2
+        assert all("OUT_OF_MEMORY" in h["reason"] for h in j.info.history)
+        assert j.info.submit_counter == 3
+        mems = [a for call in (await slurm_driver(orch)).history for a in call if a.startswith("--mem=")]
+        assert mems[-3:] == ["--mem=100", "--mem=200M", "--mem=400M"]
+        assert (j.outputdir / "stdout").read_text() == "fits 300\n"
+        assert j.info.counters == {"rule:slurm-out-of-memory": 2}
+    async with Orchestrator(home=tmp_path, config=CONFIG) as orch:  # the new settings are the job's, stored
+        assert orch.jobs[0].backend.settings["mem"] == "400M"
 
 
 # --------------------------------------------------------------------------- 5

@@ -100,12 +100,17 @@ class SlurmCluster:
             f"AuthInfo=socket={self.munge_socket}",
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
-            "JobAcctGatherType=jobacct_gather/none",
+            # Memory enforced without cgroups: the job accounting poller kills a step over its --mem
+            # (OUT_OF_MEMORY), once a second; every job gets 100 MB per CPU unless it asks for more.
+            "JobAcctGatherType=jobacct_gather/linux",
+            "JobAcctGatherParams=OverMemoryKill",
+            "JobAcctGatherFrequency=task=1",
+            "DefMemPerCPU=100",
             "AccountingStorageType=accounting_storage/none",
             "JobCompType=jobcomp/filetxt",
             f"JobCompLoc={self.jobcomp}",
             "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core",
+            "SelectTypeParameters=CR_Core_Memory",
             "ReturnToService=2",
             "SchedulerParameters=batch_sched_delay=0,sched_interval=1,bf_interval=1",
             "KillWait=1",
@@ -116,7 +121,7 @@ class SlurmCluster:
             f"SlurmctldLogFile={r / 'log' / 'slurmctld.log'}",
             f"SlurmdLogFile={r / 'log' / 'slurmd.log'}",
             *self.extra_conf,
-            f"NodeName=localhost CPUs={self.cpus} State=UNKNOWN",
+            f"NodeName=localhost CPUs={self.cpus} RealMemory=4000 State=UNKNOWN",
             "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
         ]
         return "\n".join(lines) + "\n"
