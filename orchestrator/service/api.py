@@ -117,9 +117,9 @@ class Api:
         except UnknownJobError as exc:
             return _error(404, "unknown job", str(exc), fqid=exc.fqid or _fqid(kwargs))
         except JobError as exc:
-            return _error(409, "refused", str(exc), fqid=exc.fqid, field=exc.field)
+            return _error(409, "refused", str(exc), fqid=exc.fqid or _fqid(kwargs), field=exc.field)
         except OrchestratorError as exc:
-            return _error(409, "refused", str(exc))
+            return _error(409, "refused", str(exc), fqid=_fqid(kwargs))
         return Response.json(result)
 
     async def _events(self) -> AsyncIterator[bytes]:
@@ -153,7 +153,15 @@ def _error(status: int, error: str, message: str, *, fqid: str | None = None, fi
 
 
 def _fqid(kwargs: Any) -> str | None:
-    value = kwargs.get("fqid") if isinstance(kwargs, dict) else None
+    """The job a refused request was about: its ``fqid``, or its one target."""
+    if not isinstance(kwargs, dict):
+        return None
+    value = kwargs.get("fqid")
+    targets = kwargs.get("targets")
+    if value is None and isinstance(targets, list) and len(targets) == 1:
+        value = targets[0]
+    if isinstance(value, list):  # a target written as [3, 1]
+        value = ".".join(map(str, value))
     return str(value) if value is not None else None
 
 

@@ -86,6 +86,9 @@ async def _serve(orch: Orchestrator, signals: Any, tcp_port: int | None, token_f
     grace = float(settings["stop_timeout"])
     port = tcp_port if tcp_port is not None else int(settings["tcp_port"])
     tokens = token_file or (Path(settings["token_file"]).expanduser() if settings["token_file"] else None)
+    max_body = settings["max_request_bytes"]
+    if not isinstance(max_body, int) or isinstance(max_body, bool) or max_body < 1024:
+        raise ConfigError(f"service.max_request_bytes must be an integer of at least 1024, not {max_body!r}")
     token = None
     if tokens is not None and port < 0:
         raise ConfigError("a token file is for the TCP listener: give --tcp-port (or [service] tcp_port) too")
@@ -100,7 +103,7 @@ async def _serve(orch: Orchestrator, signals: Any, tcp_port: int | None, token_f
     async with anyio.create_task_group() as tg:
         await tg.start(_host_workflows, orch)  # a damaged workflows.sqlite refuses the start, as the repository does
         unix = await anyio.create_unix_listener(paths.socket, mode=0o600)
-        tg.start_soon(_accept, unix, api, "unix", tg)
+        tg.start_soon(_accept, unix, api, "unix", tg, max_body)
         bound: int | None = None
         if port >= 0:
             try:
@@ -109,13 +112,14 @@ async def _serve(orch: Orchestrator, signals: Any, tcp_port: int | None, token_f
             except OSError as exc:
                 raise ConfigError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}") from None
             bound = int(tcp.extra(anyio.abc.SocketAttribute.local_port))
-            tg.start_soon(_accept, tcp, api, "tcp", tg)
+            tg.start_soon(_accept, tcp, api, "tcp", tg, max_body)
         _write_info(paths, {"pid": os.getpid(), "socket": str(paths.socket), "tcp_port": bound,
                             "host": "127.0.0.1", "started": started})
+        token_path = tokens or ServicePaths(orch.home).dir / "token"
+        page = (f"http://127.0.0.1:{bound}/?token=$(cat {token_path})" if bound is not None else
+                "off: it needs TCP; start with --tcp-port PORT (0: any free port) or set [service] tcp_port")
         log.info("service ready", home=str(orch.home), socket=str(paths.socket), tcp_port=bound,
-                 jobs=len(runtime.sm.job_ids()), start_seconds=round(time.time() - started, 3),
-                 **({"status_page": f"http://127.0.0.1:{bound}/?token=<the token in its token file>"}
-                    if bound is not None else {}))
+                 jobs=len(runtime.sm.job_ids()), start_seconds=round(time.time() - started, 3), status_page=page)
         async for signum in signals:
             log.info("stopping", signal=signal.Signals(signum).name)
             break
@@ -131,9 +135,9 @@ async def _serve(orch: Orchestrator, signals: Any, tcp_port: int | None, token_f
     paths.socket.unlink(missing_ok=True)
 
 
-async def _accept(listener: Listener[Any], api: Api, via: str, tg: TaskGroup) -> None:
+async def _accept(listener: Listener[Any], api: Api, via: str, tg: TaskGroup, max_body: int) -> None:
     async def connection(stream: Any) -> None:
-        await serve_connection(stream, api, via)
+        await serve_connection(stream, api, via, max_body)
 
     async with listener:
         await listener.serve(connection, task_group=tg)

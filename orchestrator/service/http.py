@@ -28,8 +28,9 @@ from ..plugin.logs import get_logger
 
 log = get_logger(component="http")
 
-#: Largest request body accepted (a job definition is small; a 100k-value splitter is a few MiB).
-MAX_BODY = 64 * 1024 * 1024
+#: Largest request body accepted unless ``[service] max_request_bytes`` says otherwise (a job definition is
+#: small; a 100k-value splitter is a few MiB).
+MAX_BODY = 16 * 1024 * 1024
 _KNOWN = frozenset(s.value for s in HTTPStatus)
 #: Seconds an idle keep-alive connection is kept.
 IDLE_TIMEOUT = 120.0
@@ -77,13 +78,13 @@ def peer_uid(stream: ByteStream) -> int | None:
     return int(uid)
 
 
-async def serve_connection(stream: ByteStream, handler: Handler, via: str) -> None:
+async def serve_connection(stream: ByteStream, handler: Handler, via: str, max_body: int = MAX_BODY) -> None:
     """Answer requests on one connection until the client closes it (keep-alive)."""
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024)
     uid = peer_uid(stream) if via == "unix" else None
     async with stream:
         while True:
-            request = await _read_request(conn, stream, via, uid)
+            request = await _read_request(conn, stream, via, uid, max_body)
             if request is None:
                 return
             try:
@@ -113,18 +114,25 @@ async def _next_event(conn: h11.Connection, stream: ByteStream) -> Any:
         conn.receive_data(data)
 
 
-async def _read_request(conn: h11.Connection, stream: ByteStream, via: str, uid: int | None) -> Request | None:
+async def _read_request(conn: h11.Connection, stream: ByteStream, via: str, uid: int | None,
+                        max_body: int = MAX_BODY) -> Request | None:
     try:
         event = await _next_event(conn, stream)
         if not isinstance(event, h11.Request):
             return None
+        declared = next((v for k, v in event.headers if k.lower() == b"content-length"), None)
+        if declared is not None and declared.isdigit() and int(declared) > max_body:
+            # Refused before a byte of the body is read: the answer, then the connection closes.
+            raise h11.RemoteProtocolError(f"request body of {int(declared)} bytes is over the limit of {max_body} "
+                                          f"([service] max_request_bytes)", 413)
         body = bytearray()
         while True:
             part = await _next_event(conn, stream)
             if isinstance(part, h11.Data):
                 body += part.data
-                if len(body) > MAX_BODY:
-                    raise h11.RemoteProtocolError("request body too large", 413)
+                if len(body) > max_body:  # a chunked body has no length to check first
+                    raise h11.RemoteProtocolError(f"request body over the limit of {max_body} bytes "
+                                                  f"([service] max_request_bytes)", 413)
             elif isinstance(part, h11.EndOfMessage):
                 break
             else:

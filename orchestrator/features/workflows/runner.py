@@ -55,6 +55,10 @@ DEBOUNCE = 0.02
 DEFAULTS = {"slots": 0, "cache_limit": 0}
 
 
+#: Seconds a stopping runner waits for a tick under way to finish its submissions.
+STOP_WAIT = 10.0
+
+
 class Workflows:
     """The workflows of one orchestrator home; ``autorun=False`` only reads and operates (no loop)."""
 
@@ -123,9 +127,15 @@ class Workflows:
             raise
 
     async def _stop(self) -> None:
-        """Let a tick under way finish its submissions, then stop the loop."""
-        async with self.lock:
-            self._closing = True
+        """Let a tick under way finish its submissions (shielded, at most ``STOP_WAIT`` s), then stop the loop.
+
+        Shielded: a stop that comes with a cancellation (SIGTERM of the service) must not be cancelled while it
+        waits for the lock, or the cancellation ends up as its own context and the shutdown never ends.
+        """
+        with anyio.move_on_after(STOP_WAIT, shield=True):
+            async with self.lock:
+                self._closing = True
+        self._closing = True
 
     async def _load(self) -> None:
         by_name: dict[str, Job] | None = None
