@@ -189,7 +189,7 @@ async def test_return_file_outside_the_job_dir_is_refused(tmp_path: Path) -> Non
         j = await run(orch, sh(script))
         assert j.status == "completed"
         out = j.outputdir
-        assert sorted(p.name for p in out.iterdir()) == ["good", "orch.log", "stderr", "stdout"]
+        assert sorted(p.name for p in out.iterdir()) == ["good", "orch.log", "orch.usage", "stderr", "stdout"]
         refused = [h["reason"] for h in j.info.history if h["verdict"] == "refused"]
         assert len(refused) == 3 and any("../escape" in r for r in refused)
         assert not (out.parent / "escape").exists() or (out.parent / "escape").read_text() == "x\n"
