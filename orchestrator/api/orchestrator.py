@@ -42,15 +42,20 @@ class Orchestrator:
     ``config`` overrides settings of ``orchestrator.toml`` (same tables).
     ``service``: ``None`` goes through the service that holds the home if one
     does, else opens the home here; ``False`` always opens it here (refused
-    while a service holds it); ``True`` requires a service.
+    while a service holds it); ``True`` requires a service. ``readonly``: read
+    a home that another process (not a service) holds, without its lock: jobs,
+    statuses and files as that process last wrote them; every request that
+    would change something is refused, saying to share the home through
+    ``orchestrator serve``.
     """
 
     def __init__(self, home: str | os.PathLike[str] | None = None, config: dict[str, Any] | None = None, *,
-                 role: str = "", service: bool | None = None) -> None:
+                 role: str = "", service: bool | None = None, readonly: bool = False) -> None:
         self.home = Path(home).expanduser().resolve() if home is not None else default_home()
         self._overrides = config
         self._role = SERVICE_ROLE if role == "service" else role
         self._service = service
+        self._readonly = readonly
         self._stack: AsyncExitStack | None = None
         self._transport: Transport | None = None
         self._registry: JobRegistry | None = None
@@ -121,9 +126,10 @@ class Orchestrator:
         return self
 
     async def _open_here(self, stack: AsyncExitStack) -> Transport:
-        self.home.mkdir(parents=True, exist_ok=True)
+        if not self._readonly:
+            self.home.mkdir(parents=True, exist_ok=True)
         config = Config.load(self.home, self._overrides)
-        runtime = Runtime(self.home, config, role=self._role)
+        runtime = Runtime(self.home, config, role=self._role, readonly=self._readonly)
         tg = await stack.enter_async_context(anyio.create_task_group())
         stack.callback(tg.cancel_scope.cancel)
         await runtime.open(tg)

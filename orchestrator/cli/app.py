@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..api.orchestrator import Orchestrator, default_home
-from ..core.errors import OrchestratorError
+from ..core.errors import HomeLockedError, OrchestratorError
 from ..core.ids import fqid_str, parse_fqid
 
 T = TypeVar("T")
@@ -74,23 +74,31 @@ def home_of(home: Path | None) -> Path:
     return Path(home).expanduser().resolve() if home is not None else default_home()
 
 
-def run(home: Path | None, body: Callable[[Orchestrator], Awaitable[T]], *, refresh: bool = False) -> T:
+def run(home: Path | None, body: Callable[[Orchestrator], Awaitable[T]], *, refresh: bool = False,
+        read_only: bool = False) -> T:
     """Open the home (through its service if one holds it), run ``body``, close it.
 
     ``refresh``: ask the backends for news first (a listing on a home opened here, where no monitoring
-    ran between commands; a service's is current).
+    ran between commands; a service's is current). ``read_only``: a command that only reads (``jobs``,
+    ``show``, ``peek``) reads a home another process holds, as SQLite's WAL lets it.
     """
     path = home_of(home)
 
-    async def main() -> T:
-        async with Orchestrator(home=path) as orch:
-            if refresh and not orch.remote:
+    async def main(readonly: bool) -> T:
+        async with Orchestrator(home=path, readonly=readonly, service=False if readonly else None) as orch:
+            if refresh and not orch.remote and not readonly:
                 await orch.transport.refresh()
                 with anyio.move_on_after(30):  # what the news set going (a merge) finishes first
                     await orch.runtime.settle()
             return await body(orch)
 
-    return anyio.run(main)
+    try:
+        return anyio.run(main, False)
+    except HomeLockedError as exc:
+        if not read_only or "orchestrator service" in str(exc):
+            raise CliError(f"{exc}; to share a home between processes, run 'orchestrator --home {path} serve': "
+                           "every command then goes through it") from None
+        return anyio.run(main, True)
 
 
 def nothing_to_do(message: str) -> None:

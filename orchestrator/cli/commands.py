@@ -118,7 +118,7 @@ def jobs(statuses: tuple[str, ...], name: str | None, backend: str | None, limit
             return
         console.print(render.jobs_table(selected))
 
-    run(home, body, refresh=True)
+    run(home, body, refresh=True, read_only=True)
 
 
 @cli.command()
@@ -150,7 +150,7 @@ def show(job_id: str, statuses: tuple[str, ...], all_: bool, offset: int, limit:
         else:
             render.show(record, console, listed=listing)
 
-    run(home, body, refresh=True)
+    run(home, body, refresh=True, read_only=True)
 
 
 @cli.command()
@@ -170,7 +170,7 @@ def peek(job_id: str, name: str, tail: int | None, as_json: bool, home: Path | N
         else:
             click.echo(text, nl=not text.endswith("\n") and bool(text))
 
-    run(home, body, refresh=True)
+    run(home, body, refresh=True, read_only=True)
 
 
 @cli.command()

@@ -141,4 +141,4 @@ def report_command(job_id: str, as_json: bool, home: Path | None) -> None:
         grid.add_row("wall", f"{record['wall']:.2f} s (all attempts)")
         out.print(grid)
 
-    run(home, body, refresh=True)
+    run(home, body, refresh=True, read_only=True)

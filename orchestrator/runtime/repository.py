@@ -23,6 +23,7 @@ from typing import Any
 import aiosqlite
 import anyio
 
+from ..core.errors import RepositoryError
 from . import schema, sqlite
 
 
@@ -112,12 +113,18 @@ class Repository:
         self._tx_lock = anyio.Lock()
 
     # ------------------------------------------------------------ life
-    async def open(self) -> None:
-        """Open (and migrate) the file; a damaged one raises :class:`~orchestrator.core.errors.RepositoryError`."""
+    async def open(self, *, readonly: bool = False) -> None:
+        """Open (and migrate) the file; a damaged one raises :class:`~orchestrator.core.errors.RepositoryError`.
+
+        ``readonly``: read a home another process holds, as it is (never migrated, never written)."""
         with sqlite.guarded(self.path):
-            self._db = await sqlite.connect(self.path)
+            self._db = await sqlite.connect(self.path, readonly=readonly)
             try:
-                version = await sqlite.checked_version(self._db, self.path, schema.VERSION)
+                version = await sqlite.checked_version(self._db, self.path, schema.VERSION, readonly=readonly)
+                if version < schema.VERSION and readonly:
+                    raise RepositoryError(f"{self.path} has schema version {version}, older than this "
+                                          f"orchestrator's {schema.VERSION}, and another process holds the home: "
+                                          "read it once that process is done", path=str(self.path))
                 if version < schema.VERSION:
                     async with sqlite.immediate(self._db):
                         await schema.migrate(self._db, version)

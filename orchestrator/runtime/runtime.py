@@ -27,7 +27,7 @@ import structlog
 from anyio.abc import TaskGroup
 
 from ..core.actions import scaled
-from ..core.errors import JobError, RepositoryError
+from ..core.errors import HomeLockedError, JobError, RepositoryError
 from ..core.events import AddRequested, Event, Request, Started
 from ..core.ids import FQID, Runs, fqid_str
 from ..core.instructions import (
@@ -86,8 +86,10 @@ def home_key(home: Path) -> str:
 class Runtime:
     """One open home; see the module docstring."""
 
-    def __init__(self, home: Path, config: Config, *, role: str = "") -> None:
+    def __init__(self, home: Path, config: Config, *, role: str = "", readonly: bool = False) -> None:
         self.home = home
+        #: A reader of a home another process holds: no lock, no monitoring, every request refused.
+        self.readonly = readonly
         self.config = config
         self.role = role
         self.log = get_logger(home=str(home))
@@ -129,6 +131,9 @@ class Runtime:
 
     # ------------------------------------------------------------ life
     async def open(self, tg: TaskGroup) -> None:
+        if self.readonly:
+            await self._open_to_read()
+            return
         self._lock.acquire()
         try:
             await self.repo.open()
@@ -144,6 +149,16 @@ class Runtime:
         tg.start_soon(self._flush_loop)
         await self._reattach()
         await self.post(Started(stimulus_id=self.sid("start"), time=time.time()))
+
+    async def _open_to_read(self) -> None:
+        """Read the home as its writer last wrote it (statuses are written every ``flush_interval``)."""
+        try:
+            await self.repo.open(readonly=True)
+            restore(self.sm, await self.repo.load(), self.definitions)
+            self._next_job = await self.repo.next_id()
+        except BaseException:
+            await self.repo.close()
+            raise
 
     async def _reattach(self) -> None:
         """Runs the backends had when the home was last closed go back to their actors."""
@@ -182,6 +197,9 @@ class Runtime:
     async def close(self) -> None:
         """Let work under way finish (within ``close_grace``), write everything, let go of the home."""
         self.closing = True
+        if self.readonly:
+            await self.repo.close()
+            return
         try:
             with anyio.move_on_after(float(self.config.core["close_grace"])):
                 await self.settle()
@@ -244,6 +262,10 @@ class Runtime:
         return f"{kind}-{next(self._ids)}"
 
     async def post(self, event: Event) -> None:
+        if self.readonly:
+            raise HomeLockedError(f"orchestrator home {self.home} is in use by another process, so it is open "
+                                  f"here to read only; to share a home between processes, run "
+                                  f"'orchestrator --home {self.home} serve' and every command goes through it")
         await self.bus.post(event)
 
     async def request(self, make: Callable[[str], Request], kind: str) -> Reply:
@@ -337,6 +359,8 @@ class Runtime:
 
     async def refresh(self) -> None:
         """Ask every polled backend once, now (the CLI without a service, before a listing)."""
+        if self.readonly:
+            return  # the process that holds the home watches its backends
         for monitor in list(self._monitors.values()):
             await monitor.poll()
 

@@ -26,16 +26,21 @@ from ..core.errors import RepositoryError
 META_TABLE = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
 
 
-async def connect(path: Path) -> aiosqlite.Connection:
+async def connect(path: Path, *, readonly: bool = False) -> aiosqlite.Connection:
     """A writer connection: autocommit (every transaction is an explicit :func:`immediate`), WAL, NORMAL sync.
 
     WAL lets readers go on while a transaction writes; WAL + NORMAL survives a killed process; the busy
-    timeout makes a BEGIN wait for another connection's lock rather than fail at once.
+    timeout makes a BEGIN wait for another connection's lock rather than fail at once. ``readonly``: a
+    reader of a home another process holds (SQLite opens it ``mode=ro``; the writer's WAL is read as is).
     """
-    db = await aiosqlite.connect(path, isolation_level=None)
+    if readonly:
+        db = await aiosqlite.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
+    else:
+        db = await aiosqlite.connect(path, isolation_level=None)
     try:
-        await db.execute("PRAGMA journal_mode=WAL")
-        await db.execute("PRAGMA synchronous=NORMAL")
+        if not readonly:
+            await db.execute("PRAGMA journal_mode=WAL")
+            await db.execute("PRAGMA synchronous=NORMAL")
         await db.execute("PRAGMA busy_timeout=10000")
     except BaseException:
         await db.close()
@@ -50,13 +55,14 @@ async def schema_version(db: aiosqlite.Connection) -> int:
     return int(row[0]) if row else 0
 
 
-async def checked_version(db: aiosqlite.Connection, path: Path, supported: int) -> int:
+async def checked_version(db: aiosqlite.Connection, path: Path, supported: int, *, readonly: bool = False) -> int:
     """The file's schema version, ``meta`` created if missing; a version above ``supported`` refuses.
 
     A newer file was written by a later release whose changes this code cannot know: reading or
     migrating it would be guesswork, so the user is told to upgrade instead.
     """
-    await db.execute(META_TABLE)
+    if not readonly:
+        await db.execute(META_TABLE)
     version = await schema_version(db)
     if version > supported:
         raise RepositoryError(f"{path} has schema version {version}, newer than this orchestrator's "

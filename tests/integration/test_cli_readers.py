@@ -1,0 +1,58 @@
+"""Without a service, the read-only commands read a home another process holds (SQLite's WAL lets them);
+a command that would write is refused, saying how to share a home."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+EXE = str(Path(sys.executable).with_name("orchestrator"))
+ENV = {**os.environ, "COLUMNS": "200"}
+
+
+def cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([EXE, "--home", str(home), *args], capture_output=True, text=True, timeout=60, env=ENV)
+
+
+def test_jobs_show_and_peek_answer_while_another_process_holds_the_home(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    jobfile = tmp_path / "big.toml"
+    values = ", ".join(f'["{i}"]' for i in range(1000))
+    jobfile.write_text(f'name = "big"\n[application]\nexe = "/bin/echo"\n[backend]\nname = "sim"\n'
+                       f'run_seconds = 0.5\nqueued = {{ 999 = 20 }}\n[splitter]\ntype = "args"\nargs = [{values}]\n')
+    holder = subprocess.Popen([EXE, "--home", str(home), "submit", str(jobfile), "--wait"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        deadline = time.monotonic() + 60
+        listing: dict[str, object] = {}
+        while time.monotonic() < deadline:  # until the holder has split and stored the job
+            done = cli(home, "jobs", "--json")
+            if done.returncode == 0:
+                listing = json.loads(done.stdout)
+                if listing["jobs"] and listing["jobs"][0]["subjobs"] == 1000:  # type: ignore[index]
+                    break
+            time.sleep(0.2)
+        assert listing["jobs"][0]["subjobs"] == 1000, listing  # type: ignore[index]
+        time.sleep(1.5)  # the holder's writer has flushed what ran meanwhile
+
+        started = time.monotonic()
+        done = cli(home, "jobs")
+        took = time.monotonic() - started
+        assert done.returncode == 0, done.stderr
+        assert took < 1.0, f"orchestrator jobs took {took:.2f} s while another process holds the home"
+        assert "big" in done.stdout and "1000" in done.stdout
+        shown = json.loads(cli(home, "show", "0", "--status", "completed", "--json").stdout)
+        assert shown["counts"]["completed"] >= 1 and shown["subjob_rows"]
+        assert cli(home, "peek", "0.0").returncode in (0, 2)  # sim runs write no files: said, not a traceback
+        assert holder.poll() is None  # it still holds the home
+
+        refused = cli(home, "kill", "0")
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr
+        assert "is in use by" in refused.stderr and f"orchestrator --home {home} serve" in refused.stderr
+    finally:
+        holder.terminate()
+        holder.wait(timeout=30)
