@@ -62,6 +62,10 @@ class Api:
             return refused
         if req.path in ("/", "/index.html") and req.method in ("GET", "HEAD"):
             return Response(200, _page(), "text/html; charset=utf-8")
+        if req.path.startswith("/job/") and req.method in ("GET", "HEAD"):
+            return Response(200, _page("job.html"), "text/html; charset=utf-8")
+        if req.path.startswith("/peek/") and req.method == "GET":
+            return await self._peek(req.path.removeprefix("/peek/"))
         if req.path == "/health" and req.method in ("GET", "HEAD"):
             return Response.json(await self.control.health())
         if req.path == "/metrics" and req.method == "GET" and self.metrics is not None:
@@ -91,6 +95,17 @@ class Api:
             return _error(401, "unauthorized", "wrong token")
         cookie = f"{COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/"
         return Response(303, b"", "text/plain", headers=[("location", "/"), ("set-cookie", cookie)])
+
+    async def _peek(self, rest: str) -> Response:
+        """``/peek/3.1/stderr``: a run's file as text, for the links of a master's page."""
+        fqid, _, name = rest.partition("/")
+        try:
+            answer = await self.control.peek(fqid, name or "stdout")
+        except UnknownJobError as exc:
+            return _error(404, "unknown job", str(exc), fqid=fqid)
+        except JobError as exc:
+            return _error(409, "refused", str(exc), fqid=fqid, field=exc.field)
+        return Response(200, str(answer["text"]).encode(), "text/plain; charset=utf-8")
 
     # ------------------------------------------------------------ methods
     async def _call(self, req: Request, method: str) -> Response:
@@ -144,8 +159,8 @@ class Api:
                     yield f"data: {data}\n\n".encode()
 
 
-def _page() -> bytes:
-    return resources.files(__package__).joinpath("page.html").read_bytes()
+def _page(name: str = "page.html") -> bytes:
+    return resources.files(__package__).joinpath(name).read_bytes()
 
 
 def _error(status: int, error: str, message: str, *, fqid: str | None = None, field: str | None = None) -> Response:

@@ -94,6 +94,28 @@ class Control:
         return {"step": self.t.runtime.bus.handled, "jobs": records,
                 "gone": [j for j in (jobs or ()) if not self.t.exists((int(j),))]}
 
+    async def master(self, fqid: str, failures: int = 5000, points: int = 400) -> dict[str, Any]:
+        """What a master's page shows: its runs' status codes (one digit each, :data:`_DIGITS`), its failed runs
+        with their reasons (the first ``failures``), and when its runs ended, completed or failed (at most
+        ``points`` times of each, evenly sampled, for the plot)."""
+        fq = self._known(_fq(fqid))
+        job = self.jobs_.lookup(fq)
+        out: dict[str, Any] = {**views.summary(job), "codes": None, "failures": [], "ended": {}}
+        js = self.t.runtime.sm.job_state(fq[0])
+        if len(fq) > 1 or not js.is_master:
+            return out
+        runs = js.runs
+        out["codes"] = bytes(runs.status).translate(_DIGITS).decode()
+        failed = [i for i, code in enumerate(runs.status) if code == JobStatus.FAILED.code]
+        out["failures"] = [[i, (runs.extras[i].reason if i in runs.extras else None) or "failed"]
+                           for i in failed[:int(failures)]]
+        final = runs.times["final"]
+        for status in (JobStatus.COMPLETED, JobStatus.FAILED):
+            times = sorted(final[i] for i, code in enumerate(runs.status) if code == status.code and final[i])
+            step = max(1, len(times) // int(points))
+            out["ended"][status.value] = {"n": len(times), "times": times[::step]}
+        return out
+
     async def info(self, fqid: str) -> dict[str, Any]:
         return self.t.info(self._known(_fq(fqid)))
 
@@ -180,10 +202,11 @@ class Control:
 
 
 #: The methods a client may call (the HTTP API's routes).
-METHODS = frozenset({"jobs", "show", "health", "describe", "info", "backend_id", "subjob_specs", "peek", "metrics",
-                     "states", "add", "submit",
+METHODS = frozenset({"jobs", "show", "master", "health", "describe", "info", "backend_id", "subjob_specs", "peek",
+                     "metrics", "states", "add", "submit",
                      "kill", "resubmit", "release", "force_status", "remove", "wait", "annotate", "refresh"})
 #: Methods a ``GET`` may call: they change nothing.
-READ_ONLY = frozenset({"jobs", "show", "health", "describe", "info", "backend_id", "peek", "metrics", "states"})
+READ_ONLY = frozenset({"jobs", "show", "master", "health", "describe", "info", "backend_id", "peek", "metrics",
+                       "states"})
 
 __all__ = ["METHODS", "READ_ONLY", "Control", "JobStatus"]
