@@ -95,7 +95,7 @@ def run(home: Path | None, body: Callable[[Orchestrator], Awaitable[T]], *, refr
     try:
         return anyio.run(main, False)
     except HomeLockedError as exc:
-        if not read_only or "orchestrator service" in str(exc):
+        if not read_only or "orchestrator service" in str(exc) or not (path / "repository.sqlite").exists():
             raise CliError(f"{exc}; to share a home between processes, run 'orchestrator --home {path} serve': "
                            "every command then goes through it") from None
         return anyio.run(main, True)

@@ -84,7 +84,7 @@ def submit(jobfile: Path, keep_going: bool, wait_: bool, timeout: float | None, 
         click.echo(added.fqid)
         return await _follow(added, timeout) if wait_ else 0
 
-    click.get_current_context().exit(run(home, body))
+    click.get_current_context().exit(_watched(home, body))
 
 
 STATUS_CHOICE = click.Choice([s.value for s in ALL_STATUSES])
@@ -254,7 +254,26 @@ def remove(job_id: str, home: Path | None) -> None:
 @home_option
 def wait(job_id: str, timeout: float | None, home: Path | None) -> None:
     """Follow a job until nothing of it is active; exit 0 if it ended completed, else 1."""
-    click.get_current_context().exit(run(home, lambda orch: _follow(_lookup(orch, job_id), timeout)))
+    click.get_current_context().exit(_watched(home, lambda orch: _follow(_lookup(orch, job_id), timeout)))
+
+
+#: The jobs a command is following (``wait``, ``submit --wait``), for the message that Ctrl-C gets.
+_FOLLOWED: list[str] = []
+#: The exit code of a command stopped by Ctrl-C (128 + SIGINT), as a shell reports it.
+INTERRUPTED = 130
+
+
+def _watched(home: Path | None, body: Callable[[Orchestrator], Any]) -> int:
+    """``run`` for a command that follows a job: Ctrl-C stops the watching, never the job, and says so."""
+    try:
+        return int(run(home, body))
+    except KeyboardInterrupt:
+        if not _FOLLOWED:
+            raise
+        fqid = _FOLLOWED[-1]
+        Console(stderr=True).print(Text(f"stopped watching; job {fqid} goes on (watch it again with "
+                                        f"'orchestrator wait {fqid}')", style="yellow"), soft_wrap=True)
+        return INTERRUPTED
 
 
 async def _follow(job: Job, timeout: float | None) -> int:
@@ -273,28 +292,24 @@ async def _follow(job: Job, timeout: float | None) -> int:
         render_now()
         return scope.cancelled_caught
 
-    try:
-        if console.is_terminal:
-            columns = (TextColumn("job {task.fields[fqid]} {task.fields[status]}"), BarColumn(),
-                       MofNCompleteColumn(), TextColumn("{task.fields[counts]}"), TimeElapsedColumn())
-            with Progress(*columns, console=console, auto_refresh=False) as bar:
-                task = bar.add_task("", total=1, fqid=job.fqid, status="", counts="")
+    _FOLLOWED.append(job.fqid)
+    if console.is_terminal:
+        columns = (TextColumn("job {task.fields[fqid]} {task.fields[status]}"), BarColumn(),
+                   MofNCompleteColumn(), TextColumn("{task.fields[counts]}"), TimeElapsedColumn())
+        with Progress(*columns, console=console, auto_refresh=False) as bar:
+            task = bar.add_task("", total=1, fqid=job.fqid, status="", counts="")
 
-                def render_now() -> None:
-                    record = views.summary(job)
-                    final, total = views.final_or_total(record)
-                    bar.update(task, completed=final, total=max(total, 1),
-                               counts=render.counts_text(record["counts"]).markup,
-                               status=render.status_text(record["status"]).markup)
-                    bar.refresh()
+            def render_now() -> None:
+                record = views.summary(job)
+                final, total = views.final_or_total(record)
+                bar.update(task, completed=final, total=max(total, 1),
+                           counts=render.counts_text(record["counts"]).markup,
+                           status=render.status_text(record["status"]).markup)
+                bar.refresh()
 
-                timed_out = await until_done(render_now)
-        else:
-            timed_out = await until_done(lambda: None)
-    except KeyboardInterrupt:
-        Console(stderr=True).print(Text(f"stopped watching; job {job.fqid} goes on (watch it again with "
-                                        f"'orchestrator wait {job.fqid}')", style="yellow"), soft_wrap=True)
-        raise
+            timed_out = await until_done(render_now)
+    else:
+        timed_out = await until_done(lambda: None)
     record = views.summary(job)
     final, total = views.final_or_total(record)
     line = Text(f"job {record['fqid']} ")

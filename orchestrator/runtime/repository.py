@@ -117,6 +117,8 @@ class Repository:
         """Open (and migrate) the file; a damaged one raises :class:`~orchestrator.core.errors.RepositoryError`.
 
         ``readonly``: read a home another process holds, as it is (never migrated, never written)."""
+        if readonly and not self.path.exists():
+            raise RepositoryError(f"{self.path} does not exist (yet): nothing to read", path=str(self.path))
         with sqlite.guarded(self.path):
             self._db = await sqlite.connect(self.path, readonly=readonly)
             try:

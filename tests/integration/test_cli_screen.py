@@ -59,3 +59,29 @@ async def test_wait_draws_a_live_bar_with_counts_then_the_ending(tmp_path: Path)
     assert f"job {j.fqid} failed: 30/30 final (completed 29  failed 1)" in final
     assert "EXIT=1" in final
     assert final.count(f"job {j.fqid}") <= 2  # the bar was redrawn, not printed line after line
+
+
+async def test_ctrl_c_during_wait_says_the_job_goes_on(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    async with Orchestrator(home=home) as orch:
+        j = await orch.jobs.add(Job(name="long", application=Executable("/bin/true"),
+                                    splitter=ArgSplitter([["0"], ["1"]]), backend=Backend("sim", run_seconds=600)))
+        await j.submit()
+    session = f"orch-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "20",
+                    f"{EXE} --home {home} wait {j.fqid}; echo EXIT=$?; sleep 60"], check=True)
+    try:
+        deadline = time.monotonic() + 30
+        while f"job {j.fqid}" not in screen(session) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)
+        while "EXIT=" not in (text := screen(session)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], check=False)
+    flat = " ".join(text.split())
+    assert f"stopped watching; job {j.fqid} goes on (watch it again with 'orchestrator wait {j.fqid}')" in flat
+    assert "Traceback" not in text
+    async with Orchestrator(home=home) as orch:  # it goes on indeed
+        assert orch.jobs[j.id].status in ("submitted", "running")
+        await orch.jobs[j.id].kill()
