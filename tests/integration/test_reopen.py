@@ -52,7 +52,8 @@ async def test_close_and_reopen_restores_everything(tmp_path: Path) -> None:
         after = snapshot(orch)
         assert after == before
         assert j.subjobs[1].info.submit_counter == 2 and j.subjobs[3].info.submit_counter == 0
-        assert j.merger is not None and j.merger.params() == {"files": ["x"], "ignorefailed": True, "overwrite": False}
+        assert j.merger is not None and j.merger.params() == {"files": ["x"], "ignorefailed": True, "overwrite": False,
+                                                             "compress": False}
         # The reopened jobs still work.
         await j.subjobs[3].resubmit(backend=Backend("sim", run_seconds=0.01, bulk=False))
         await j.wait(timeout=10)
