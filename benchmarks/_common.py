@@ -22,11 +22,22 @@ def peak_rss_mib() -> float:
     return kib / 1024 if sys.platform != "darwin" else kib / (1024 * 1024)
 
 
-def _git_rev() -> str | None:
+def _code_dir() -> Path:
+    """The checkout whose ``orchestrator`` this interpreter imports (a before/after run uses two)."""
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True,
+        import orchestrator
+        return Path(orchestrator.__file__).resolve().parent
+    except ImportError:
+        return HERE
+
+
+def _git_rev() -> str | None:
+    """The revision of the code measured, not of this script (``+dirty``: uncommitted changes)."""
+    where = _code_dir()
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=where, capture_output=True, text=True,
                              timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=HERE,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
                                capture_output=True, text=True, timeout=5)
         rev = out.stdout.strip()
         return f"{rev}{'+dirty' if dirty.stdout.strip() else ''}" if rev else None
@@ -49,3 +60,47 @@ def record(bench: str, line: str, **fields: Any) -> dict[str, Any]:
     with open(RESULTS, "a", encoding="utf-8") as f:
         f.write(json.dumps(entry, sort_keys=False) + "\n")
     return entry
+
+
+def status_counts(orch: Any, job: Any) -> dict[str, int]:
+    """A master's subjobs per status, through the public API: ``len(job.subjobs.select(status=s))``.
+
+    The code before the event-driven core built every matching subjob object for that, so there the
+    engine's own counters are read instead (its fastest way; a before/after comparison stays fair).
+    """
+    engine = getattr(orch, "engine", None)
+    if engine is not None and hasattr(engine, "sm"):
+        return {s.value: c for s, c in engine.sm.master(job.id).count_map().items()}
+    from orchestrator import JobStatus
+    counts = {s.value: len(job.subjobs.select(status=s)) for s in JobStatus}
+    return {s: c for s, c in counts.items() if c}
+
+
+async def status_changes(orch: Any) -> Any:
+    """Yield ``(time, fqids, new statuses)`` for every status change: ``orch.events()``, or the old bus."""
+    from orchestrator import JobStatus
+    if hasattr(orch, "events"):
+        async for ev in orch.events():
+            if type(ev).__name__ == "StatusChanged":
+                ids = ev.ids
+                yield ev.time, ids, [ev.new] * len(ids)
+        return
+    async for ev in orch.engine.bus.subscribe(max_buffer=1_000_000):
+        yield ev.time, ev.ids, [JobStatus(s) for s in ev.new]
+
+
+def persisted_completed(db_path: Path, master: int) -> int:
+    """How many of ``master``'s subjobs the repository file says are completed (read with plain sqlite3).
+
+    Since schema v3 a master's statuses are one blob of status codes in ``runs``; before, one row each.
+    """
+    import sqlite3
+    with sqlite3.connect(db_path) as db:
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "runs" in tables:
+            from orchestrator import JobStatus
+            row = db.execute("SELECT status FROM runs WHERE job=?", (master,)).fetchone()
+            return bytes(row[0]).count(JobStatus.COMPLETED.code) if row else 0
+        (done,) = db.execute("SELECT COUNT(*) FROM subjobs WHERE master=? AND status='completed'",
+                             (master,)).fetchone()
+        return int(done)

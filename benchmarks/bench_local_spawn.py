@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import peak_rss_mib, record
+from _common import peak_rss_mib, record, status_counts
 
 from orchestrator import ArgSplitter, Executable, Job, Orchestrator
 
@@ -91,7 +91,7 @@ async def ours(n: int, config: dict[str, Any], profile: cProfile.Profile | None)
                 t2 = time.perf_counter()
             if profile is not None:
                 profile.disable()
-            counts = {s.value: c for s, c in orch.engine.sm.master(j.id).count_map().items()}
+            counts = status_counts(orch, j)
             if counts != {"completed": n}:
                 raise SystemExit(f"FAILED: master {j.status.value}, counts {counts}")
     finally:

@@ -1,8 +1,9 @@
 """Benchmark (a): one master of 100,000 subjobs on ``sim`` with native bulk.
 
 Measures, from ``await j.submit()`` to every subjob ``completed`` and
-persisted (``await orch.engine.flush()``, then a direct sqlite3 count of the
-completed rows of ``<home>/repository.sqlite``), the wall time, split into
+persisted (``await j.wait()``, then closing the orchestrator, which writes what is
+still in memory, then a plain sqlite3 count of the completed subjobs in
+``<home>/repository.sqlite``), the wall time, split into
 submit time and monitoring-to-completion time, and the peak RSS of the
 process. Target: under 20 s and under 1 GiB.
 
@@ -17,13 +18,12 @@ from __future__ import annotations
 import argparse
 import cProfile
 import shutil
-import sqlite3
 import sys
 import time
 from pathlib import Path
 
 import anyio
-from _common import peak_rss_mib, record
+from _common import peak_rss_mib, persisted_completed, record, status_changes, status_counts
 
 from orchestrator import ArgSplitter, Backend, Executable, Job, JobStatus, Orchestrator
 
@@ -33,16 +33,18 @@ TARGET_RSS_MIB = 1024.0
 
 async def milestones(orch: Orchestrator, seen: dict[str, float]) -> None:
     """Wall-clock times of the last subjob change to submitted and to completed (StatusChanged events)."""
-    async for ev in orch.engine.bus.subscribe(max_buffer=1_000_000):
-        for fq, new in zip(ev.ids, ev.new, strict=True):
+    async for when, ids, news in status_changes(orch):
+        for fq, new in zip(ids, news, strict=True):
             if len(fq) > 1 and new in (JobStatus.SUBMITTED, JobStatus.COMPLETED):
-                seen[new.value] = ev.time
+                seen[new.value] = when
                 break
 
 
 async def run(home: Path, n: int, profile: cProfile.Profile | None) -> dict[str, float]:
     seen: dict[str, float] = {}
-    async with Orchestrator(home) as orch, anyio.create_task_group() as tg:
+    orch = Orchestrator(home)
+    await orch.__aenter__()
+    async with anyio.create_task_group() as tg:
         tg.start_soon(milestones, orch, seen)
         args = [[str(i)] for i in range(n)]
         j = await orch.jobs.add(Job(name="bench-100k", application=Executable("/bin/true"),
@@ -54,16 +56,14 @@ async def run(home: Path, n: int, profile: cProfile.Profile | None) -> dict[str,
         await j.submit()
         t1 = time.perf_counter()
         await j.wait(timeout=600)
-        await orch.engine.flush()
-        with sqlite3.connect(home / "repository.sqlite") as db:
-            (done,) = db.execute("SELECT COUNT(*) FROM subjobs WHERE master=? AND status='completed'",
-                                 (j.id,)).fetchone()
-        t2 = time.perf_counter()
-        if profile is not None:
-            profile.disable()
         status = j.status.value
-        counts = {s.value: c for s, c in orch.engine.sm.master(j.id).count_map().items()}
+        counts = status_counts(orch, j)
         tg.cancel_scope.cancel()
+    await orch.__aexit__(None, None, None)  # writes what is still in memory
+    done = persisted_completed(home / "repository.sqlite", j.id)
+    t2 = time.perf_counter()
+    if profile is not None:
+        profile.disable()
     if done != n or status != "completed":
         raise SystemExit(f"FAILED: master {status}, {done} of {n} completed rows, counts {counts}")
     return {"submit_s": t1 - t0, "complete_s": t2 - t1, "total_s": t2 - t0, "completed_rows": done,

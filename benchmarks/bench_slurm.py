@@ -45,8 +45,6 @@ EXE = "/bin/true"
 
 
 async def ours(cluster: SlurmCluster, n: int, poll: float, max_array: int) -> dict[str, Any]:
-    from orch_slurm import SlurmDriver
-
     home = Path(tempfile.mkdtemp(prefix="orch-bench-slurm-"))
     config: dict[str, Any] = {"core": {"poll_interval": poll}}
     if max_array:
@@ -61,12 +59,12 @@ async def ours(cluster: SlurmCluster, n: int, poll: float, max_array: int) -> di
         await j.wait(timeout=3600)
         total = time.perf_counter() - t0
         done = sum(1 for s in j.subjobs if s.status == "completed")
-        driver = orch.engine.drivers["slurm"]
-        assert isinstance(driver, SlurmDriver)
-        calls = dict(driver.calls)
-        per_tick = {k: max((t.get(k, 0) for t in driver.tick_calls), default=0) for k in ("squeue", "sacct")}
+        driver = (await orch.metrics())["backends"]["slurm"]["driver"]
+        calls = dict(driver["calls"])
+        per_tick = {k: max((t.get(k, 0) for t in driver["tick_calls"]), default=0) for k in ("squeue", "sacct")}
         return {"seconds": total, "submit_seconds": submitted, "completed": done, "calls": calls,
-                "ticks": driver.ticks, "max_per_tick": per_tick, "max_runs_per_tick": max(driver.tick_runs)}
+                "ticks": driver["ticks"], "max_per_tick": per_tick,
+                "max_runs_per_tick": max(driver["tick_runs"], default=0)}
 
 
 def warm_up(cluster: SlurmCluster) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from _common import peak_rss_mib, record
+from _common import peak_rss_mib, record, status_counts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from sshd import SshEnv, sshd_unavailable, start_env  # noqa: E402
@@ -80,15 +80,15 @@ async def ours(env: SshEnv, n: int, slots: int, poll: float) -> dict[str, Any]:
             t1 = time.perf_counter()
             await j.wait(timeout=600)
             t2 = time.perf_counter()
-            counts = {s.value: c for s, c in orch.engine.sm.master(j.id).count_map().items()}
+            counts = status_counts(orch, j)
             if counts != {"completed": n}:
                 raise SystemExit(f"FAILED: master {j.status.value}, counts {counts}")
             missing = [s.fqid for s in j.subjobs if not (s.outputdir / "orch.log").exists()]
             if missing:
                 raise SystemExit(f"FAILED: no orch.log fetched for {missing[:5]}")
-            driver = orch.engine.drivers["ssh"]
-            calls = {k: v for k, v in driver.calls.items() if ":" not in k}  # type: ignore[attr-defined]
-            ticks = driver.ticks  # type: ignore[attr-defined]
+            driver = (await orch.metrics())["backends"]["ssh"]["driver"]
+            calls = {k: v for k, v in driver["calls"].items() if ":" not in k}
+            ticks = driver["ticks"]
     finally:
         shutil.rmtree(home, ignore_errors=True)
     return {"submit_s": t1 - t0, "total_s": t2 - t0, "calls": calls, "ticks": ticks}

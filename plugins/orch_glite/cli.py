@@ -1,4 +1,4 @@
-"""``wms``: the command group of the emulated gLite WMS (``orchestrator wms serve``, ``python -m orch_glite.wms``).
+"""``wms``: the command group of the emulated gLite WMS (``orchestrator wms serve``, ``python -m orch_glite``).
 
 A click group object, so that the main ``orchestrator`` command can mount it
 with ``main.add_command(wms_group)`` and the service can run on its own

@@ -25,7 +25,7 @@ from .wms import active_pids
 
 
 class WMSProcess:
-    """``python -m orch_glite.wms serve`` as a child of the test process, known by its PID."""
+    """``python -m orch_glite serve`` as a child of the test process, known by its PID."""
 
     def __init__(self, statedir: Path, *, port: int = 0, max_running: int = 64,
                  faults: Mapping[str, Any] | None = None, launch_grace: float = 5.0, kill_grace: float = 1.0) -> None:
@@ -59,7 +59,7 @@ class WMSProcess:
         self.statedir.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             (self.statedir / "endpoint").unlink()
-        args = [sys.executable, "-m", "orch_glite.wms", "serve", "--listen", f"127.0.0.1:{self.port}",
+        args = [sys.executable, "-m", "orch_glite", "serve", "--listen", f"127.0.0.1:{self.port}",
                 "--state", str(self.statedir), "--max-running", str(self.max_running),
                 "--launch-grace", str(self.launch_grace), "--kill-grace", str(self.kill_grace)]
         if self.faults:

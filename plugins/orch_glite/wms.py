@@ -11,7 +11,7 @@ on this machine through the orchestrator's own job wrapper, exactly as the
 ``posix_spawn(setsid=True)`` so a node's whole process group can be ended,
 and so that nodes outlive the service).
 
-Start it with ``python -m orch_glite.wms serve --listen 127.0.0.1:PORT --state DIR``
+Start it with ``python -m orch_glite serve --listen 127.0.0.1:PORT --state DIR``
 (``PORT`` 0 picks a free port; the endpoint is written to ``DIR/endpoint``
 once the service listens). The wire protocol is in :mod:`orch_glite.protocol`.
 
@@ -33,7 +33,8 @@ thread is needed.
 Layout: the persistent state (collections, nodes, ``wms.sqlite``) is in
 :mod:`orch_glite.store`; launching nodes, reading the events file and the
 scheduler loop are in :mod:`orch_glite.launcher`; this module is the HTTP
-service, its ``serve`` entry point and ``python -m orch_glite.wms``.
+service and its ``serve`` entry point; :mod:`orch_glite.cli` is its command line
+(``orchestrator wms serve``, ``python -m orch_glite serve``).
 """
 
 from __future__ import annotations
@@ -421,13 +422,3 @@ async def serve(listen: str, statedir: Path, *, max_running: int = 64, faults: M
     wms = WMS(statedir, max_running=max_running, faults=faults, launch_grace=launch_grace, kill_grace=kill_grace)
     await wms.serve(host, port)
 
-
-def main() -> None:
-    """``python -m orch_glite.wms serve ...``: the same command as ``orchestrator wms serve``."""
-    from .cli import wms_group
-
-    wms_group(prog_name="python -m orch_glite.wms")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """The ``glite`` backend against the emulated WMS running as its own process (issue 5's acceptance tests).
 
-Each test starts ``python -m orch_glite.wms serve`` on a free loopback port
+Each test starts ``python -m orch_glite serve`` on a free loopback port
 with a private state directory, and stops it by PID afterwards (and ends any
 node it left running). Real bulk: a master's subjobs go in one collection
 call, status is one call per collection per tick, kill is one call.

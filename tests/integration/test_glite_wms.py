@@ -125,7 +125,7 @@ async def test_restart_keeps_collections_nodes_and_spent_faults(tmp_path: Path, 
 
 
 def test_one_state_directory_one_service(tmp_path: Path, wms: WMSProcess) -> None:
-    proc = subprocess.run([sys.executable, "-m", "orch_glite.wms", "serve", "--listen", "127.0.0.1:0", "--state",
+    proc = subprocess.run([sys.executable, "-m", "orch_glite", "serve", "--listen", "127.0.0.1:0", "--state",
                            str(wms.statedir)], capture_output=True, text=True, timeout=30)
     assert proc.returncode != 0 and f"in use by another WMS (pid {wms.pid})" in proc.stderr
 
