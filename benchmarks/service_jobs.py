@@ -53,8 +53,8 @@ def stored_shape(home: Path) -> tuple[int, int]:
         return 0, 0
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        masters = db.execute("SELECT COUNT(*) FROM jobs WHERE n_subjobs > 0").fetchone()[0]
-        subjobs = db.execute("SELECT COUNT(*) FROM subjobs").fetchone()[0]
+        masters, subjobs = db.execute("SELECT COUNT(*), COALESCE(SUM(n_subjobs), 0) FROM jobs "
+                                      "WHERE n_subjobs > 0").fetchone()
     finally:
         db.close()
     return int(masters), int(subjobs)
@@ -128,7 +128,8 @@ def cpu_seconds(pid: int) -> float:
 # ------------------------------------------------------------------ timing
 def timed(argv: list[str]) -> tuple[float, str]:
     t0 = time.perf_counter()
-    result = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    # cwd "/": run from a checkout, ``-c "import orchestrator"`` would import that checkout's code, not the venv's
+    result = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, cwd="/")
     seconds = time.perf_counter() - t0
     if result.returncode != 0:
         raise SystemExit(f"FAILED: {' '.join(argv)} exited {result.returncode}\n{result.stderr}")
@@ -143,7 +144,7 @@ def summary(values: list[float]) -> dict[str, float]:
 def import_profile(top: int) -> list[tuple[float, str]]:
     """The ``top`` imports of ``orchestrator.cli`` by cumulative time (``python -X importtime``), in seconds."""
     result = subprocess.run([sys.executable, "-X", "importtime", "-c", "import orchestrator.cli"],
-                            capture_output=True, text=True)
+                            capture_output=True, text=True, cwd="/")
     rows = []
     for line in result.stderr.splitlines():
         if not line.startswith("import time:") or "cumulative" in line:
@@ -188,7 +189,8 @@ def main() -> None:
             runs["import orchestrator.cli"].append(timed([sys.executable, "-c", "import orchestrator.cli"])[0])
             seconds, out = timed([str(ORCH), "--home", str(home), "jobs"])
             runs["orchestrator jobs"].append(seconds)
-            rows = sum(1 for line in out.splitlines()[1:] if line.split() and line.split()[0].isdigit())
+            rows = sum(1 for line in out.splitlines()[1:]  # one line per master, named bench-NNN (not the totals)
+                       if len(line.split()) > 1 and line.split()[0].isdigit() and line.split()[1].startswith("bench-"))
             with unix_client(socket_path) as c:
                 t0 = time.perf_counter()
                 answer = c.post("/api/jobs", json={})

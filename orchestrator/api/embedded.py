@@ -69,6 +69,9 @@ class Embedded:
     def info(self, fq: FQID) -> dict[str, Any]:
         return self.runtime.sm.info(fq)
 
+    def infos(self, fqs: Sequence[FQID]) -> list[dict[str, Any]]:
+        return [self.runtime.sm.info(fq) for fq in fqs]
+
     def backend_id(self, fq: FQID) -> str | None:
         return self.runtime.writer.backend_id(fq[0], fq[1] if len(fq) == 2 else None)
 

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import structlog
@@ -25,10 +25,11 @@ from ..core.errors import JobError, OrchestratorError
 from ..plugin.logs import configure as configure_logs
 from ..runtime.config import Config
 from ..runtime.homelock import SERVICE_ROLE
-from ..runtime.runtime import Runtime
-from .embedded import Embedded
 from .registry import JobRegistry
 from .transport import Transport
+
+if TYPE_CHECKING:
+    from ..runtime.runtime import Runtime
 
 
 def default_home() -> Path:
@@ -129,6 +130,9 @@ class Orchestrator:
         if not self._readonly:
             self.home.mkdir(parents=True, exist_ok=True)
         config = Config.load(self.home, self._overrides)
+        from ..runtime.runtime import Runtime  # here: a client of a service never loads the runtime
+        from .embedded import Embedded
+
         runtime = Runtime(self.home, config, role=self._role, readonly=self._readonly)
         tg = await stack.enter_async_context(anyio.create_task_group())
         stack.callback(tg.cancel_scope.cancel)

@@ -33,7 +33,7 @@ from ..core.events import AddRequested, LinkedAdded, RemoveRequested, StatusChan
 from ..core.ids import FQID, fqid_str
 from ..core.statuses import ACTIVE, JobStatus
 from ..plugin.logs import get_logger
-from .client import ServiceClient, ServiceUnavailable, connect, sync_call
+from .client import ServiceClient, ServiceUnavailable, SyncCaller, connect
 from .paths import ServicePaths
 from .transport import Done, JobRecord
 
@@ -58,6 +58,7 @@ class Remote:
         self.home = home
         self.client = client
         self.socket = ServicePaths(home).socket
+        self._sync = SyncCaller(self.socket)
         self._tops: dict[int, Mirror] = {}
         self._stale: set[int] = set()
         self._wake = anyio.Event()
@@ -72,6 +73,7 @@ class Remote:
         closing the client wakes the reads with an error that the readers, seeing ``_closing``, end on.
         """
         self._closing = True
+        self._sync.close()
         with anyio.CancelScope(shield=True), anyio.move_on_after(5):
             await self.client.aclose()
 
@@ -94,7 +96,7 @@ class Remote:
 
     def _fetch(self, job: int) -> None:
         """A job this mirror does not know yet (another client's): read on the spot."""
-        self._take(sync_call(self.socket, "describe", jobs=[job]), [job])
+        self._take(self._sync("describe", jobs=[job]), [job])
 
     def _take(self, answer: dict[str, Any], jobs: Sequence[int] | None) -> None:
         step = int(answer["step"])
@@ -211,17 +213,20 @@ class Remote:
         return self.exists(fq) and self.status(fq) in ACTIVE
 
     def info(self, fq: FQID) -> dict[str, Any]:
-        return sync_call(self.socket, "info", fqid=fqid_str(fq))  # type: ignore[no-any-return]
+        return self._sync("info", fqid=fqid_str(fq))  # type: ignore[no-any-return]
+
+    def infos(self, fqs: Sequence[FQID]) -> list[dict[str, Any]]:
+        return self._sync("infos", fqids=[fqid_str(fq) for fq in fqs]) if fqs else []
 
     def backend_id(self, fq: FQID) -> str | None:
-        return sync_call(self.socket, "backend_id", fqid=fqid_str(fq))  # type: ignore[no-any-return]
+        return self._sync("backend_id", fqid=fqid_str(fq))  # type: ignore[no-any-return]
 
     def subjob_specs(self, job: int, indexes: Sequence[int]) -> dict[int, dict[str, Any]]:
-        got = sync_call(self.socket, "subjob_specs", job=job, indexes=list(indexes))
+        got = self._sync("subjob_specs", job=job, indexes=list(indexes))
         return {int(k): v for k, v in got.items()}
 
     def annotate(self, job: int, comment: str | None, metadata: dict[str, Any] | None) -> None:
-        sync_call(self.socket, "annotate", job=job, comment=comment, metadata=metadata)
+        self._sync("annotate", job=job, comment=comment, metadata=metadata)
 
     # ------------------------------------------------------------ operations
     async def _op(self, method: str, targets: Sequence[FQID], **kw: Any) -> Done:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ..core.model import JobInfo
 from ..core.statuses import ALL_STATUSES, JobStatus
 from .job import Job
 
@@ -27,9 +28,9 @@ def counts(job: Job) -> dict[str, int]:
     return {s.value: found[s] for s in ALL_STATUSES if found.get(s)}
 
 
-def times(job: Job, now: float | None = None) -> tuple[float | None, float | None]:
+def times(job: Job, now: float | None = None, info: JobInfo | None = None) -> tuple[float | None, float | None]:
     """``(submitted at, elapsed seconds)``: from the first submission to the end, or to now while active."""
-    stamps = job.info.timestamps
+    stamps = (info or job.info).timestamps
     started = min((stamps[k] for k in ("submitting", "submitted") if k in stamps), default=None)
     if started is None:
         return None, None
@@ -38,12 +39,22 @@ def times(job: Job, now: float | None = None) -> tuple[float | None, float | Non
     return started, max(0.0, end - started)
 
 
-def summary(job: Job) -> dict[str, Any]:
+def summary(job: Job, info: JobInfo | None = None) -> dict[str, Any]:
+    """The record ``orchestrator jobs`` lists for a job (``info``: its info, when already read)."""
     c = counts(job)
-    submitted_at, elapsed = times(job)
+    info = info or job.info
+    submitted_at, elapsed = times(job, info=info)
     return {"fqid": job.fqid, "name": job.name, "status": job.status.value, "backend": job.backend.name,
-            "subjobs": sum(c.values()), "counts": c, "reason": job.info.reason, "active": job.is_active(),
+            "subjobs": sum(c.values()), "counts": c, "reason": info.reason, "active": job.is_active(),
             "submitted_at": submitted_at, "elapsed": elapsed}
+
+
+def summaries(jobs: Sequence[Job]) -> list[dict[str, Any]]:
+    """``summary`` of each job, their infos read in one call (through a service: one request, not one each)."""
+    known = [j for j in jobs if j.registry is not None]
+    infos = known[0].registry.transport.infos([j.fqid_tuple for j in known]) if known else []
+    by_job = {id(j): JobInfo.from_dict(i) for j, i in zip(known, infos, strict=True)}
+    return [summary(j, by_job.get(id(j))) for j in jobs]
 
 
 def subjob_row(sub: Job) -> dict[str, Any]:
@@ -87,4 +98,5 @@ def final_or_total(record: dict[str, Any]) -> tuple[int, int]:
     return sum(c.get(s.value, 0) for s in FINAL), sum(c.values())
 
 
-__all__ = ["SHOW_SUBJOBS", "JobStatus", "counts", "detail", "subjob_row", "subjob_rows", "summary", "times"]
+__all__ = ["SHOW_SUBJOBS", "JobStatus", "counts", "detail", "subjob_row", "subjob_rows", "summaries", "summary",
+           "times"]

@@ -108,7 +108,7 @@ def jobs(statuses: tuple[str, ...], name: str | None, backend: str | None, limit
 
     async def body(orch: Orchestrator) -> None:
         chosen = list(orch.jobs.select(status=list(statuses) or None, name=name, backend=backend))
-        selected = [views.summary(j) for j in (chosen[-limit:] if limit else chosen)]
+        selected = views.summaries(chosen[-limit:] if limit else chosen)
         if as_json:
             print_json({"schema": 1, "jobs": selected, "totals": render.totals_of(selected)})
             return

@@ -20,7 +20,7 @@ import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import structlog
@@ -52,9 +52,8 @@ from .checkpoints import Checkpoints
 from .config import Config
 from .definitions import Definitions
 from .executor import Executor
-from .homelock import HomeLock
+from .homelock import SERVICE_ROLE, HomeLock
 from .limits import exec_limit
-from .metrics import Metrics
 from .monitor import Ending, Monitor
 from .postprocess import Postprocessing
 from .prepare import Preparer
@@ -62,6 +61,9 @@ from .repository import Repository, RunsRow, StateRow, TopRow
 from .runs import read_ending
 from .workspace import Workspace
 from .writer import Writer, restore
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
 
 S = JobStatus
 
@@ -125,9 +127,21 @@ class Runtime:
                   CreateLinked: self.preparer.create_linked, RunPostprocess: self.postprocessing.run,
                   Notify: self.postprocessing.notify})
         self.bus = Bus(self.sm, self.executor, self.log)
-        self.prometheus = Metrics(self.sm, queue_depth=lambda: self.bus._in.statistics().current_buffer_used,
-                               monitors=lambda: {n: (m.ticks, m.last_tick) for n, m in self._monitors.items()})
-        self.bus.hooks.append(self.prometheus.observe)
+        #: Prometheus metrics, for the service (``enable_prometheus``): an embedded runtime neither loads
+        #: prometheus-client nor pays the bus hook.
+        self.prometheus: Metrics | None = None
+        if role == SERVICE_ROLE:
+            self.enable_prometheus()
+
+    def enable_prometheus(self) -> Metrics:
+        """Count from now on what ``GET /metrics`` serves; call before ``open`` to see the start's reconciling."""
+        if self.prometheus is None:
+            from .metrics import Metrics
+
+            self.prometheus = Metrics(self.sm, queue_depth=lambda: self.bus._in.statistics().current_buffer_used,
+                                      monitors=lambda: {n: (m.ticks, m.last_tick) for n, m in self._monitors.items()})
+            self.bus.hooks.append(self.prometheus.observe)
+        return self.prometheus
 
     # ------------------------------------------------------------ life
     async def open(self, tg: TaskGroup) -> None:

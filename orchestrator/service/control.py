@@ -68,7 +68,7 @@ class Control:
     # ------------------------------------------------------------ reads
     async def jobs(self, status: Sequence[str] | None = None, name: str | None = None) -> list[dict[str, Any]]:
         """Top-level jobs as ``orchestrator jobs`` lists them."""
-        return [views.summary(j) for j in self.jobs_.select(status=list(status or ()) or None, name=name)]
+        return views.summaries(list(self.jobs_.select(status=list(status or ()) or None, name=name)))
 
     async def show(self, fqid: str, subjobs: int = views.SHOW_SUBJOBS) -> dict[str, Any]:
         """A job as ``orchestrator show`` shows it."""
@@ -118,6 +118,9 @@ class Control:
 
     async def info(self, fqid: str) -> dict[str, Any]:
         return self.t.info(self._known(_fq(fqid)))
+
+    async def infos(self, fqids: Sequence[str]) -> list[dict[str, Any]]:
+        return self.t.infos([self._known(_fq(f)) for f in fqids])
 
     async def backend_id(self, fqid: str) -> str | None:
         return self.t.backend_id(self._known(_fq(fqid)))
@@ -202,11 +205,11 @@ class Control:
 
 
 #: The methods a client may call (the HTTP API's routes).
-METHODS = frozenset({"jobs", "show", "master", "health", "describe", "info", "backend_id", "subjob_specs", "peek",
-                     "metrics", "states", "add", "submit",
-                     "kill", "resubmit", "release", "force_status", "remove", "wait", "annotate", "refresh"})
+METHODS = frozenset({"jobs", "show", "master", "health", "describe", "info", "infos", "backend_id", "subjob_specs",
+                     "peek", "metrics", "states", "add", "submit", "kill", "resubmit", "release", "force_status",
+                     "remove", "wait", "annotate", "refresh"})
 #: Methods a ``GET`` may call: they change nothing.
-READ_ONLY = frozenset({"jobs", "show", "master", "health", "describe", "info", "backend_id", "peek", "metrics",
+READ_ONLY = frozenset({"jobs", "show", "master", "health", "describe", "info", "infos", "backend_id", "peek", "metrics",
                        "states"})
 
 __all__ = ["METHODS", "READ_ONLY", "Control", "JobStatus"]

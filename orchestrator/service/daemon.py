@@ -99,7 +99,7 @@ async def _serve(orch: Orchestrator, signals: Any, tcp_port: int | None, token_f
     os.chmod(paths.dir, 0o700)
     paths.socket.unlink(missing_ok=True)  # left by a killed service: we hold the home's lock, it is ours
     runtime = orch.runtime
-    api = Api(Control(Embedded(runtime)), runtime.bus, token=token, metrics=runtime.prometheus.render)
+    api = Api(Control(Embedded(runtime)), runtime.bus, token=token, metrics=runtime.enable_prometheus().render)
     async with anyio.create_task_group() as tg:
         await tg.start(_host_workflows, orch)  # a damaged workflows.sqlite refuses the start, as the repository does
         unix = await anyio.create_unix_listener(paths.socket, mode=0o600)
