@@ -29,6 +29,19 @@ FIELDS = ("name", "application", "inputfiles", "outputfiles", "splitter", "postp
 MASTER_ONLY = ("splitter", "merger", "postprocessors", "prejob", "aggregator", "min_success", "comment", "metadata")
 
 
+#: A splitter's definition that a service left out of a listing (its arguments can be millions of values):
+#: ``{"plugin": name, DEFERRED: True}``, read in full when the splitter is first used.
+DEFERRED = "deferred"
+
+
+def without_splitter(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` with its splitter's parameters left out (:data:`DEFERRED`)."""
+    splitter = spec.get("splitter")
+    if not splitter:
+        return spec
+    return {**spec, "splitter": {"plugin": splitter.get("plugin"), DEFERRED: True}}
+
+
 def subjob_part(spec: dict[str, Any]) -> dict[str, Any]:
     """The part of a master's definition its subjobs inherit."""
     return {k: v for k, v in spec.items() if k not in MASTER_ONLY}
@@ -62,6 +75,7 @@ class Definition:
         self.application = application
         self.inputfiles = list(inputfiles)
         self.outputfiles = list(outputfiles)
+        self._splitter_data: dict[str, Any] | None = None
         self.splitter = splitter
         #: ``merger=`` is a shorthand for one merger that runs first of the postprocessors.
         self.merger = merger
@@ -120,7 +134,8 @@ class Definition:
         self.application = Executable.from_dict(app) if app else None
         self.inputfiles = list(spec.get("inputfiles", []))
         self.outputfiles = list(spec.get("outputfiles", []))
-        self.splitter = registry.load_splitter(spec.get("splitter"))
+        self.splitter = None
+        self._splitter_data = spec.get("splitter")  # built when first read: a listing of masters needs none
         self.merger = registry.load_postprocessor(spec.get("merger"))
         self.postprocessors = [p for p in (registry.load_postprocessor(d) for d in spec.get("postprocessors", []))
                                if p is not None]
@@ -136,6 +151,25 @@ class Definition:
         self._comment = spec.get("comment", "")
         self._metadata = dict(spec.get("metadata", {}))
         self.fail_on_missing_output = spec.get("fail_on_missing_output")
+
+    @property
+    def splitter(self) -> Splitter | None:
+        """How a master splits into subjobs; a stored one is built from its definition when first read."""
+        if self._splitter_data is not None:
+            data: dict[str, Any] | None = self._splitter_data
+            if data is not None and data.get(DEFERRED):
+                data = self._stored_splitter()
+            self._splitter_data = None
+            self._splitter = registry.load_splitter(data)
+        return self._splitter
+
+    @splitter.setter
+    def splitter(self, value: Splitter | None) -> None:
+        self._splitter, self._splitter_data = value, None
+
+    def _stored_splitter(self) -> dict[str, Any] | None:
+        """The stored splitter's definition, when a service sent the job without it (a job reads it)."""
+        raise NotImplementedError
 
     @classmethod
     def of(cls, name: str, spec: dict[str, Any]) -> Definition:

@@ -206,6 +206,11 @@ class Job(Definition):
         Definition.load(twin, self.name, self.spec())
         return twin
 
+    def _stored_splitter(self) -> dict[str, Any] | None:
+        if self.id is None:
+            raise JobError("has no stored splitter", fqid=self.fqid_or_new, field="splitter")
+        return self.registry.transport.splitter_spec(self.id)
+
     @classmethod
     def from_spec(cls, name: str, spec: dict[str, Any]) -> Job:
         job = cls()

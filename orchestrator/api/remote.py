@@ -218,6 +218,9 @@ class Remote:
     def infos(self, fqs: Sequence[FQID]) -> list[dict[str, Any]]:
         return self._sync("infos", fqids=[fqid_str(fq) for fq in fqs]) if fqs else []
 
+    def splitter_spec(self, job: int) -> dict[str, Any] | None:
+        return self._sync("splitter_spec", job=job)  # type: ignore[no-any-return]
+
     def backend_id(self, fq: FQID) -> str | None:
         return self._sync("backend_id", fqid=fqid_str(fq))  # type: ignore[no-any-return]
 

@@ -59,6 +59,8 @@ class Transport(Protocol):
     def infos(self, fqs: Sequence[FQID]) -> list[dict[str, Any]]:
         """``info`` of many jobs in one call (a listing of every top-level job)."""
     def backend_id(self, fq: FQID) -> str | None: ...
+    def splitter_spec(self, job: int) -> dict[str, Any] | None:
+        """The stored definition of a master's splitter (a listing may leave it out)."""
     def subjob_specs(self, job: int, indexes: Sequence[int]) -> dict[int, dict[str, Any]]: ...
 
     # ------------------------------------------------------------ operations

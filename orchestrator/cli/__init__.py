@@ -1,13 +1,10 @@
 """The ``orchestrator`` command line (click): written once over the API, embedded or through a service."""
 
-from .commands import add_plugin_commands, cli
+from .commands import cli
 
 
 def main() -> None:
     cli(prog_name="orchestrator")
-
-
-add_plugin_commands()
 
 
 __all__ = ["cli", "main"]

@@ -12,6 +12,7 @@ one-line message on stderr); 3 nothing to do (``kill`` of a final job,
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,8 +40,43 @@ class CliError(click.ClickException):
         Console(stderr=True).print(Text(f"error: {self.message}", style="red"), soft_wrap=True, highlight=False)
 
 
+#: The entry-point group of the commands plugins add (``orchestrator wms``, ``orchestrator workflow``...).
+PLUGIN_COMMANDS = "orchestrator.commands"
+
+
 class Group(click.Group):
-    """Turns the errors a user can cause (and fix) into ``CliError``; anything else is a bug: traceback."""
+    """Turns the errors a user can cause (and fix) into ``CliError``; anything else is a bug: traceback.
+
+    Plugins' commands are listed from their entry points and imported only when one is run (or asked
+    for help), so ``orchestrator jobs`` does not load the workflow engine or a WMS client.
+    """
+
+    def _plugin_points(self) -> dict[str, importlib.metadata.EntryPoint]:
+        points: dict[str, importlib.metadata.EntryPoint] = {}
+        for ep in importlib.metadata.entry_points(group=PLUGIN_COMMANDS):
+            points.setdefault(ep.name, ep)  # the first of a name wins, as for every plugin group
+        return points
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self._plugin_points()))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            return command
+        ep = self._plugin_points().get(cmd_name)
+        if ep is None:
+            return None
+        try:
+            loaded = ep.load()
+        except Exception as exc:  # a broken plugin must not stop the others
+            Console(stderr=True).print(Text(f"warning: plugin command {cmd_name!r} ({ep.value}) failed to load: "
+                                            f"{type(exc).__name__}: {exc}", style="yellow"), highlight=False)
+            return None
+        if not isinstance(loaded, click.Command):
+            return None
+        self.add_command(loaded, cmd_name)
+        return loaded
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

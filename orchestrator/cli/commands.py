@@ -398,13 +398,4 @@ def _size(n: int) -> str:
     return f"{n / 1024:.0f} KiB" if n < 1024 ** 2 else f"{n / 1024 ** 2:.1f} MiB"
 
 
-def add_plugin_commands() -> None:
-    """Commands that plugins register under the entry-point group ``orchestrator.commands``."""
-    from ..runtime.registry import group
-
-    for name, command in group("orchestrator.commands").items():
-        if isinstance(command, click.Command) and name not in cli.commands:
-            cli.add_command(command, name)
-
-
 __all__ = ["FINAL", "cli"]

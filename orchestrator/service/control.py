@@ -25,6 +25,7 @@ from typing import Any
 import anyio
 
 from ..api import views
+from ..api.definition import without_splitter
 from ..api.embedded import Embedded
 from ..api.registry import JobRegistry
 from ..core.errors import JobError, UnknownJobError
@@ -86,7 +87,8 @@ class Control:
         records = []
         for job in ids:
             rec = self.t.record(int(job))
-            out: dict[str, Any] = {"id": rec.id, "name": rec.name, "spec": rec.spec, "added": rec.added,
+            out: dict[str, Any] = {"id": rec.id, "name": rec.name, "spec": without_splitter(rec.spec),
+                                   "added": rec.added,
                                    "status": sm.status((rec.id,)).value, "active": sm.active((rec.id,))}
             if sm.is_master(rec.id):
                 out["codes"] = sm.statuses(rec.id).translate(_DIGITS).decode()
@@ -121,6 +123,9 @@ class Control:
 
     async def infos(self, fqids: Sequence[str]) -> list[dict[str, Any]]:
         return self.t.infos([self._known(_fq(f)) for f in fqids])
+
+    async def splitter_spec(self, job: int) -> dict[str, Any] | None:
+        return self.t.splitter_spec(self._known((int(job),))[0])
 
     async def backend_id(self, fqid: str) -> str | None:
         return self.t.backend_id(self._known(_fq(fqid)))
@@ -206,10 +211,10 @@ class Control:
 
 #: The methods a client may call (the HTTP API's routes).
 METHODS = frozenset({"jobs", "show", "master", "health", "describe", "info", "infos", "backend_id", "subjob_specs",
-                     "peek", "metrics", "states", "add", "submit", "kill", "resubmit", "release", "force_status",
-                     "remove", "wait", "annotate", "refresh"})
+                     "splitter_spec", "peek", "metrics", "states", "add", "submit", "kill", "resubmit", "release",
+                     "force_status", "remove", "wait", "annotate", "refresh"})
 #: Methods a ``GET`` may call: they change nothing.
 READ_ONLY = frozenset({"jobs", "show", "master", "health", "describe", "info", "infos", "backend_id", "peek", "metrics",
-                       "states"})
+                       "states", "splitter_spec"})
 
 __all__ = ["METHODS", "READ_ONLY", "Control", "JobStatus"]
