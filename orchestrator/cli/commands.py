@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from ..api import views
+from ..api import usage, views
 from ..api.job import Job
 from ..api.orchestrator import Orchestrator
 from ..core.statuses import ALL_STATUSES, FINAL, JobStatus
@@ -121,6 +121,10 @@ def jobs(statuses: tuple[str, ...], name: str | None, backend: str | None, limit
     run(home, body, refresh=True, read_only=True)
 
 
+#: ``show`` reads the runs' CPU records (one small file each) up to this many subjobs; ``report`` always does.
+SHOW_CPU_RUNS = 20_000
+
+
 @cli.command()
 @job_id_argument
 @click.option("--status", "statuses", multiple=True, type=STATUS_CHOICE,
@@ -140,6 +144,7 @@ def show(job_id: str, statuses: tuple[str, ...], all_: bool, offset: int, limit:
         record = views.detail(job, subjobs=0 if listing else views.SHOW_SUBJOBS)
         if listing:
             record["subjob_rows"] = views.subjob_rows(job, statuses, offset, limit)
+        record["cpu"] = usage.report(job) if record["subjobs"] <= SHOW_CPU_RUNS else None
         if as_json:
             print_json({"schema": 1, **record})
             return

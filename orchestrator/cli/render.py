@@ -147,6 +147,15 @@ def show(detail: dict[str, Any], out: Console, listed: bool = False) -> None:
     if info.get("retry_args"):
         row("retry_args", " ".join(info["retry_args"]))
     row("outputdir", detail["outputdir"])
+    cpu = detail.get("cpu")
+    if cpu is None and "cpu" in detail:
+        row("cpu", f"{detail['subjobs']} subjobs: see orchestrator report {detail['fqid']}")
+    elif cpu is not None and cpu["attempts"]:
+        wasted = Text(f"wasted {cpu['wasted']:.2f} s", style="red" if cpu["wasted"] else "")
+        causes = ", ".join(f"{cause} {seconds:.2f} s" for cause, seconds in cpu["wasted_by_cause"].items())
+        row("cpu", Text(f"{cpu['cpu']:.2f} s over {cpu['attempts']} attempt{'s' if cpu['attempts'] != 1 else ''}: ")
+            + Text(f"useful {cpu['useful']:.2f} s", style="green") + Text(", ") + wasted
+            + Text(f" ({causes})" if causes else ""))
     if detail["counts"]:
         row("subjobs", Text(f"{detail['subjobs']}: ") + counts_text(detail["counts"]))
     out.print(grid)

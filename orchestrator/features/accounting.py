@@ -14,105 +14,17 @@ signal. ``orchestrator report ID`` prints it per master and per cause.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.table import Table
 from rich.text import Text
 
-from ..api.job import Job
 from ..api.orchestrator import Orchestrator
+from ..api.usage import report
 from ..cli import render
 from ..cli.app import home_option, job_id_argument, run
 from ..cli.commands import _lookup
-
-
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    """One attempt's own record."""
-
-    attempt: int
-    started_from: int
-    newest: int
-    start: float
-    end: float
-    code: int
-    cpu: float
-
-    @property
-    def wall(self) -> float:
-        return max(0.0, self.end - self.start)
-
-
-def _seconds(text: str) -> float:
-    """``1m2.500000s`` (the shell's ``times``) in seconds."""
-    minutes, _, rest = text.rstrip("s").partition("m")
-    return float(minutes) * 60 + float(rest)
-
-
-def parse_usage(text: str) -> list[Attempt]:
-    """The records of an ``orch.usage`` file (a head line and two lines of ``times``); a torn record is skipped."""
-    lines = text.splitlines()
-    out: list[Attempt] = []
-    i = 0
-    while i < len(lines):
-        try:
-            head = lines[i].split()
-            attempt, started_from, newest, code = int(head[0]), int(head[1]), int(head[2]), int(head[5])
-            start, end = float(head[3]), float(head[4])
-            own, children = lines[i + 1].split(), lines[i + 2].split()
-            cpu = sum(_seconds(t) for t in (*own[:2], *children[:2]))
-        except (ValueError, IndexError):
-            i += 1
-            continue
-        out.append(Attempt(attempt, started_from, newest, start, end, code, cpu))
-        i += 3
-    return out
-
-
-def judge(attempts: Sequence[Attempt], history: Sequence[Mapping[str, Any]]) -> list[tuple[Attempt, str | None]]:
-    """Each attempt with ``None`` (useful) or the cause it is wasted for."""
-    causes = {int(h["attempt"]): f"{h.get('level', '?')}: {h.get('verdict', '?')}" for h in history
-              if "attempt" in h and h.get("verdict") not in ("refused",)}
-    out: list[tuple[Attempt, str | None]] = []
-    for a in attempts:
-        resumed = any(b.attempt > a.attempt and a.started_from < b.started_from <= a.newest for b in attempts)
-        if a.code == 0 or resumed:
-            out.append((a, None))
-        else:
-            out.append((a, causes.get(a.attempt) or ("killed" if a.code >= 128 else f"exit code {a.code}")))
-    return out
-
-
-def runs_of(job: Job) -> Iterable[Job]:
-    """The runs of a job: its subjobs, or the job itself."""
-    return job.subjobs if len(job.subjobs) else [job]
-
-
-def report(job: Job) -> dict[str, Any]:
-    """Useful and wasted CPU of a job (every subjob of a master), in seconds, with the wasted part by cause."""
-    useful = wasted = wall = 0.0
-    attempts = 0
-    by_cause: dict[str, float] = {}
-    for run_ in runs_of(job):
-        try:
-            text = (Path(run_.outputdir) / "orch.usage").read_text(errors="replace")
-        except FileNotFoundError:
-            continue
-        for a, cause in judge(parse_usage(text), run_.info.history):
-            attempts += 1
-            wall += a.wall
-            if cause is None:
-                useful += a.cpu
-            else:
-                wasted += a.cpu
-                by_cause[cause] = by_cause.get(cause, 0.0) + a.cpu
-    return {"schema": 1, "fqid": job.fqid, "name": job.name, "status": job.status.value, "attempts": attempts,
-            "cpu": useful + wasted, "useful": useful, "wasted": wasted, "wall": wall,
-            "wasted_by_cause": dict(sorted(by_cause.items(), key=lambda kv: -kv[1]))}
 
 
 @click.command("report")

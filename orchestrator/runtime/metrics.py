@@ -9,22 +9,33 @@ after a crash by what was found. What is read on each scrape: subjobs by
 status and backend (the state machine's counters), the bus's queue depth,
 and each backend's monitoring ticks and the last tick's duration. Label sets
 are bounded: backend, status, event type, level, verdict; never a job id.
+
+CPU, useful and wasted (GBS): when a run ends, its attempts' own records
+(``orch.usage`` in its output dir, :mod:`orchestrator.core.usage`) are read in
+a worker thread and added up by backend. A run resubmitted after it ended
+counts, at its next end, only the attempts made since. The counters start
+with the service, as every Prometheus counter does.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
+import anyio
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..core.events import Event, LookupOutcomes, RunLost, SubmitOutcomes
+from ..core.ids import FQID
 from ..core.instructions import ScheduleRetry, SendSubmit
 from ..core.machine import StateMachine
-from ..core.statuses import ALL_STATUSES, JobStatus
+from ..core.statuses import ALL_STATUSES, FINAL, JobStatus
 from ..core.step import Step
+from ..core.usage import USAGE_FILE, judge, parse_usage
 
 #: Submission latencies, seconds: from a millisecond (sim) to minutes (a busy batch system).
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -34,8 +45,10 @@ class Metrics:
     """The metrics of one runtime; ``observe`` is a bus hook, ``render`` the text Prometheus scrapes."""
 
     def __init__(self, sm: StateMachine, *, queue_depth: Callable[[], int],
-                 monitors: Callable[[], Mapping[str, tuple[int, float]]]) -> None:
+                 monitors: Callable[[], Mapping[str, tuple[int, float]]],
+                 outputdir: Callable[[FQID], Path] | None = None) -> None:
         self.sm = sm
+        self.outputdir = outputdir
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.events = Counter("orchestrator_events", "Events handled by the state machine, by type", ["type"],
@@ -54,8 +67,15 @@ class Metrics:
                             ["backend"], registry=r)
         self.reconciled = Counter("orchestrator_runs_reconciled", "Runs caught mid-submission by a crash, looked "
                                   "up by key at start", ["backend", "found"], registry=r)
+        self.cpu = Counter("orchestrator_cpu_seconds", "CPU of ended runs' attempts, from their own records: useful "
+                           "(succeeded, or resumed from) or wasted", ["backend", "kind"], registry=r)
         r.register(_Gauges(sm, queue_depth, monitors))
         self._sent: dict[tuple[str, str], float] = {}
+        #: Runs that ended or left an end, waiting for their records to be read: (backend, again, job, indexes).
+        self._ended_in, self._ended_out = anyio.create_memory_object_stream[
+            tuple[str, bool, int, tuple[int, ...] | None]](max_buffer_size=math.inf)
+        #: Runs resubmitted after they ended: the newest attempt already counted.
+        self._counted: dict[tuple[int, int | None], int] = {}
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -71,6 +91,9 @@ class Metrics:
             self.reconciled.labels(backend, "yes").inc(len(event.found))
             self.reconciled.labels(backend, "no").inc(len(event.absent))
         for change in step.changes:
+            if self.outputdir is not None and (change.new in FINAL) != (change.old in FINAL):
+                indexes = None if change.indexes is None else tuple(change.indexes)
+                self._ended_in.send_nowait((self._backend(change.job), change.old in FINAL, change.job, indexes))
             n = 1 if change.indexes is None else len(change.indexes)
             self.changes.labels(self._backend(change.job), change.new.value).inc(n)
             if change.new == JobStatus.FAILED:
@@ -82,6 +105,45 @@ class Metrics:
             elif isinstance(ins, ScheduleRetry):
                 for level, verdict in self._judged(ins.runs.job, ins.runs.indexes):
                     self.retries.labels(level, verdict).inc()
+
+    async def serve(self) -> None:
+        """Read the records of ended runs off the loop, a batch of changes at a time."""
+        async with self._ended_out:
+            async for first in self._ended_out:
+                batch = [first]
+                while True:
+                    try:
+                        batch.append(self._ended_out.receive_nowait())
+                    except anyio.WouldBlock:
+                        break
+                await anyio.to_thread.run_sync(self._count, batch)
+
+    def _count(self, batch: list[tuple[str, bool, int, tuple[int, ...] | None]]) -> None:
+        assert self.outputdir is not None
+        for backend, again, job, indexes in batch:
+            runs: list[FQID] = [(job,)] if indexes is None else [(job, i) for i in indexes]
+            if runs and not self.outputdir(runs[0]).parent.exists():
+                continue  # a backend that keeps no run dirs here (sim): nothing to read for the whole batch
+            useful = wasted = 0.0
+            for fq in runs:
+                try:
+                    attempts = parse_usage((self.outputdir(fq) / USAGE_FILE).read_text(errors="replace"))
+                except OSError:
+                    continue
+                key = (fq[0], fq[1] if len(fq) > 1 else None)
+                if again:
+                    self._counted[key] = max((a.attempt for a in attempts), default=0)
+                    continue
+                floor = self._counted.pop(key, 0)
+                for attempt, cause in judge([a for a in attempts if a.attempt > floor], ()):
+                    if cause is None:
+                        useful += attempt.cpu
+                    else:
+                        wasted += attempt.cpu
+            if useful:
+                self.cpu.labels(backend, "useful").inc(useful)
+            if wasted:
+                self.cpu.labels(backend, "wasted").inc(wasted)
 
     def _answered(self, event: SubmitOutcomes) -> None:
         backend = self._backend(event.runs.job)

@@ -139,8 +139,11 @@ class Runtime:
             from .metrics import Metrics
 
             self.prometheus = Metrics(self.sm, queue_depth=lambda: self.bus._in.statistics().current_buffer_used,
-                                      monitors=lambda: {n: (m.ticks, m.last_tick) for n, m in self._monitors.items()})
+                                      monitors=lambda: {n: (m.ticks, m.last_tick) for n, m in self._monitors.items()},
+                                      outputdir=self.workspace.outputdir)
             self.bus.hooks.append(self.prometheus.observe)
+            if self.tg is not None:
+                self.tg.start_soon(self.prometheus.serve)
         return self.prometheus
 
     # ------------------------------------------------------------ life
@@ -161,6 +164,8 @@ class Runtime:
         self.tg = self.executor.tg = tg
         tg.start_soon(self.bus.run)
         tg.start_soon(self._flush_loop)
+        if self.prometheus is not None:
+            tg.start_soon(self.prometheus.serve)
         await self._reattach()
         await self.post(Started(stimulus_id=self.sid("start"), time=time.time()))
 

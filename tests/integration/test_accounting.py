@@ -1,4 +1,5 @@
-"""Useful and wasted CPU (GBS): a checkpointed job stopped twice mid-run and resumed, reported per cause."""
+"""Useful and wasted CPU (GBS): a checkpointed job stopped twice mid-run and resumed, reported per cause; the
+service's metrics add up the same records."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import sys
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
+from served import Service
 
-from orchestrator import Executable, Job, Orchestrator
+from orchestrator import ArgSplitter, Executable, Job, Orchestrator
 from orchestrator import checkpoint as checkpoint_module
 
 pytestmark = pytest.mark.anyio
@@ -91,3 +94,45 @@ async def test_cpu_of_resumed_attempts_is_useful_and_the_rest_wasted(tmp_path: P
     text = subprocess.run([EXE, "--home", str(home), "report", "0"], capture_output=True, text=True,
                           timeout=60, env={**os.environ, "COLUMNS": "120"}).stdout
     assert "useful" in text and "wasted" in text and "worker: early" in text
+
+    shown = subprocess.run([EXE, "--home", str(home), "show", "0", "--json"], capture_output=True, text=True,
+                           timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["cpu"] == report  # show gives what report gives
+    text = subprocess.run([EXE, "--home", str(home), "show", "0"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "COLUMNS": "160"}).stdout
+    cpu_line = next(line for line in text.splitlines() if line.startswith("cpu"))
+    assert "3 attempts" in cpu_line and "useful" in cpu_line and "wasted" in cpu_line and "worker: early" in cpu_line
+
+
+#: Burns CPU for a while, then exits with the code it is given.
+SPIN = "i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done; exit $1"
+
+
+def scraped(text: str, kind: str) -> float:
+    prefix = f'orchestrator_cpu_seconds_total{{backend="local",kind="{kind}"}} '
+    return sum(float(line.removeprefix(prefix)) for line in text.splitlines() if line.startswith(prefix))
+
+
+async def test_metrics_count_useful_and_wasted_cpu_as_report_does(tmp_path: Path, services: list[Service]) -> None:
+    home = tmp_path / "home"
+    service = Service(home, "--tcp-port", "0")
+    services.append(service.start())
+    async with Orchestrator(home=home) as orch:
+        job = await orch.jobs.add(Job(name="spin", application=Executable("/bin/sh"), backend="local",
+                                      splitter=ArgSplitter([["-c", SPIN, "spin", code] for code in "0030"])))
+        await job.submit()
+        await job.wait(timeout=60)
+        assert [s.status for s in job.subjobs] == ["completed", "completed", "failed", "completed"]
+    report = json.loads(subprocess.run([EXE, "--home", str(home), "report", "0", "--json"], capture_output=True,
+                                       text=True, timeout=60, check=True).stdout)
+    assert report["useful"] > 0 and report["wasted"] > 0
+    headers = {"Authorization": f"Bearer {service.token}"}
+    with anyio.fail_after(20):  # the records are read off the loop, shortly after the runs end
+        while True:
+            text = httpx.get(f"{service.url}/metrics", headers=headers).text
+            if scraped(text, "useful") and scraped(text, "wasted"):
+                break
+            await anyio.sleep(0.2)
+    assert scraped(text, "useful") == pytest.approx(report["useful"])
+    assert scraped(text, "wasted") == pytest.approx(report["wasted"])

@@ -1,0 +1,80 @@
+"""Useful and wasted CPU (GBS), from the attempts' own records: pure functions, no I/O.
+
+The job wrapper appends one record per attempt to the run's output dir,
+``orch.usage``: the attempt, the saved state it started from and the newest
+one when it stopped, its start and end, its exit code, and the shell's
+``times`` (its own and its children's user and system CPU). An attempt is
+**useful** when it ended in success (exit code 0) or when a later attempt
+resumed from a state it saved; every other attempt is **wasted**, and is
+charged to its cause: the failure history entry of that attempt
+(``level: verdict``), else ``killed`` for an attempt stopped by a signal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: The file of a run's output dir that holds its attempts' records.
+USAGE_FILE = "orch.usage"
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One attempt's own record."""
+
+    attempt: int
+    started_from: int
+    newest: int
+    start: float
+    end: float
+    code: int
+    cpu: float
+
+    @property
+    def wall(self) -> float:
+        return max(0.0, self.end - self.start)
+
+
+def _seconds(text: str) -> float:
+    """``1m2.500000s`` (the shell's ``times``) in seconds."""
+    minutes, _, rest = text.rstrip("s").partition("m")
+    return float(minutes) * 60 + float(rest)
+
+
+def parse_usage(text: str) -> list[Attempt]:
+    """The records of an ``orch.usage`` file (a head line and two lines of ``times``); a torn record is skipped."""
+    lines = text.splitlines()
+    out: list[Attempt] = []
+    i = 0
+    while i < len(lines):
+        try:
+            head = lines[i].split()
+            attempt, started_from, newest, code = int(head[0]), int(head[1]), int(head[2]), int(head[5])
+            start, end = float(head[3]), float(head[4])
+            own, children = lines[i + 1].split(), lines[i + 2].split()
+            cpu = sum(_seconds(t) for t in (*own[:2], *children[:2]))
+        except (ValueError, IndexError):
+            i += 1
+            continue
+        out.append(Attempt(attempt, started_from, newest, start, end, code, cpu))
+        i += 3
+    return out
+
+
+def judge(attempts: Sequence[Attempt], history: Sequence[Mapping[str, Any]]) -> list[tuple[Attempt, str | None]]:
+    """Each attempt with ``None`` (useful) or the cause it is wasted for."""
+    causes = {int(h["attempt"]): f"{h.get('level', '?')}: {h.get('verdict', '?')}" for h in history
+              if "attempt" in h and h.get("verdict") not in ("refused",)}
+    out: list[tuple[Attempt, str | None]] = []
+    for a in attempts:
+        resumed = any(b.attempt > a.attempt and a.started_from < b.started_from <= a.newest for b in attempts)
+        if a.code == 0 or resumed:
+            out.append((a, None))
+        else:
+            out.append((a, causes.get(a.attempt) or ("killed" if a.code >= 128 else f"exit code {a.code}")))
+    return out
+
+
+__all__ = ["USAGE_FILE", "Attempt", "judge", "parse_usage"]
