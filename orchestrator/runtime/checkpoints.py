@@ -16,7 +16,9 @@ Every backend that runs the wrapper runs the job in its working directory
 
 Which state a run starts from, and whether a failed run resumes, are the
 state machine's decisions (``SendSubmit.start``, :mod:`orchestrator.core.retry`).
-Only jobs with ``steps``, or that saved a state, are concerned.
+Only jobs with ``steps``, or that saved a state, are concerned; a subjob has
+steps only when its master has (``StepSplitter`` partitions them), so the
+master's definition answers for all its subjobs without reading theirs.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ class Checkpoints:
         return {"ORCH_STATE_MAX": str(self.max_size), "ORCH_STATE_KEEP": str(self.keep)}
 
     def concerned(self, fqid: str) -> bool:
-        return self.spec_of(fqid).get("steps") is not None or "seq" in self.record(fqid)
+        master = fqid.partition(".")[0]
+        return self.spec_of(master).get("steps") is not None or "seq" in self.record(fqid)
 
     # ------------------------------------------------------------ before a run
     async def prepare(self, runs: Sequence[RunSpec], start: str, given: str | None
