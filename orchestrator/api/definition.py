@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..core.model import Backend, Executable, RetryPolicy
-from ..core.splitters import Splitter
+from ..core.splitters import DEFERRED, Splitter, is_deferred
 from ..plugin.postprocess import Postprocessor
 from ..runtime import registry
 
@@ -29,15 +29,10 @@ FIELDS = ("name", "application", "inputfiles", "outputfiles", "splitter", "postp
 MASTER_ONLY = ("splitter", "merger", "postprocessors", "prejob", "aggregator", "min_success", "comment", "metadata")
 
 
-#: A splitter's definition that a service left out of a listing (its arguments can be millions of values):
-#: ``{"plugin": name, DEFERRED: True}``, read in full when the splitter is first used.
-DEFERRED = "deferred"
-
-
 def without_splitter(spec: dict[str, Any]) -> dict[str, Any]:
     """``spec`` with its splitter's parameters left out (:data:`DEFERRED`)."""
     splitter = spec.get("splitter")
-    if not splitter:
+    if not splitter or is_deferred(splitter):
         return spec
     return {**spec, "splitter": {"plugin": splitter.get("plugin"), DEFERRED: True}}
 
@@ -157,7 +152,7 @@ class Definition:
         """How a master splits into subjobs; a stored one is built from its definition when first read."""
         if self._splitter_data is not None:
             data: dict[str, Any] | None = self._splitter_data
-            if data is not None and data.get(DEFERRED):
+            if is_deferred(data):
                 data = self._stored_splitter()
             self._splitter_data = None
             self._splitter = registry.load_splitter(data)

@@ -73,8 +73,7 @@ class Embedded:
         return [self.runtime.sm.info(fq) for fq in fqs]
 
     def splitter_spec(self, job: int) -> dict[str, Any] | None:
-        found: dict[str, Any] | None = self.runtime.definitions.spec(job).get("splitter")
-        return found
+        return self.runtime.definitions.splitter(job)
 
     def backend_id(self, fq: FQID) -> str | None:
         return self.runtime.writer.backend_id(fq[0], fq[1] if len(fq) == 2 else None)

@@ -41,6 +41,15 @@ class Master:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
+#: A splitter's definition left out where only its name is needed (its arguments can be a million values):
+#: ``{"plugin": name, DEFERRED: True}``; the full one is read from where it is stored when it is used.
+DEFERRED = "deferred"
+
+
+def is_deferred(splitter: Any) -> bool:
+    return isinstance(splitter, dict) and bool(splitter.get(DEFERRED))
+
+
 def as_master(master: Any) -> Master:
     """What a splitter sees, from a :class:`Master` or from an unsubmitted job (``split(job)`` works too)."""
     if isinstance(master, Master):

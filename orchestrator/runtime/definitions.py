@@ -24,7 +24,7 @@ from ..core.actions import Rule
 from ..core.analyser import Limits
 from ..core.events import Profile
 from ..core.ids import Runs, fqid_str
-from ..core.splitters import apply_delta
+from ..core.splitters import apply_delta, is_deferred
 from ..plugin.contract import Capabilities, RunSpec
 from . import registry
 from .repository import Repository
@@ -96,6 +96,11 @@ class Definitions:
             if m == job and i in out:
                 out[i] = delta
         return out
+
+    def splitter(self, job: int) -> dict[str, Any] | None:
+        """A master's splitter definition in full (a reopened home holds only its name until it is needed)."""
+        found: dict[str, Any] | None = self.specs[job].get("splitter")
+        return self.repo.stored_splitter(job) if is_deferred(found) else found
 
     def subjob_spec(self, job: int, index: int) -> dict[str, Any]:
         return apply_delta(self.specs[job], self.deltas(job, [index]).get(index, {}))

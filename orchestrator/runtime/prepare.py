@@ -91,7 +91,7 @@ class Preparer:
     def _split(self, job: int, spec: dict[str, Any]) -> list[dict[str, Any]]:
         """The subjobs' deltas, each checked (runs in a worker thread: a split may be large)."""
         fqid = str(job)
-        splitter = registry.load_splitter(spec["splitter"])
+        splitter = registry.load_splitter(self.definitions.splitter(job))
         assert splitter is not None
         master = Master(fqid, spec, self.free_slots(spec["backend"]["name"]), self.definitions.names.get(job, ""))
         deltas = [dict(d) for d in splitter.split(master)]

@@ -143,7 +143,8 @@ class SimDriver(Driver):
         super().__init__(context)
         self.ledger = context.statedir / "submissions.log"
         self.counts = context.statedir / "submit-counts.log"
-        self._submits = self._read_counts()
+        #: Submissions per subjob that has ``fail_submit``, read from ``counts`` when first needed.
+        self._submits: dict[str, int] | None = None
         #: (time, sequence, "start" or "end", the runs: (fqid, backend id, final status))
         self._heap: list[tuple[float, int, str, list[tuple[str, str, str]]]] = []
         self._seq = itertools.count()
@@ -217,10 +218,12 @@ class SimDriver(Driver):
     # ------------------------------------------------------------ submission
     def _start(self, run: RunSpec, counted: list[str], now: float) -> str:
         """Decide the run's fate now; raise SubmitError for a failing submission."""
-        n = self._submits[run.fqid] = self._submits.get(run.fqid, 0) + 1
-        counted.append(run.fqid)
         fail = _index_map(run.settings.get("fail_submit", {}), "fail_submit", _times)
-        if run.index in fail:
+        if run.index in fail:  # only these are counted: a million other runs cost no line and no memory
+            if self._submits is None:
+                self._submits = self._read_counts()
+            n = self._submits[run.fqid] = self._submits.get(run.fqid, 0) + 1
+            counted.append(run.fqid)
             limit = fail[run.index]
             if limit is None or n <= limit:
                 raise SubmitError(f"sim: submission {n} of subjob {run.index} refused (fail_submit)")

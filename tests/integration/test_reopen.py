@@ -191,3 +191,28 @@ async def test_a_master_that_ended_while_closed_is_merged_on_reopen(tmp_path: Pa
         assert j.status == "completed"
         merged = (j.outputdir / "stdout").read_bytes()
         assert merged == b"".join((s.outputdir / "stdout").read_bytes() for s in j.subjobs) and merged.endswith(b"b\n")
+
+
+async def test_a_reopened_master_reads_its_splitter_when_it_is_used(tmp_path: Path) -> None:
+    """A reopened home holds a master's splitter by name only (its arguments are read when used): the split at
+    submit, ``job.splitter``, ``copy()`` and a stored change of the definition all see the whole splitter."""
+    home = tmp_path / "home"
+    args = [[str(i), "x" * 10] for i in range(300)]
+    async with Orchestrator(home) as orch:
+        await orch.jobs.add(Job(name="later", application=Executable("/bin/true"), splitter=ArgSplitter(args),
+                                backend=Backend("sim", run_seconds=0)))
+    async with Orchestrator(home) as orch:
+        job = orch.jobs[0]
+        job.comment = "the definition is written again"  # a stored change with the splitter left out in memory
+    async with Orchestrator(home) as orch:
+        job = orch.jobs[0]
+        assert job.comment == "the definition is written again"
+        await job.submit()  # split after reopening: the stored arguments, all of them
+        await job.wait(timeout=60)
+        assert len(job.subjobs) == 300 and job.status == "completed"
+        assert [list(s.application.args) for s in job.subjobs.build(range(0, 300, 100))] == [args[0], args[100],
+                                                                                             args[200]]
+        twin = await job.copy()
+        assert isinstance(twin.splitter, ArgSplitter) and twin.splitter.args == args
+    async with Orchestrator(home) as orch:
+        assert orch.jobs[0].splitter.args == args and orch.jobs[1].splitter.args == args
