@@ -158,12 +158,16 @@ class Actor:
         assert isinstance(ins0, SendSubmit)
         # One call per settings (a bulk call carries runs of one kind); a stop-at-first-failure series alone.
         by_settings: dict[str, list[tuple[int, int]]] = {}
+        named: dict[int, str] = {}  # runs of one batch share their settings object: each is written out once
         for g, batch in enumerate(specs):
             for k, run in enumerate(batch):
                 if run.fqid in unready[g]:
                     answers[g][k] = ("reject", unready[g][run.fqid])
-                else:
-                    by_settings.setdefault(json.dumps(run.settings, sort_keys=True, default=str), []).append((g, k))
+                    continue
+                name = named.get(id(run.settings))
+                if name is None:
+                    name = named[id(run.settings)] = json.dumps(run.settings, sort_keys=True, default=str)
+                by_settings.setdefault(name, []).append((g, k))
         for members in by_settings.values():
             runs = [specs[g][k] for g, k in members]
             outcomes, native = await bulk.submit(self.driver, runs, native=ins0.native,

@@ -135,10 +135,12 @@ class Definitions:
             return [self._run_spec((job,), master, attempts[0], retry_args.get(0, ()), extra)]
         deltas = self.deltas(job, runs.indexes)
         out = []
+        common: dict[str, Any] = {}  # what runs without a delta of their own share (one object, not a million)
         for k, i in enumerate(runs.indexes):
             delta = deltas.get(i)
             spec = apply_delta(master, delta) if delta else master
-            out.append(self._run_spec((job, i), spec, attempts[k], retry_args.get(i, ()), extra))
+            out.append(self._run_spec((job, i), spec, attempts[k], retry_args.get(i, ()), extra,
+                                      common if spec is master else None))
         return out
 
     def _top_dir(self, job: int) -> Path:
@@ -148,20 +150,28 @@ class Definitions:
         return self._top[1]
 
     def _run_spec(self, fq: tuple[int, ...], spec: Mapping[str, Any], attempt: int, retry_args: Sequence[str],
-                  extra_env: Mapping[str, str]) -> RunSpec:
+                  extra_env: Mapping[str, str], common: dict[str, Any] | None = None) -> RunSpec:
+        """One run's view; ``common``: the fields shared by every run of the batch made from the same ``spec``."""
         fqid = fqid_str(fq)
         # one parsed part per join: pathlib's parsing was a third of a million-run submission's time
         top = self._top_dir(fq[0])
         jobdir = top / str(fq[1]) if len(fq) > 1 else top
-        shared = top / "input"
         app = spec["application"]
+        if not common:
+            shared = top / "input"
+            made: dict[str, Any] = {
+                "env": {**extra_env, **app.get("env", {})}, "settings": dict(spec["backend"].get("settings", {})),
+                "inputs": tuple(shared / os.path.basename(f) for f in spec.get("inputfiles", ())),
+                "outputfiles": tuple(spec.get("outputfiles", ()))}
+            if common is None:
+                common = made
+            else:
+                common.update(made)
         return RunSpec(
             fqid=fqid, index=fq[-1] if len(fq) > 1 else 0, attempt=attempt,
             key=f"orch-{self.home_key}-{fqid}-{attempt}",
-            executable=app["exe"], args=tuple(app.get("args", ())), env={**extra_env, **app.get("env", {})},
-            settings=dict(spec["backend"].get("settings", {})),
-            inputs=tuple(shared / os.path.basename(f) for f in spec.get("inputfiles", ())),
-            outputfiles=tuple(spec.get("outputfiles", ())),
+            executable=app["exe"], args=tuple(app.get("args", ())), env=common["env"],
+            settings=common["settings"], inputs=common["inputs"], outputfiles=common["outputfiles"],
             jobdir=jobdir, inputdir=jobdir / "input", outputdir=jobdir / "output", workdir=jobdir / "work",
             mode=spec.get("mode", "production"), retry_count=max(attempt - 1, 0), retry_args=tuple(retry_args),
         )
