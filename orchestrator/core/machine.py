@@ -136,6 +136,10 @@ class StateMachine:
             raise KeyError(f"no job {'.'.join(map(str, fq))}")
         return self._core.status_of(fq)
 
+    def status_if_known(self, fq: FQID) -> JobStatus | None:
+        """``status(fq)``, or ``None`` for a job that does not exist (one look-up: monitoring asks per run)."""
+        return self._core.status_of(fq) if self._core.job_of(fq) is not None else None
+
     def profile(self, job_id: int) -> Profile:
         return self._core.jobs[job_id].profile
 

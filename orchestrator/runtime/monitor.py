@@ -17,7 +17,7 @@ something. Either way the answers go through the same steps:
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,12 +84,14 @@ class Monitor:
                  status_of: Callable[[RunKey], JobStatus | None],
                  read_ending: Callable[[RunHandle], Ending],
                  harvest: Callable[[RunHandle], dict[str, Any] | None],
+                 harvestable: Callable[[int], Collection[int | None] | None] = lambda job: None,
                  poll_interval: float, lost_after: float, concurrency: int, log: Any) -> None:
         self.actor = actor
         self.post = post
         self.status_of = status_of
         self.read_ending = read_ending
         self.harvest = harvest
+        self.harvestable = harvestable
         self.poll_interval = poll_interval
         self.health = Health(lost_after, poll_interval)
         self.concurrency = concurrency
@@ -116,8 +118,15 @@ class Monitor:
         """States saved by runs going on reach the repository, and the newest the state machine, each tick."""
         if self.stopped or not self.actor.driver.capabilities.runs_wrapper:
             return  # no wrapper, no states (sim): and no look at a hundred thousand runs per tick
-        running = [(k, h) for k, h in list(self.actor.held.items()) if self.status_of(k) in (S.RUNNING,
-                                                                                            S.COMPLETING)]
+        held = self.actor.held
+        candidates: list[tuple[RunKey, RunHandle]] = []
+        for job in {job for job, _ in held}:  # a job without steps: only its runs that saved a state already
+            which = self.harvestable(job)
+            if which is None:
+                candidates.extend((k, h) for k, h in held.items() if k[0] == job)
+            else:
+                candidates.extend((k, h) for i in which if (h := held.get(k := (job, i))) is not None)
+        running = [(k, h) for k, h in candidates if self.status_of(k) in (S.RUNNING, S.COMPLETING)]
         reports = []
         for (job, idx), handle in running:
             state = self.harvest(handle)

@@ -353,7 +353,8 @@ class Runtime:
         actor = Actor(backend, driver, post=self.post, run_specs=self.definitions.run_specs,
                       prepare=self._prepare_runs, record_id=self._record_id, concurrency=concurrency, log=log)
         monitor = Monitor(actor, post=self.post, status_of=self._status_of, read_ending=self._read_ending,
-                          harvest=self._harvest, poll_interval=float(self.config.core["poll_interval"]),
+                          harvest=self._harvest, harvestable=self._harvestable,
+                          poll_interval=float(self.config.core["poll_interval"]),
                           lost_after=float(self.config.core["lost_after_seconds"]), concurrency=concurrency, log=log)
 
         async def report(updates: Sequence[Any]) -> None:
@@ -384,8 +385,7 @@ class Runtime:
             await monitor.poll()
 
     def _status_of(self, key: RunKey) -> JobStatus | None:
-        fq: FQID = (key[0],) if key[1] is None else (key[0], key[1])
-        return self.sm.status(fq) if fq in self.sm else None
+        return self.sm.status_if_known((key[0],) if key[1] is None else (key[0], key[1]))
 
     def _record_id(self, key: RunKey, backend_id: str | None) -> None:
         self.writer.backend_ids[key] = backend_id
@@ -399,6 +399,15 @@ class Runtime:
         if self.checkpoints.concerned(handle.fqid):
             ending.state = self.checkpoints.harvest(handle.fqid, handle.jobdir / "work")
         return ending
+
+    def _harvestable(self, job: int) -> Collection[int | None] | None:
+        """The runs of ``job`` that may have saved states: all (``None``) when it has steps, else those that saved
+        one already (a run of a job without steps is not concerned until then, :meth:`Checkpoints.concerned`)."""
+        if self.definitions.spec(job).get("steps") is not None:
+            return None
+        extras = self.sm.job_state(job).runs.extras
+        saved = [i for i, extra in extras.items() if extra.checkpoint.get("seq") is not None]
+        return saved if self.sm.job_state(job).is_master else [None] if saved else []
 
     def _harvest(self, handle: RunHandle) -> dict[str, Any] | None:
         if not self.checkpoints.concerned(handle.fqid):

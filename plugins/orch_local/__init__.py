@@ -54,6 +54,8 @@ from orchestrator.plugin.wrapper import (
 
 #: Seconds between two liveness checks of running wrappers.
 LIVENESS_EVERY = 1.0
+#: Seconds between two collections of exited wrappers when nothing else is to do (no zombie stays longer).
+CHILD_REAP_EVERY = 0.5
 
 
 @dataclass
@@ -105,6 +107,9 @@ class LocalDriver(Driver):
         self._kills: list[tuple[float, int]] = []
         self._wake = anyio.Event()
         self._last_liveness = 0.0
+        #: Runs with a line in the events file since the last status query: between liveness checks, only
+        #: these are judged again (a tick over a thousand quiet runs costs a look-up each, nothing more).
+        self._news: set[str] = set()
         self._read_events()
 
     @classmethod
@@ -125,6 +130,7 @@ class LocalDriver(Driver):
     def _read_events(self) -> None:
         for parts in self._event_lines.read(self.events):
             key, word, value = parts[0], parts[1], parts[2]
+            self._news.add(key)
             run = self._runs.get(key)
             if run is None:
                 run = self._runs[key] = _Run(key, Path(), "")
@@ -208,6 +214,11 @@ class LocalDriver(Driver):
             else:
                 self._wake = anyio.Event()
                 await self._wake.wait()
+            if not self._queue and not self._kills and self._children:
+                # only children to reap (their ends are read from the events file): not 50 times a second
+                self._wake = anyio.Event()
+                with anyio.move_on_after(CHILD_REAP_EVERY):
+                    await self._wake.wait()
 
     # -------------------------------------------------------------- status
     async def status_bulk(self, handles: Sequence[RunHandle]) -> list[StatusUpdate]:
@@ -217,8 +228,13 @@ class LocalDriver(Driver):
         check_alive = now - self._last_liveness >= LIVENESS_EVERY
         if check_alive:
             self._last_liveness = now
+        news, self._news = self._news, set()
         updates = []
         for h in handles:
+            if not check_alive and h.backend_id not in news:
+                run = self._runs.get(h.backend_id)
+                if run is not None and not run.ended:
+                    continue  # nothing new since it was last judged
             update = self._status_of(h, now, check_alive)
             if update is not None and update.status != h.status:
                 updates.append(update)
