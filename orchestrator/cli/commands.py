@@ -364,21 +364,6 @@ def demo(subjobs: int, home: Path | None) -> None:
 
 
 @cli.command()
-@click.option("--tcp-port", type=int, default=None,
-              help="Also listen on 127.0.0.1:PORT (0: any free port), bearer token required. Default: [service].")
-@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="The bearer token for TCP clients (created, mode 0600, if missing). "
-                   "Default: [service] token_file, else <home>/service/token.")
-@home_option
-def serve(tcp_port: int | None, token_file: Path | None, home: Path | None) -> None:
-    """Run the service on a home until SIGTERM: monitoring, control API on a Unix socket, status page."""
-    from ..service.daemon import run_service
-
-    path = home_of(home)
-    click.get_current_context().exit(anyio.run(lambda: run_service(path, tcp_port=tcp_port, token_file=token_file)))
-
-
-@cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--force", is_flag=True, help="Replace the backup already in PATH.")
 @home_option
