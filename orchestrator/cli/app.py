@@ -25,6 +25,7 @@ from rich.text import Text
 from ..api.orchestrator import Orchestrator, default_home
 from ..core.errors import HomeLockedError, OrchestratorError
 from ..core.ids import fqid_str, parse_fqid
+from ..runtime.homelock import READER_ROLE
 
 T = TypeVar("T")
 #: Exit code of a command that found nothing to do.
@@ -121,7 +122,9 @@ def run(home: Path | None, body: Callable[[Orchestrator], Awaitable[T]], *, refr
     path = home_of(home)
 
     async def main(readonly: bool) -> T:
-        async with Orchestrator(home=path, readonly=readonly, service=False if readonly else None) as orch:
+        role = READER_ROLE if read_only else ""  # a writer that comes meanwhile waits for us, not fails
+        async with Orchestrator(home=path, readonly=readonly, service=False if readonly else None,
+                                role=role) as orch:
             if refresh and not orch.remote and not readonly:
                 await orch.transport.refresh()
                 with anyio.move_on_after(30):  # what the news set going (a merge) finishes first

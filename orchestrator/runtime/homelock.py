@@ -1,7 +1,10 @@
 """One process owns a home at a time: an exclusive ``flock`` on ``<home>/lock``.
 
 A second process is refused with an error naming the holder (its role, PID
-and host); the lock goes with the process, however it ends.
+and host); the lock goes with the process, however it ends. A holder that is
+a command only reading the home (``orchestrator jobs`` on a home nobody held
+when it started) lets go within seconds, so a process that wants the home
+waits for it (up to :data:`READER_WAIT` seconds) instead of failing.
 """
 
 from __future__ import annotations
@@ -9,12 +12,17 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
+import time
 from pathlib import Path
 
 from ..core.errors import HomeLockedError
 
 #: The lock holder's name for ``orchestrator serve``.
 SERVICE_ROLE = "the orchestrator service"
+#: The lock holder's name for a command that only reads (``jobs``, ``show``, ``peek``, ``report``).
+READER_ROLE = "an orchestrator command reading it"
+#: Seconds a process waits for a reading command to let go of the home (it refreshes, prints, closes).
+READER_WAIT = 30.0
 
 
 class HomeLock:
@@ -28,10 +36,21 @@ class HomeLock:
 
     def acquire(self) -> None:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        deadline = time.monotonic() + READER_WAIT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                written = os.pread(fd, 200, 0).decode(errors="replace").strip()
+                holder = written or "another process"
+                waiting = time.monotonic() < deadline and self.role != READER_ROLE
+                # a reading command lets go in a moment; a holder that has not written its name yet is
+                # one that took the lock an instant ago (its name follows at once)
+                if waiting and (holder.startswith(READER_ROLE) or (not written and deadline - time.monotonic()
+                                                                   > READER_WAIT - 1)):
+                    time.sleep(0.05)
+                    continue
             os.close(fd)
             raise HomeLockedError(
                 f"orchestrator home {self.path.parent} is in use by {holder}; " + (

@@ -56,3 +56,30 @@ def test_jobs_show_and_peek_answer_while_another_process_holds_the_home(tmp_path
     finally:
         holder.terminate()
         holder.wait(timeout=30)
+
+
+def test_a_command_that_writes_waits_for_a_reading_command_to_let_go(tmp_path: Path) -> None:
+    """``orchestrator jobs`` on a home nobody holds takes its lock for a moment; a ``submit`` that starts
+    then waits for it instead of failing (it did fail, about one time in five, in the test above)."""
+    import anyio
+
+    from orchestrator import Orchestrator
+    from orchestrator.runtime.homelock import READER_ROLE
+
+    home = tmp_path / "home"
+    jobfile = tmp_path / "small.toml"
+    jobfile.write_text('name = "small"\n[application]\nexe = "/bin/true"\n[backend]\nname = "sim"\n'
+                       'run_seconds = 0\n')
+
+    async def hold_while_a_writer_starts() -> subprocess.Popen[str]:
+        async with Orchestrator(home, role=READER_ROLE):
+            writer = subprocess.Popen([EXE, "--home", str(home), "submit", str(jobfile), "--wait"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+            await anyio.sleep(1.5)  # the writer is started and finds the home held
+            assert writer.poll() is None, writer.communicate()
+        return writer
+
+    writer = anyio.run(hold_while_a_writer_starts)
+    out, err = writer.communicate(timeout=60)
+    assert writer.returncode == 0, err
+    assert "completed" in out
