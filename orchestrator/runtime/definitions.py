@@ -131,16 +131,16 @@ class Definitions:
         job = runs.job
         master = self.specs[job]
         extra = self._extra_env()
+        common = self._shared(job, master, extra)  # what runs without a delta of their own share: one object each
         if runs.indexes is None:
-            return [self._run_spec((job,), master, attempts[0], retry_args.get(0, ()), extra)]
+            return [self._run_spec((job,), master, attempts[0], retry_args.get(0, ()), common)]
         deltas = self.deltas(job, runs.indexes)
         out = []
-        common: dict[str, Any] = {}  # what runs without a delta of their own share (one object, not a million)
         for k, i in enumerate(runs.indexes):
             delta = deltas.get(i)
             spec = apply_delta(master, delta) if delta else master
-            out.append(self._run_spec((job, i), spec, attempts[k], retry_args.get(i, ()), extra,
-                                      common if spec is master else None))
+            shared = common if spec is master else self._shared(job, spec, extra)
+            out.append(self._run_spec((job, i), spec, attempts[k], retry_args.get(i, ()), shared))
         return out
 
     def _top_dir(self, job: int) -> Path:
@@ -149,24 +149,22 @@ class Definitions:
             self._top = (job, self.workspace.jobdir((job,)))
         return self._top[1]
 
+    def _shared(self, job: int, spec: Mapping[str, Any], extra_env: Mapping[str, str]) -> dict[str, Any]:
+        """The RunSpec fields every run made from ``spec`` has alike."""
+        app = spec["application"]
+        shared = self._top_dir(job) / "input"
+        return {"env": {**extra_env, **app.get("env", {})}, "settings": dict(spec["backend"].get("settings", {})),
+                "inputs": tuple(shared / os.path.basename(f) for f in spec.get("inputfiles", ())),
+                "outputfiles": tuple(spec.get("outputfiles", ()))}
+
     def _run_spec(self, fq: tuple[int, ...], spec: Mapping[str, Any], attempt: int, retry_args: Sequence[str],
-                  extra_env: Mapping[str, str], common: dict[str, Any] | None = None) -> RunSpec:
-        """One run's view; ``common``: the fields shared by every run of the batch made from the same ``spec``."""
+                  common: Mapping[str, Any]) -> RunSpec:
+        """One run's view; ``common``: its fields shared with the batch's other runs (:meth:`_shared`)."""
         fqid = fqid_str(fq)
         # one parsed part per join: pathlib's parsing was a third of a million-run submission's time
         top = self._top_dir(fq[0])
         jobdir = top / str(fq[1]) if len(fq) > 1 else top
         app = spec["application"]
-        if not common:
-            shared = top / "input"
-            made: dict[str, Any] = {
-                "env": {**extra_env, **app.get("env", {})}, "settings": dict(spec["backend"].get("settings", {})),
-                "inputs": tuple(shared / os.path.basename(f) for f in spec.get("inputfiles", ())),
-                "outputfiles": tuple(spec.get("outputfiles", ()))}
-            if common is None:
-                common = made
-            else:
-                common.update(made)
         return RunSpec(
             fqid=fqid, index=fq[-1] if len(fq) > 1 else 0, attempt=attempt,
             key=f"orch-{self.home_key}-{fqid}-{attempt}",

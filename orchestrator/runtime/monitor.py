@@ -118,14 +118,17 @@ class Monitor:
         """States saved by runs going on reach the repository, and the newest the state machine, each tick."""
         if self.stopped or not self.actor.driver.capabilities.runs_wrapper:
             return  # no wrapper, no states (sim): and no look at a hundred thousand runs per tick
-        held = self.actor.held
+        by_job: dict[int, list[tuple[RunKey, RunHandle]]] = {}
+        for key, handle in list(self.actor.held.items()):
+            by_job.setdefault(key[0], []).append((key, handle))
         candidates: list[tuple[RunKey, RunHandle]] = []
-        for job in {job for job, _ in held}:  # a job without steps: only its runs that saved a state already
+        for job, held in by_job.items():  # a job without steps: only its runs that saved a state already
             which = self.harvestable(job)
             if which is None:
-                candidates.extend((k, h) for k, h in held.items() if k[0] == job)
+                candidates.extend(held)
             else:
-                candidates.extend((k, h) for i in which if (h := held.get(k := (job, i))) is not None)
+                wanted = set(which)
+                candidates.extend(kh for kh in held if kh[0][1] in wanted)
         running = [(k, h) for k, h in candidates if self.status_of(k) in (S.RUNNING, S.COMPLETING)]
         reports = []
         for (job, idx), handle in running:

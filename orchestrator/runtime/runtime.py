@@ -27,7 +27,7 @@ import structlog
 from anyio.abc import TaskGroup
 
 from ..core.actions import scaled
-from ..core.errors import HomeLockedError, JobError, RepositoryError
+from ..core.errors import HomeLockedError, RepositoryError
 from ..core.events import AddRequested, Event, Request, Started
 from ..core.ids import FQID, Runs, fqid_str
 from ..core.instructions import (
@@ -53,7 +53,7 @@ from .config import Config
 from .definitions import Definitions
 from .executor import Executor
 from .homelock import SERVICE_ROLE, HomeLock
-from .limits import exec_limit
+from .limits import check_subjob
 from .monitor import Ending, Monitor
 from .postprocess import Postprocessing
 from .prepare import Preparer
@@ -117,7 +117,7 @@ class Runtime:
         self.writer = Writer(self.sm, self.repo, self.definitions, self.checkpoints.keep)
         self.preparer = Preparer(definitions=self.definitions, repo=self.repo, workspace=self.workspace,
                                  post=self.post, sm=self.sm, free_slots=self.free_slots,
-                                 check_subjob=self.check_subjob, add_job=self._store_job)
+                                 check_subjob=check_subjob, add_job=self._store_job)
         self.postprocessing = Postprocessing(sm=self.sm, definitions=self.definitions, workspace=self.workspace,
                                              settings=config.section("postprocess"), post=self.post, log=self.log)
         self.executor = Executor(
@@ -421,27 +421,6 @@ class Runtime:
             capacity = self.checkpoints.default_partitions
         actor = self._actors.get(backend)
         return max(capacity - (len(actor.held) if actor is not None else 0), 1)
-
-    def check_subjob(self, spec: Mapping[str, Any], where: str, changed: Collection[str]) -> None:
-        """A subjob the split changed, checked as ``add()`` checks a job (``changed``: the delta's paths)."""
-        from ..core.model import Executable
-        from ..plugin.settings import SettingsError
-
-        app = spec["application"]
-        Executable(app["exe"], app.get("args", []), app.get("env", {})).validate(where, exec_limit())
-        backend_changed = any(p.startswith("backend.") for p in changed)
-        if not backend_changed and "application.exe" not in changed:
-            return
-        cls = registry.driver_class(spec["backend"]["name"])
-        settings = spec["backend"].get("settings", {})
-        if backend_changed:
-            try:
-                cls.validate_settings(settings)
-            except SettingsError as exc:
-                raise JobError(str(exc), fqid=where, field=f"backend.{exc.field}") from None
-        problem = cls.check_executable(app["exe"], settings)
-        if problem is not None:
-            raise JobError(problem, fqid=where, field="application.exe")
 
     def _checkpoint_record(self, fqid: str) -> Mapping[str, Any]:
         fq = tuple(int(p) for p in fqid.split("."))
