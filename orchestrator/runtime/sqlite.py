@@ -33,17 +33,20 @@ async def connect(path: Path, *, readonly: bool = False) -> aiosqlite.Connection
     timeout makes a BEGIN wait for another connection's lock rather than fail at once. ``readonly``: a
     reader of a home another process holds (SQLite opens it ``mode=ro``; the writer's WAL is read as is).
     """
-    if readonly:
-        db = await aiosqlite.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
-    else:
-        db = await aiosqlite.connect(path, isolation_level=None)
+    # Shielded: a connect cancelled half-way would leave its thread holding a connection nobody closes.
+    with anyio.CancelScope(shield=True):
+        if readonly:
+            db = await aiosqlite.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
+        else:
+            db = await aiosqlite.connect(path, isolation_level=None)
     try:
         if not readonly:
             await db.execute("PRAGMA journal_mode=WAL")
             await db.execute("PRAGMA synchronous=NORMAL")
         await db.execute("PRAGMA busy_timeout=10000")
     except BaseException:
-        await db.close()
+        with anyio.CancelScope(shield=True):
+            await db.close()
         raise
     return db
 

@@ -87,9 +87,12 @@ class WorkflowStore:
                 raise
 
     async def close(self) -> None:
+        """Shielded: a close cancelled by the service's shutdown would leave the connection's thread running
+        after the event loop has closed (it then fails to hand back its last result, with a traceback)."""
         if self._db is not None:
             db, self._db = self._db, None
-            await db.close()
+            with anyio.CancelScope(shield=True):
+                await db.close()
 
     @property
     def db(self) -> aiosqlite.Connection:
