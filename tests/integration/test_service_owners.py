@@ -318,6 +318,9 @@ def test_two_os_users_on_the_unix_socket(services: list[Service], open_dir: Path
     # The service's own user (an admin) sees both, and who owns which.
     everyone = json.loads(cli_ok(home, "jobs", "--json"))
     assert {j["fqid"]: j["owner"] for j in everyone["jobs"]} == {mine: "nobody", theirs: "daemon"}
+    narrowed = json.loads(cli_ok(home, "jobs", "--owner", "nobody", "--json"))
+    assert [j["fqid"] for j in narrowed["jobs"]] == [mine]
+    assert ["owner", "nobody"] in [line.split() for line in ok("nobody", "show", mine).splitlines()]
     # Anyone else is turned away, though the socket's modes let them reach it.
     outsider = as_user("bin", home, "jobs")
     assert outsider.returncode == 2 and "403" in outsider.stderr
