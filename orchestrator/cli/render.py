@@ -83,7 +83,9 @@ _BEFORE_COUNTS = JOBS_COLUMNS.index("subjobs") + 1
 
 def jobs_table(summaries: list[dict[str, Any]]) -> Table:
     shown = [s for s in ALL_STATUSES if any(j["counts"].get(s.value) for j in summaries)]
-    table = Table(box=None, header_style="bold", show_footer=len(summaries) > 1, footer_style="bold")
+    # no padding at the edges: with the owner column, the usual listing still fits 80 columns
+    table = Table(box=None, header_style="bold", show_footer=len(summaries) > 1, footer_style="bold",
+                  pad_edge=False)
     totals = totals_of(summaries)
     footers = {"id": "", "name": f"{len(summaries)} jobs", "subjobs": str(totals["subjobs"]),
                **{s.value: str(totals["counts"].get(s.value, "")) for s in shown}}
