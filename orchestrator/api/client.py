@@ -4,7 +4,9 @@
 control methods (the transport's operations, as JSON) and raises the same
 errors the embedded API would: an unknown job is an
 :class:`~orchestrator.core.errors.UnknownJobError`, a refused operation a
-:class:`~orchestrator.core.errors.JobError` naming the job and the field.
+:class:`~orchestrator.core.errors.JobError` naming the job and the field,
+another user's job a :class:`~orchestrator.core.errors.NotOwnerError`
+naming its owner.
 ``events()`` follows the stream of every event and change, in order.
 """
 
@@ -21,8 +23,9 @@ from typing import Any
 import anyio
 import httpx
 
-from ..core.errors import JobError, OrchestratorError, UnknownJobError
+from ..core.errors import JobError, NotOwnerError, OrchestratorError, UnknownJobError
 from ..runtime.homelock import SERVICE_ROLE
+from .owners import current_user
 from .paths import ServicePaths
 
 
@@ -131,6 +134,8 @@ def _answer(response: httpx.Response) -> Any:
     message = str(error.get("message") or response.reason_phrase)
     if response.status_code == 404 and error.get("error") == "unknown job":
         raise UnknownJobError(message, fqid=error.get("fqid"))
+    if response.status_code == 403 and error.get("error") == "not owner":
+        raise NotOwnerError(error.get("fqid"), owner=str(error.get("owner")), user=str(error.get("user")))
     if response.status_code == 409:
         raise _job_error(message, error.get("fqid"), error.get("field"))
     raise OrchestratorError(f"service: {response.status_code} {message}")
@@ -151,6 +156,8 @@ def service_holds(home: Path) -> bool:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return False
+    except PermissionError:  # another user's home (its lock is theirs alone): a socket there stands for them
+        return socket_there(home)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -162,13 +169,26 @@ def service_holds(home: Path) -> bool:
         os.close(fd)
 
 
+def socket_there(home: Path) -> bool:
+    """Whether the home's service socket exists; refused clearly when this user may not even look."""
+    try:
+        os.stat(ServicePaths(home).socket)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except PermissionError:
+        raise OrchestratorError(
+            f"user {current_user()} may not use {home}: its service lets in only its owner (and the users its "
+            f"[service] users and admins settings name)") from None
+    return True
+
+
 async def connect(home: Path, *, wait: float = 30.0) -> ServiceClient | None:
     """A client (to open with ``async with``) of the service on ``home``, or ``None`` when no service holds it.
 
     A service that holds the home but does not answer yet (starting, or being
     restarted by supervisord) is waited for, up to ``wait`` seconds.
     """
-    if not service_holds(home) and not ServicePaths(home).socket.exists():
+    if not service_holds(home) and not socket_there(home):
         return None
     with anyio.move_on_after(wait):
         while True:

@@ -148,6 +148,14 @@ class Definition:
         self.fail_on_missing_output = spec.get("fail_on_missing_output")
 
     @property
+    def comment(self) -> str:
+        return self._comment
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self._metadata
+
+    @property
     def splitter(self) -> Splitter | None:
         """How a master splits into subjobs; a stored one is built from its definition when first read."""
         if self._splitter_data is not None:

@@ -3,6 +3,10 @@
 Reads answer from the state machine and the definitions (and, for a
 subjob's definition or backend id, the repository's reader); operations are
 requests on the bus, answered by the state machine.
+
+It acts as one :class:`~.owners.Caller`: this process's user, an admin, for
+an orchestrator opened here; the client of each request in a service, which
+makes a view per caller with :meth:`Embedded.as_caller`.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from ..core.events import (
     ResubmitRequested,
     SubmitRequested,
 )
-from ..core.ids import FQID
+from ..core.ids import FQID, fqid_str
 from ..core.instructions import Reply
 from ..core.model import Backend
 from ..core.splitters import apply_delta
@@ -29,6 +33,7 @@ from ..core.statuses import JobStatus
 from ..runtime.bus import Lagging
 from ..runtime.runtime import Runtime
 from .definition import subjob_part
+from .owners import OWNER_KEY, Caller, OwnerBook, current_user, home_owner, refusal, visible_to
 from .peek import read_file
 from .transport import Done, JobRecord
 
@@ -36,20 +41,44 @@ from .transport import Done, JobRecord
 class Embedded:
     """See the module docstring."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, caller: Caller | None = None, owners: OwnerBook | None = None) -> None:
         self.runtime = runtime
         self.home: Path = runtime.home
+        self.caller = caller if caller is not None else Caller(current_user(), admin=True)
+        self.owners = owners if owners is not None else OwnerBook(runtime.definitions.specs, home_owner(self.home))
+
+    def as_caller(self, caller: Caller) -> Embedded:
+        """The same runtime, seen and acted on by ``caller``."""
+        return Embedded(self.runtime, caller, self.owners)
+
+    # ------------------------------------------------------------ owners
+    def _mine(self, job: int) -> bool:
+        return self.caller.admin or self.owners.owner(job) == self.caller.name
+
+    def _check(self, targets: Sequence[FQID]) -> None:
+        """Refuse, naming the owner, when a target is another user's job."""
+        if self.caller.admin:
+            return
+        for job in {fq[0] for fq in targets}:
+            owner = self.owner_of(job)
+            if owner is not None and owner != self.caller.name:
+                raise refusal(next(fq for fq in targets if fq[0] == job), owner, self.caller)
+
+    def owner_of(self, job: int) -> str | None:
+        return self.owners.owner(job) if (job,) in self.runtime.sm else None
 
     # ------------------------------------------------------------ reads
     def job_ids(self) -> list[int]:
-        return self.runtime.sm.job_ids()
+        ids = self.runtime.sm.job_ids()
+        return ids if self.caller.admin else [j for j in ids if self._mine(j)]
 
     def record(self, job: int) -> JobRecord:
         defs = self.runtime.definitions
-        return JobRecord(job, defs.names.get(job, ""), defs.spec(job), self.runtime.sm.job_state(job).created)
+        return JobRecord(job, defs.names.get(job, ""), defs.spec(job), self.runtime.sm.job_state(job).created,
+                         self.owners.owner(job) or "")
 
     def exists(self, fq: FQID) -> bool:
-        return fq in self.runtime.sm
+        return fq in self.runtime.sm and self._mine(fq[0])
 
     def status(self, fq: FQID) -> JobStatus:
         return self.runtime.sm.status(fq)
@@ -85,7 +114,7 @@ class Embedded:
 
     # ------------------------------------------------------------ operations
     async def add(self, name: str, spec: dict[str, Any]) -> int:
-        return await self.runtime.add(name, spec)
+        return await self.runtime.add(name, {**spec, OWNER_KEY: self.caller.name})  # whoever adds it owns it
 
     async def _ask(self, make: Any, kind: str) -> Done:
         reply: Reply = await self.runtime.request(make, kind)
@@ -95,9 +124,14 @@ class Embedded:
 
     async def submit(self, targets: Sequence[FQID], keep_going: bool,
                      definitions: dict[int, tuple[str, dict[str, Any]]] | None = None) -> Done:
+        self._check(targets)
         profiles = {}
         for job, (name, spec) in (definitions or {}).items():
             if self.exists((job,)) and self.status((job,)) == JobStatus.NEW:
+                stored = self.runtime.definitions.spec(job).get(OWNER_KEY)
+                spec = {k: v for k, v in spec.items() if k != OWNER_KEY}  # never taken from a client
+                if stored is not None:
+                    spec[OWNER_KEY] = stored
                 self.runtime.definitions.add(job, name, spec)
                 self.runtime.definitions.dirty.add(job)
                 profiles[job] = self.runtime.definitions.profile(job)
@@ -105,11 +139,13 @@ class Embedded:
                                                            keep_going=keep_going, profiles=profiles), "submit")
 
     async def kill(self, targets: Sequence[FQID], keep_going: bool) -> Done:
+        self._check(targets)
         return await self._ask(lambda sid: KillRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
                                                          keep_going=keep_going), "kill")
 
     async def resubmit(self, targets: Sequence[FQID], *, only_failed: bool, keep_going: bool,
                        backend: dict[str, Any] | None, from_state: str | None) -> Done:
+        self._check(targets)
         defs = self.runtime.definitions
         profile = None
         chosen = None
@@ -139,38 +175,45 @@ class Embedded:
         return await self._ask(make, "resubmit")
 
     async def release(self, targets: Sequence[FQID], retry_args: Sequence[str] | None) -> Done:
+        self._check(targets)
         args = tuple(str(a) for a in retry_args) if retry_args is not None else None
         return await self._ask(lambda sid: ReleaseRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
                                                             retry_args=args), "release")
 
     async def force_status(self, targets: Sequence[FQID], status: JobStatus, force: bool, keep_going: bool) -> Done:
+        self._check(targets)
         return await self._ask(lambda sid: ForceStatusRequested(stimulus_id=sid, time=time.time(),
                                                                 targets=tuple(targets), status=status, force=force,
                                                                 keep_going=keep_going), "force")
 
     async def remove(self, targets: Sequence[FQID], keep_going: bool) -> Done:
+        self._check(targets)
         return await self._ask(lambda sid: RemoveRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
                                                            keep_going=keep_going), "remove")
 
     async def wait(self, targets: Sequence[FQID], timeout: float | None) -> None:
+        self._check(targets)
         sm = self.runtime.sm
         await self.runtime.wait_until(lambda: not any(sm.active(fq) for fq in targets), timeout)
         await self.runtime.writer.flush()  # what a caller is told has ended is on disk
 
     async def peek(self, fq: FQID, name: str, tail: int | None) -> str:
+        self._check([fq])
         if not self.exists(fq):
-            raise JobError("no such job", fqid=".".join(map(str, fq)))
+            raise JobError("no such job", fqid=fqid_str(fq))
         status = self.status(fq)
         jobdir = self.home.joinpath("workspace", *map(str, fq))
         return read_file(jobdir, name, tail, running=status in (JobStatus.RUNNING, JobStatus.COMPLETING),
                          fqid=".".join(map(str, fq)))
 
     async def states(self, fq: FQID) -> list[dict[str, Any]]:
+        self._check([fq])
         await self.runtime.writer.flush()
         rows = await self.runtime.repo.states(".".join(map(str, fq)))
         return [{"job": r.job, "seq": r.seq, "time": r.time, "final": r.final, "data": r.data} for r in rows]
 
     def annotate(self, job: int, comment: str | None, metadata: dict[str, Any] | None) -> None:
+        self._check([(job,)])
         spec = self.runtime.definitions.spec(job)
         if comment is not None:
             spec["comment"] = comment
@@ -180,11 +223,13 @@ class Embedded:
 
     async def events(self) -> AsyncIterator[Any]:
         stream = self.runtime.bus.subscribe()
+        visible = visible_to(self.caller, self.owners.owner)
         async with stream:
             async for item in stream:
                 if isinstance(item, Lagging):
                     raise item
-                yield item
+                if visible(item):
+                    yield item
 
     async def refresh(self) -> None:
         await self.runtime.refresh()

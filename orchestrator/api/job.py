@@ -34,6 +34,8 @@ class Job(Definition):
         self.parent: Job | None = None
         self._registry: Jobs | None = None
         self._removed = False
+        #: Set when the job is bound: the user it belongs to (see :mod:`.owners`).
+        self._owner: str | None = None
         self._subjobs = SubjobList(self)
 
     # ------------------------------------------------------------ identity
@@ -52,6 +54,11 @@ class Job(Definition):
         if self.id is None:
             return f"(new {self.name or 'job'})"
         return self.fqid
+
+    @property
+    def owner(self) -> str | None:
+        """The user this job belongs to (a subjob: its master's); ``None`` until it is added."""
+        return self.parent.owner if self.parent is not None else self._owner
 
     @property
     def master(self) -> Job | None:
@@ -294,12 +301,13 @@ class SubjobList:
         return f"<{len(self)} subjobs of job {self._master.fqid_or_new}>"
 
     def select(self, ids: Any = None, status: Any = None, name: str | None = None, backend: str | None = None,
-               application: str | None = None, since: Any = None, until: Any = None) -> JobSlice:
+               application: str | None = None, since: Any = None, until: Any = None,
+               owner: str | None = None) -> JobSlice:
         """Subjobs by index, status, name glob...: a slice that counts from the counters, and builds its jobs
-        only when iterated."""
+        only when iterated. (``owner``: every subjob is its master's, so all or none.)"""
         from .slices import SubjobSelection
 
-        if len(self) == 0:
+        if len(self) == 0 or (owner is not None and self._master.owner != owner):
             return JobSlice([])
         return SubjobSelection(self, ids=ids, status=select_statuses(status), name=name, backend=backend,
                                application=application, since=since, until=until)

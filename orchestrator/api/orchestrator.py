@@ -76,6 +76,11 @@ class Orchestrator:
         return self._transport
 
     @property
+    def user(self) -> str:
+        """Who this orchestrator acts as: the owner of the jobs it adds (:mod:`.owners`)."""
+        return self.transport.caller.name
+
+    @property
     def config(self) -> Config:
         if self._runtime is None:
             raise OrchestratorError("settings are the service's: this orchestrator works through it")

@@ -5,6 +5,10 @@ Look-ups (docs/design.md, both editions): ``orch.jobs[3]``, ``orch.jobs(3)``,
 ``orch.jobs[-1]`` and ``orch.jobs[a:b]`` by position in id order, as a list
 is indexed; ``orch.jobs["name"]`` the one job of that name. The same object
 comes back for the same job as long as the orchestrator is open.
+
+Only the caller's jobs are there (every job for an admin, :mod:`.owners`):
+listings leave the others' out, and looking one of them up by id is refused
+with a :class:`~orchestrator.core.errors.NotOwnerError` naming its owner.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 from ..core.errors import JobError, UnknownJobError
 from ..core.ids import FQID, fqid_str, parse_fqid
 from .job import Job
+from .owners import refusal
 from .slices import JobSlice
 from .transport import Transport
 from .validate import validate
@@ -32,6 +37,7 @@ class JobRegistry:
         validate(job, job.fqid_or_new)
         job_id = await self.transport.add(job.name, job.spec())
         job.id, job._registry = job_id, self
+        job._owner = self.transport.record(job_id).owner
         self._tops[job_id] = job
         return job
 
@@ -40,16 +46,23 @@ class JobRegistry:
         job = self._tops.get(job_id)
         if job is None:
             if not self.transport.exists((job_id,)):
-                raise UnknownJobError(f"no job {job_id}", fqid=str(job_id))
+                raise self.missing((job_id,))
             record = self.transport.record(job_id)
             job = Job.from_spec(record.name, record.spec)
-            job.id, job._registry = job_id, self
+            job.id, job._registry, job._owner = job_id, self, record.owner
             self._tops[job_id] = job
         return job
 
+    def missing(self, fq: FQID) -> JobError:
+        """Why ``fq`` cannot be had: another user's job (the refusal names the owner), or none at all."""
+        owner = self.transport.owner_of(fq[0])
+        if owner is not None and not self.transport.caller.may(owner):
+            return refusal(fq, owner, self.transport.caller)
+        return UnknownJobError(f"no job {fqid_str(fq)}", fqid=fqid_str(fq))
+
     def lookup(self, fq: FQID) -> Job:
         if not self.transport.exists(fq):
-            raise UnknownJobError(f"no job {fqid_str(fq)}", fqid=fqid_str(fq))
+            raise self.missing(fq)
         job = self.top(fq[0])
         if len(fq) == 2:
             return job.subjobs(fq[1])
@@ -102,11 +115,12 @@ class JobRegistry:
         return iter([self.top(i) for i in self.transport.job_ids()])
 
     def select(self, ids: Any = None, status: Any = None, name: str | None = None, backend: str | None = None,
-               application: str | None = None, since: Any = None, until: Any = None) -> JobSlice:
+               application: str | None = None, since: Any = None, until: Any = None,
+               owner: str | None = None) -> JobSlice:
         """Top-level jobs by every filter given (combined with and); see :mod:`.slices`."""
         jobs = JobSlice(self)
         return jobs.select(ids=ids, status=status, name=name, backend=backend, application=application,
-                           since=since, until=until)
+                           since=since, until=until, owner=owner)
 
     def forget(self, job: Job) -> None:
         """A removed job: no longer looked up; what is still held of it says it was removed."""

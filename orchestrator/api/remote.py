@@ -15,6 +15,10 @@ under way is applied after it.
 Details that change with every run (``info``, a backend id, a subjob's
 definition) are read when someone looks: a short blocking request on the
 local socket, as the embedded transport reads SQLite.
+
+The service answers each client with its own jobs only (every job for an
+admin) and says who it takes the client to be (``caller``), so the mirror
+holds only what this client may see.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from ..core.ids import FQID, fqid_str
 from ..core.statuses import ACTIVE, JobStatus
 from ..plugin.logs import get_logger
 from .client import ServiceClient, ServiceUnavailable, SyncCaller, connect
+from .owners import Caller, current_user
 from .paths import ServicePaths
 from .transport import Done, JobRecord
 
@@ -64,6 +69,8 @@ class Remote:
         self._wake = anyio.Event()
         self._connected = anyio.Event()
         self._closing = False
+        #: Who the service takes this client to be (its first answer says).
+        self.caller = Caller(current_user())
 
     async def _stop(self) -> None:
         """End the background readers by closing their connections, not by cancelling them mid-read.
@@ -100,11 +107,13 @@ class Remote:
 
     def _take(self, answer: dict[str, Any], jobs: Sequence[int] | None) -> None:
         step = int(answer["step"])
+        if "caller" in answer:
+            self.caller = Caller(str(answer["caller"]["name"]), bool(answer["caller"]["admin"]))
         seen = set()
         for r in answer["jobs"]:
             codes = bytearray(r["codes"].encode().translate(_FROM_DIGITS)) if r.get("codes") is not None else None
-            self._tops[r["id"]] = Mirror(JobRecord(r["id"], r["name"], r["spec"], r["added"]), JobStatus(r["status"]),
-                                         codes, step)
+            record = JobRecord(r["id"], r["name"], r["spec"], r["added"], str(r.get("owner", "")))
+            self._tops[r["id"]] = Mirror(record, JobStatus(r["status"]), codes, step)
             seen.add(r["id"])
         gone = set(answer.get("gone", ())) if jobs is not None else set(self._tops) - seen
         for job in gone:
@@ -178,6 +187,12 @@ class Remote:
 
     def record(self, job: int) -> JobRecord:
         return self._tops[job].record
+
+    def owner_of(self, job: int) -> str | None:
+        mirror = self._tops.get(job)
+        if mirror is not None:
+            return mirror.record.owner
+        return self._sync("owner", job=job)["owner"]  # type: ignore[no-any-return]
 
     def exists(self, fq: FQID) -> bool:
         if fq[0] not in self._tops and fq[0] >= 0:

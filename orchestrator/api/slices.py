@@ -7,8 +7,9 @@ jobs at once, each one request following keep_going: with
 stays done) and raises; with ``True`` it does what it can.
 
 ``select()`` filters by ``ids``, ``status``, ``name`` (a glob), ``backend``,
-``application`` (its type's name), and ``since``/``until`` (when the job was
-added; a naive datetime is local time), all combined with *and*. A
+``application`` (its type's name), ``since``/``until`` (when the job was
+added; a naive datetime is local time) and ``owner`` (a user's name), all
+combined with *and*. A
 selection of a master's subjobs by status counts from the state machine's
 counters and builds subjob objects only when iterated.
 """
@@ -49,8 +50,11 @@ def timestamp(value: Any, field: str) -> float | None:
 
 
 def matches(job: Any, *, ids: Any, status: list[JobStatus] | None, name: str | None, backend: str | None,
-            application: str | None, since: float | None, until: float | None, added: float | None) -> bool:
+            application: str | None, since: float | None, until: float | None, added: float | None,
+            owner: str | None = None) -> bool:
     if ids is not None and job.id not in ids:
+        return False
+    if owner is not None and job.owner != owner:
         return False
     if status is not None and job.status not in status:
         return False
@@ -93,12 +97,13 @@ class JobSlice:
         return f"JobSlice({self._jobs!r})"
 
     def select(self, ids: Any = None, status: Any = None, name: str | None = None, backend: str | None = None,
-               application: str | None = None, since: Any = None, until: Any = None) -> JobSlice:
+               application: str | None = None, since: Any = None, until: Any = None,
+               owner: str | None = None) -> JobSlice:
         wanted = select_statuses(status)
         lo, hi = timestamp(since, "since"), timestamp(until, "until")
         return JobSlice([j for j in self._jobs if matches(j, ids=ids, status=wanted, name=name, backend=backend,
                                                           application=application, since=lo, until=hi,
-                                                          added=_added(j))])
+                                                          added=_added(j), owner=owner)])
 
     # ------------------------------------------------------------ collective operations
     def _transport(self) -> Transport:

@@ -21,16 +21,18 @@ from typing import Any, Protocol
 
 from ..core.ids import FQID
 from ..core.statuses import JobStatus
+from .owners import Caller
 
 
 @dataclass(frozen=True, slots=True)
 class JobRecord:
-    """A top-level job as stored: its name, its definition (``spec``), when it was added."""
+    """A top-level job as stored: its name, its definition (``spec``), when it was added, whose it is."""
 
     id: int
     name: str
     spec: dict[str, Any]
     added: float = 0.0
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,12 +44,21 @@ class Done:
 
 
 class Transport(Protocol):
-    """See the module docstring. Every ``fq`` is a fully qualified id as a tuple."""
+    """See the module docstring. Every ``fq`` is a fully qualified id as a tuple.
+
+    Reads and operations see the ``caller``'s jobs only (every job for an admin): ``job_ids`` leaves the
+    others' out, ``exists`` is false for them, and an operation on one raises
+    :class:`~orchestrator.core.errors.NotOwnerError`.
+    """
 
     home: Path
+    #: Who this transport acts as (:mod:`.owners`).
+    caller: Caller
 
     # ------------------------------------------------------------ reads
     def job_ids(self) -> list[int]: ...
+    def owner_of(self, job: int) -> str | None:
+        """The owner of any top-level job of the home, the caller's or not (``None``: no such job)."""
     def record(self, job: int) -> JobRecord: ...
     def exists(self, fq: FQID) -> bool: ...
     def status(self, fq: FQID) -> JobStatus: ...

@@ -44,9 +44,9 @@ def summary(job: Job, info: JobInfo | None = None) -> dict[str, Any]:
     c = counts(job)
     info = info or job.info
     submitted_at, elapsed = times(job, info=info)
-    return {"fqid": job.fqid, "name": job.name, "status": job.status.value, "backend": job.backend.name,
-            "subjobs": sum(c.values()), "counts": c, "reason": info.reason, "active": job.is_active(),
-            "submitted_at": submitted_at, "elapsed": elapsed}
+    return {"fqid": job.fqid, "name": job.name, "owner": job.owner, "status": job.status.value,
+            "backend": job.backend.name, "subjobs": sum(c.values()), "counts": c, "reason": info.reason,
+            "active": job.is_active(), "submitted_at": submitted_at, "elapsed": elapsed}
 
 
 def summaries(jobs: Sequence[Job]) -> list[dict[str, Any]]:

@@ -99,15 +99,18 @@ def print_json(value: Any) -> None:
 @click.option("--status", "statuses", multiple=True, type=STATUS_CHOICE, help="Only jobs in this status (repeatable).")
 @click.option("--name", default=None, help="Only jobs whose name matches this glob.")
 @click.option("--backend", default=None, help="Only jobs on this backend.")
+@click.option("--owner", default=None, help="Only the jobs of this user (an admin sees every user's).")
 @click.option("--limit", type=click.IntRange(1), default=None, help="Only the N most recent of the matching jobs.")
 @click.option("--json", "as_json", is_flag=True, help="A JSON document instead of the table (docs/reference.md).")
 @home_option
-def jobs(statuses: tuple[str, ...], name: str | None, backend: str | None, limit: int | None, as_json: bool,
-         home: Path | None) -> None:
-    """List the top-level jobs: id, name, status, backend, subjob counts per status, submitted, elapsed."""
+def jobs(statuses: tuple[str, ...], name: str | None, backend: str | None, owner: str | None, limit: int | None,
+         as_json: bool, home: Path | None) -> None:
+    """List the top-level jobs: id, name, owner, status, backend, subjob counts per status, submitted, elapsed.
+
+    Through a shared service, a user's own jobs; an admin's, everyone's."""
 
     async def body(orch: Orchestrator) -> None:
-        chosen = list(orch.jobs.select(status=list(statuses) or None, name=name, backend=backend))
+        chosen = list(orch.jobs.select(status=list(statuses) or None, name=name, backend=backend, owner=owner))
         selected = views.summaries(chosen[-limit:] if limit else chosen)
         if as_json:
             print_json({"schema": 1, "jobs": selected, "totals": render.totals_of(selected)})

@@ -76,23 +76,28 @@ def progress(summary: Mapping[str, Any]) -> tuple[int, int]:
 
 #: The columns of ``orchestrator jobs``, always in this order; per-status counts come between subjobs and
 #: submitted, one column per status that any listed job has.
-JOBS_COLUMNS = ("id", "name", "status", "backend", "subjobs", "submitted", "elapsed")
+JOBS_COLUMNS = ("id", "name", "owner", "status", "backend", "subjobs", "submitted", "elapsed")
+#: Of those, the ones before the per-status counts.
+_BEFORE_COUNTS = JOBS_COLUMNS.index("subjobs") + 1
 
 
 def jobs_table(summaries: list[dict[str, Any]]) -> Table:
     shown = [s for s in ALL_STATUSES if any(j["counts"].get(s.value) for j in summaries)]
-    table = Table(box=None, header_style="bold", show_footer=len(summaries) > 1, footer_style="bold")
+    # no padding at the edges: with the owner column, the usual listing still fits 80 columns
+    table = Table(box=None, header_style="bold", show_footer=len(summaries) > 1, footer_style="bold",
+                  pad_edge=False)
     totals = totals_of(summaries)
     footers = {"id": "", "name": f"{len(summaries)} jobs", "subjobs": str(totals["subjobs"]),
                **{s.value: str(totals["counts"].get(s.value, "")) for s in shown}}
-    for col in (*JOBS_COLUMNS[:5], *(s.value for s in shown), *JOBS_COLUMNS[5:]):
+    for col in (*JOBS_COLUMNS[:_BEFORE_COUNTS], *(s.value for s in shown), *JOBS_COLUMNS[_BEFORE_COUNTS:]):
         numeric = col in ("id", "subjobs", "elapsed") or col in {s.value for s in shown}
         table.add_column(col, footer=footers.get(col, ""), justify="right" if numeric else "left",
                          no_wrap=col != "name")
     for j in summaries:
         c = j["counts"]
         cells = [Text(str(c.get(s.value, "")), style=STYLES[s]) for s in shown]
-        table.add_row(j["fqid"], Text(j["name"]), status_text(j["status"]), Text(j["backend"]),
+        table.add_row(j["fqid"], Text(j["name"]), Text(j.get("owner") or "-"), status_text(j["status"]),
+                      Text(j["backend"]),
                       str(j["subjobs"]) if c else "", *cells, when(j["submitted_at"]), duration(j["elapsed"]))
     return table
 
@@ -119,6 +124,7 @@ def show(detail: dict[str, Any], out: Console, listed: bool = False) -> None:
     if detail["master"] is not None:
         row("master", detail["master"])
     row("name", detail["name"])
+    row("owner", detail.get("owner") or "-")
     row("status", status_text(detail["status"]))
     settings = ", ".join(f"{k}={short(v, 60)}" for k, v in detail["backend_settings"].items())
     row("backend", detail["backend"] + (f" ({settings})" if settings else ""))

@@ -18,6 +18,20 @@ class JobError(OrchestratorError):
         self.field = field
 
 
+class NotOwnerError(JobError):
+    """The job belongs to another user, and the caller is not an admin: the message says whose it is.
+
+    ``owner`` is the job's owner, ``user`` the caller.
+    """
+
+    def __init__(self, fqid: str | None, *, owner: str, user: str) -> None:
+        Exception.__init__(self, f"job {fqid} belongs to {owner}; you are {user}")
+        self.fqid = fqid
+        self.field = None
+        self.owner = owner
+        self.user = user
+
+
 class HomeLockedError(OrchestratorError):
     """Another process holds this orchestrator home."""
 

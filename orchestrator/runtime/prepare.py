@@ -153,6 +153,8 @@ class Preparer:
                 spec["steps"] = list(ins.steps)
             if ins.role == "aggregator":
                 spec["aggregates"] = True  # its steps are its subjobs' final states, exported to it by label
+            if "owner" in master:  # a pre-job and an aggregator belong to their master's owner
+                spec["owner"] = master["owner"]
             name = template.get("name") or f"{self.definitions.names.get(ins.master) or 'job'}-{ins.role}"
             job = await self.add_job(name, spec, (ins.master, ins.role))
         await self.post(LinkedAdded(stimulus_id=ins.stimulus_id, time=time.time(), job=job, master=ins.master,

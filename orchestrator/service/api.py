@@ -4,37 +4,43 @@
   :class:`~orchestrator.service.control.Control` (``GET`` with query
   parameters for the read-only ones); errors come back as ``{"error",
   "message", "fqid", "field"}`` with 404 (unknown job), 409 (refused), 400
-  (bad request).
+  (bad request), and 403 ``"not owner"`` (another user's job; with
+  ``owner`` and ``user``).
 - ``GET /api/events``: server-sent events: every event and every change, in
   order, encoded (:mod:`orchestrator.core.codec`) with ``seq``, the number
   of the step that made it.
 - ``GET /health``: 200 while the service runs.
 - ``GET /``: the live status page.
 
-Who may call: on the Unix socket only the owner's uid (checked with
-``SO_PEERCRED``, besides the 0600 socket in a 0700 directory); on TCP only a
-client that shows the token (``Authorization: Bearer``, or the cookie the
-page sets after ``/?token=...``).
+Who may call (:mod:`.access`): on the Unix socket the owner's uid, and the
+users the settings name (checked with ``SO_PEERCRED`` on every request); on
+TCP only a client that shows a token (``Authorization: Bearer``, or the
+cookie the page sets after ``/?token=...``): the owner's, or a user's. Each
+request acts as its caller: a user sees and acts on their own jobs, the
+stream of events included; an admin on all.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
-import os
-import secrets
 from collections.abc import AsyncIterator, Callable
 from importlib import resources
 from typing import Any
 
 import anyio
 
+from ..api.owners import Caller, visible_to
 from ..core import codec
-from ..core.errors import JobError, OrchestratorError, UnknownJobError
+from ..core.errors import JobError, NotOwnerError, OrchestratorError, UnknownJobError
 from ..core.events import Event
+from ..plugin.logs import get_logger
 from ..runtime.bus import Bus, Lagging
+from .access import Access
 from .control import METHODS, READ_ONLY, Control
 from .http import Request, Response
+
+log = get_logger(component="api")
 
 #: Parameters that are lists when passed in a query string.
 LIST_PARAMS = frozenset({"targets", "retry_args", "jobs", "indexes"})
@@ -46,69 +52,78 @@ METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class Api:
-    def __init__(self, control: Control, bus: Bus, *, token: str | None, owner_uid: int | None = None,
+    def __init__(self, control: Control, bus: Bus, *, access: Access,
                  metrics: Callable[[], bytes] | None = None) -> None:
         self.control = control
         self.bus = bus
         self.metrics = metrics
-        self.token = token
-        self.owner_uid = os.getuid() if owner_uid is None else owner_uid
+        self.access = access
 
     async def __call__(self, req: Request) -> Response:
         if req.method == "GET" and req.path == "/" and "token" in req.query and req.via == "tcp":
             return self._login(req.query["token"][0])
-        refused = self._refuse(req)
-        if refused is not None:
-            return refused
+        caller = self._caller(req)
+        if isinstance(caller, Response):
+            return caller
+        return await self._route(req, self.control.as_caller(caller))
+
+    async def _route(self, req: Request, control: Control) -> Response:
         if req.path in ("/", "/index.html") and req.method in ("GET", "HEAD"):
             return Response(200, _page(), "text/html; charset=utf-8")
         if req.path.startswith("/job/") and req.method in ("GET", "HEAD"):
             return Response(200, _page("job.html"), "text/html; charset=utf-8")
         if req.path.startswith("/peek/") and req.method == "GET":
-            return await self._peek(req.path.removeprefix("/peek/"))
+            return await self._peek(control, req.path.removeprefix("/peek/"))
         if req.path == "/health" and req.method in ("GET", "HEAD"):
-            return Response.json(await self.control.health())
+            return Response.json(await control.health())
         if req.path == "/metrics" and req.method == "GET" and self.metrics is not None:
             return Response(200, self.metrics(), METRICS_TYPE)
         if req.path == "/api/events" and req.method == "GET":
-            return Response(200, content_type="text/event-stream", stream=self._events())
+            return Response(200, content_type="text/event-stream", stream=self._events(control))
         if req.path.startswith("/api/"):
-            return await self._call(req, req.path.removeprefix("/api/"))
+            return await self._call(req, control, req.path.removeprefix("/api/"))
         return _error(404, "not found", f"no route {req.method} {req.path}")
 
     # ------------------------------------------------------------ access
-    def _refuse(self, req: Request) -> Response | None:
+    def _caller(self, req: Request) -> Caller | Response:
+        """Who sent this request (checked on every one), or the answer that turns them away."""
         if req.via == "unix":
-            if req.peer_uid != self.owner_uid:
-                return _error(403, "forbidden", "only the service's owner may use its socket")
-            return None
+            caller = self.access.by_uid(req.peer_uid)
+            if caller is None:
+                log.warning("refused a client of the socket", uid=req.peer_uid, path=req.path)
+                return _error(403, "forbidden", self.access.refusal(req.peer_uid))
+            return caller
         shown = _bearer(req.headers.get("authorization", "")) or _cookie(req.headers.get("cookie", ""), COOKIE)
-        if self.token is None or shown is None or not secrets.compare_digest(shown.encode(), self.token.encode()):
-            response = _error(401, "unauthorized", "a bearer token is required (see the service's token file)")
+        caller = self.access.by_token(shown)
+        if caller is None:
+            response = _error(401, "unauthorized", "a bearer token is required (see the service's token file, "
+                                                   "or ask its owner for one: orchestrator token USER)")
             response.headers.append(("www-authenticate", 'Bearer realm="orchestrator"'))
             return response
-        return None
+        return caller
 
     def _login(self, shown: str) -> Response:
         """``/?token=...`` from a browser: keep the token in a cookie and drop it from the address bar."""
-        if self.token is None or not secrets.compare_digest(shown.encode(), self.token.encode()):
+        if self.access.by_token(shown) is None:
             return _error(401, "unauthorized", "wrong token")
-        cookie = f"{COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/"
+        cookie = f"{COOKIE}={shown}; HttpOnly; SameSite=Strict; Path=/"
         return Response(303, b"", "text/plain", headers=[("location", "/"), ("set-cookie", cookie)])
 
-    async def _peek(self, rest: str) -> Response:
+    async def _peek(self, control: Control, rest: str) -> Response:
         """``/peek/3.1/stderr``: a run's file as text, for the links of a master's page."""
         fqid, _, name = rest.partition("/")
         try:
-            answer = await self.control.peek(fqid, name or "stdout")
+            answer = await control.peek(fqid, name or "stdout")
         except UnknownJobError as exc:
             return _error(404, "unknown job", str(exc), fqid=fqid)
+        except NotOwnerError as exc:
+            return _not_owner(exc)
         except JobError as exc:
             return _error(409, "refused", str(exc), fqid=fqid, field=exc.field)
         return Response(200, str(answer["text"]).encode(), "text/plain; charset=utf-8")
 
     # ------------------------------------------------------------ methods
-    async def _call(self, req: Request, method: str) -> Response:
+    async def _call(self, req: Request, control: Control, method: str) -> Response:
         if method not in METHODS:
             return _error(404, "not found", f"no method {method!r}")
         if req.method == "GET" and method in READ_ONLY:
@@ -122,7 +137,7 @@ class Api:
                 return _error(400, "bad request", "the body must be a JSON object of arguments")
         else:
             return _error(405, "method not allowed", f"{req.method} /api/{method}")
-        call = getattr(self.control, method)
+        call = getattr(control, method)
         try:
             inspect.signature(call).bind(**kwargs)
         except TypeError as exc:  # arguments that do not fit the method (a TypeError inside it is a bug: 500)
@@ -131,14 +146,18 @@ class Api:
             result = await call(**kwargs)
         except UnknownJobError as exc:
             return _error(404, "unknown job", str(exc), fqid=exc.fqid or _fqid(kwargs))
+        except NotOwnerError as exc:
+            return _not_owner(exc)
         except JobError as exc:
             return _error(409, "refused", str(exc), fqid=exc.fqid or _fqid(kwargs), field=exc.field)
         except OrchestratorError as exc:
             return _error(409, "refused", str(exc), fqid=_fqid(kwargs))
         return Response.json(result)
 
-    async def _events(self) -> AsyncIterator[bytes]:
-        """Every event and change, in order, until the client or the service goes."""
+    async def _events(self, control: Control) -> AsyncIterator[bytes]:
+        """Every event and change of the caller's jobs (all, for an admin), in order, until the client or the
+        service goes."""
+        visible = visible_to(control.t.caller, control.t.owners.owner)
         receive = self.bus.subscribe(numbered=True)
         with receive:
             yield b": events follow\n\n"
@@ -154,7 +173,7 @@ class Api:
                 if isinstance(item, Lagging):
                     return
                 seq, event = item
-                if isinstance(event, Event):
+                if isinstance(event, Event) and visible(event):
                     data = json.dumps({"seq": seq, **codec.encode(event)}, separators=(",", ":"), default=str)
                     yield f"data: {data}\n\n".encode()
 
@@ -163,8 +182,13 @@ def _page(name: str = "page.html") -> bytes:
     return resources.files(__package__).joinpath(name).read_bytes()
 
 
-def _error(status: int, error: str, message: str, *, fqid: str | None = None, field: str | None = None) -> Response:
-    return Response.json({"error": error, "message": message, "fqid": fqid, "field": field}, status)
+def _error(status: int, error: str, message: str, *, fqid: str | None = None, field: str | None = None,
+           **more: Any) -> Response:
+    return Response.json({"error": error, "message": message, "fqid": fqid, "field": field, **more}, status)
+
+
+def _not_owner(exc: NotOwnerError) -> Response:
+    return _error(403, "not owner", str(exc), fqid=exc.fqid, owner=exc.owner, user=exc.user)
 
 
 def _fqid(kwargs: Any) -> str | None:

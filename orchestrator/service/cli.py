@@ -1,5 +1,5 @@
-"""``orchestrator serve``: registered as a command of the ``orchestrator.commands`` entry-point group, so that
-the command line never imports the service (it sits above the CLI)."""
+"""``orchestrator serve`` and ``orchestrator token``: registered as commands of the ``orchestrator.commands``
+entry-point group, so that the command line never imports the service (it sits above the CLI)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ from pathlib import Path
 import anyio
 import click
 
-from ..cli.app import home_of, home_option
+from ..api.owners import current_user, home_owner
+from ..cli.app import CliError, home_of, home_option
+from ..runtime.config import Config
+from .access import TokenStore, names, tokens_path
 from .daemon import run_service
 
 
@@ -23,3 +26,42 @@ def serve(tcp_port: int | None, token_file: Path | None, home: Path | None) -> N
     """Run the service on a home until SIGTERM: monitoring, control API on a Unix socket, status page."""
     path = home_of(home)
     click.get_current_context().exit(anyio.run(lambda: run_service(path, tcp_port=tcp_port, token_file=token_file)))
+
+
+@click.command()
+@click.argument("user", required=False)
+@click.option("--revoke", is_flag=True, help="Turn USER's token off.")
+@click.option("--list", "list_", is_flag=True, help="List the users who have a token.")
+@home_option
+def token(user: str | None, revoke: bool, list_: bool, home: Path | None) -> None:
+    """Print a new token for USER to reach the service over TCP (replacing theirs).
+
+    \b
+    USER must be named by [service] users or admins in the home's
+    orchestrator.toml (or be the service's own user). The token is printed
+    once and kept only as its SHA-256, in <home>/service/tokens (mode 0600);
+    a running service takes it at once. USER then sees and acts on their
+    own jobs (every job for an admin). The service's own token file keeps
+    working.
+    """
+    path = home_of(home)
+    store = TokenStore(tokens_path(path))
+    if list_:
+        for name in store.users():
+            click.echo(name)
+        return
+    if user is None:
+        raise click.UsageError("name the user: orchestrator token USER")
+    if revoke:
+        if not store.revoke(user):
+            raise CliError(f"user {user} has no token on {path}")
+        click.echo(f"user {user}: token revoked")
+        return
+    if not path.is_dir():
+        raise CliError(f"no orchestrator home at {path}")
+    settings = Config.load(path).section("service")
+    allowed = names(settings, "users") | names(settings, "admins") | {current_user(), home_owner(path)}
+    if user not in allowed:
+        raise CliError(f"user {user} is not named by [service] users or admins in {path / 'orchestrator.toml'}: "
+                       f"add them there first")
+    click.echo(store.issue(user))

@@ -13,6 +13,11 @@ answers with that job's summary (as ``jobs`` lists it) and ``acted``.
 
 ``jobs`` and ``show`` are the records the CLI prints (:mod:`orchestrator.api.views`),
 for clients that speak HTTP alone (the status page, ``curl``).
+
+Each request is answered by the view of its caller (:meth:`Control.as_caller`):
+its transport sees that user's jobs only (every job for an admin), so a job
+of another user is left out of listings, and naming one is refused with a
+:class:`~orchestrator.core.errors.NotOwnerError` that says whose it is.
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ import anyio
 from ..api import views
 from ..api.definition import without_splitter
 from ..api.embedded import Embedded
+from ..api.owners import Caller
 from ..api.registry import JobRegistry
 from ..core.errors import JobError, UnknownJobError
-from ..core.ids import FQID, fqid_str, parse_fqid
+from ..core.ids import FQID, parse_fqid
 from ..core.statuses import JobStatus, parse_status
 
 #: Status codes (0-9) as the digits of a string.
@@ -49,10 +55,20 @@ class Control:
     def __init__(self, transport: Embedded) -> None:
         self.t = transport
         self.jobs_ = JobRegistry(transport)
+        self._views: dict[Caller, Control] = {}
+
+    def as_caller(self, caller: Caller) -> Control:
+        """The control methods as ``caller`` may use them (one view per caller, kept: its jobs stay built)."""
+        if caller == self.t.caller:
+            return self
+        view = self._views.get(caller)
+        if view is None:
+            view = self._views[caller] = Control(self.t.as_caller(caller))
+        return view
 
     def _known(self, fq: FQID) -> FQID:
         if not self.t.exists(fq):
-            raise UnknownJobError(f"no job {fqid_str(fq)}", fqid=fqid_str(fq))
+            raise self.jobs_.missing(fq)
         return fq
 
     def _targets(self, targets: Sequence[Any] | None, fqid: str | None = None) -> list[FQID]:
@@ -67,9 +83,10 @@ class Control:
         return {**views.summary(self.jobs_.lookup(_fq(fqid))), "acted": acted}
 
     # ------------------------------------------------------------ reads
-    async def jobs(self, status: Sequence[str] | None = None, name: str | None = None) -> list[dict[str, Any]]:
-        """Top-level jobs as ``orchestrator jobs`` lists them."""
-        return views.summaries(list(self.jobs_.select(status=list(status or ()) or None, name=name)))
+    async def jobs(self, status: Sequence[str] | None = None, name: str | None = None,
+                   owner: str | None = None) -> list[dict[str, Any]]:
+        """Top-level jobs as ``orchestrator jobs`` lists them (the caller's, or every one for an admin)."""
+        return views.summaries(list(self.jobs_.select(status=list(status or ()) or None, name=name, owner=owner)))
 
     async def show(self, fqid: str, subjobs: int = views.SHOW_SUBJOBS) -> dict[str, Any]:
         """A job as ``orchestrator show`` shows it."""
@@ -77,7 +94,7 @@ class Control:
 
     async def health(self) -> dict[str, Any]:
         rt = self.t.runtime
-        return {"ok": True, "pid": os.getpid(), "home": str(self.t.home), "jobs": len(rt.sm.job_ids()),
+        return {"ok": True, "pid": os.getpid(), "home": str(self.t.home), "jobs": len(self.t.job_ids()),
                 "monitored": sum(b["held"] for b in rt.metrics()["backends"].values()), "time": time.time()}
 
     async def describe(self, jobs: Sequence[int] | None = None) -> dict[str, Any]:
@@ -88,13 +105,18 @@ class Control:
         for job in ids:
             rec = self.t.record(int(job))
             out: dict[str, Any] = {"id": rec.id, "name": rec.name, "spec": without_splitter(rec.spec),
-                                   "added": rec.added,
+                                   "added": rec.added, "owner": rec.owner,
                                    "status": sm.status((rec.id,)).value, "active": sm.active((rec.id,))}
             if sm.is_master(rec.id):
                 out["codes"] = sm.statuses(rec.id).translate(_DIGITS).decode()
             records.append(out)
         return {"step": self.t.runtime.bus.handled, "jobs": records,
-                "gone": [j for j in (jobs or ()) if not self.t.exists((int(j),))]}
+                "gone": [j for j in (jobs or ()) if not self.t.exists((int(j),))],
+                "caller": {"name": self.t.caller.name, "admin": self.t.caller.admin}}
+
+    async def owner(self, job: int) -> dict[str, Any]:
+        """Whose top-level job ``job`` is (``null``: no such job), for a refusal that names the owner."""
+        return {"owner": self.t.owner_of(int(job))}
 
     async def master(self, fqid: str, failures: int = 5000, points: int = 400) -> dict[str, Any]:
         """What a master's page shows: its runs' status codes (one digit each, :data:`_DIGITS`), its failed runs
@@ -212,9 +234,9 @@ class Control:
 #: The methods a client may call (the HTTP API's routes).
 METHODS = frozenset({"jobs", "show", "master", "health", "describe", "info", "infos", "backend_id", "subjob_specs",
                      "splitter_spec", "peek", "metrics", "states", "add", "submit", "kill", "resubmit", "release",
-                     "force_status", "remove", "wait", "annotate", "refresh"})
+                     "force_status", "remove", "wait", "annotate", "refresh", "owner"})
 #: Methods a ``GET`` may call: they change nothing.
 READ_ONLY = frozenset({"jobs", "show", "master", "health", "describe", "info", "infos", "backend_id", "peek", "metrics",
-                       "states", "splitter_spec"})
+                       "states", "splitter_spec", "owner"})
 
 __all__ = ["METHODS", "READ_ONLY", "Control", "JobStatus"]

@@ -3,7 +3,8 @@
 It holds the home's lock (so no embedded orchestrator opens it meanwhile),
 runs the monitoring loop for every active job on every backend, keeps the
 event bus, advances workflows, and answers the control API on a Unix socket
-(and, when asked, on 127.0.0.1 with a token). Logs are structlog JSON on
+(and, when asked, on 127.0.0.1 with a token), to its owner and the users its
+settings name (:mod:`.access`). Logs are structlog JSON on
 stdout, for supervisord to keep.
 
 It is built to be killed. Every submission is written ahead (``submitting``
@@ -34,6 +35,7 @@ from ..api.paths import ServicePaths
 from ..core.errors import ConfigError
 from ..plugin.logs import configure as configure_logs
 from ..plugin.logs import get_logger
+from .access import Access
 from .api import Api
 from .control import Control
 from .http import serve_connection
@@ -94,15 +96,17 @@ async def _serve(orch: Orchestrator, signals: Any, tcp_port: int | None, token_f
         raise ConfigError("a token file is for the TCP listener: give --tcp-port (or [service] tcp_port) too")
     if port >= 0:
         token = read_token(tokens or ServicePaths(orch.home).dir / "token", create=True)
+    access = Access.of(settings, orch.home, token)
     paths = ServicePaths(orch.home)
     paths.dir.mkdir(mode=0o700, exist_ok=True)
-    os.chmod(paths.dir, 0o700)
+    # Shared: others may reach the socket (not list the directory); every request's peer uid is checked.
+    os.chmod(paths.dir, 0o711 if access.shared else 0o700)
     paths.socket.unlink(missing_ok=True)  # left by a killed service: we hold the home's lock, it is ours
     runtime = orch.runtime
-    api = Api(Control(Embedded(runtime)), runtime.bus, token=token, metrics=runtime.enable_prometheus().render)
+    api = Api(Control(Embedded(runtime)), runtime.bus, access=access, metrics=runtime.enable_prometheus().render)
     async with anyio.create_task_group() as tg:
         await tg.start(_host_workflows, orch)  # a damaged workflows.sqlite refuses the start, as the repository does
-        unix = await anyio.create_unix_listener(paths.socket, mode=0o600)
+        unix = await anyio.create_unix_listener(paths.socket, mode=0o666 if access.shared else 0o600)
         tg.start_soon(_accept, unix, api, "unix", tg, max_body)
         bound: int | None = None
         if port >= 0:
@@ -119,7 +123,8 @@ async def _serve(orch: Orchestrator, signals: Any, tcp_port: int | None, token_f
         page = (f"http://127.0.0.1:{bound}/?token=$(cat {token_path})" if bound is not None else
                 "off: it needs TCP; start with --tcp-port PORT (0: any free port) or set [service] tcp_port")
         log.info("service ready", home=str(orch.home), socket=str(paths.socket), tcp_port=bound,
-                 jobs=len(runtime.sm.job_ids()), start_seconds=round(time.time() - started, 3), status_page=page)
+                 jobs=len(runtime.sm.job_ids()), start_seconds=round(time.time() - started, 3), status_page=page,
+                 owner=access.owner, users=sorted(access.users), admins=sorted(access.admins))
         async for signum in signals:
             log.info("stopping", signal=signal.Signals(signum).name)
             break

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import pwd
 import re
 import traceback
 from collections.abc import Iterator
@@ -73,9 +75,10 @@ def test_submit_then_wait_then_jobs_lists_counts(tmp_path: Path, home: Path) -> 
     assert f"job {job_id} completed: 4/4 final (completed 4)" in waited.stdout
     listing = run(home, "jobs").stdout
     header, row = listing.splitlines()[:2]
-    assert header.split() == ["id", "name", "status", "backend", "subjobs", "completed", "submitted", "elapsed"]
-    assert row.split()[:6] == [job_id, "simjob", "completed", "sim", "4", "4"]
-    assert re.fullmatch(r"\d\d:\d\d:\d\d", row.split()[6]) and re.fullmatch(r"[\d.]+s", row.split()[7])
+    assert header.split() == ["id", "name", "owner", "status", "backend", "subjobs", "completed", "submitted",
+                              "elapsed"]
+    assert row.split()[:7] == [job_id, "simjob", pwd.getpwuid(os.getuid()).pw_name, "completed", "sim", "4", "4"]
+    assert re.fullmatch(r"\d\d:\d\d:\d\d", row.split()[7]) and re.fullmatch(r"[\d.]+s", row.split()[8])
 
 
 def test_submit_wait_exits_1_when_a_subjob_failed(tmp_path: Path, home: Path) -> None:

@@ -7,6 +7,8 @@ Each service is a subprocess of the installed ``orchestrator`` command, stopped 
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import subprocess
 import sys
 import threading
@@ -34,10 +36,13 @@ def sim_file(where: Path, *, name: str = "simjob", n: int = 4, run_seconds: floa
 
 
 def job_rows(listing: str) -> dict[str, list[str]]:
-    """``orchestrator jobs`` output: id -> the row's columns."""
+    """``orchestrator jobs`` output: id -> the row's columns but the owner (checked: this user)."""
     lines = listing.splitlines()
-    assert lines and lines[0].split()[:5] == ["id", "name", "status", "backend", "subjobs"], listing
-    return {line.split()[0]: line.split() for line in lines[1:] if line.strip()}
+    assert lines and lines[0].split()[:6] == ["id", "name", "owner", "status", "backend", "subjobs"], listing
+    rows = {line.split()[0]: line.split() for line in lines[1:] if line.strip() and line.split()[1:2] != ["jobs"]}
+    me = pwd.getpwuid(os.getuid()).pw_name
+    assert all(row[2] == me for row in rows.values()), listing
+    return {job: row[:2] + row[3:] for job, row in rows.items()}
 
 
 

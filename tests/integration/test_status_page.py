@@ -77,7 +77,8 @@ Array.from(document.querySelectorAll("#rows > tr")).map((tr) => ({
   fqid: tr.dataset.fqid,
   status: tr.dataset.status,
   name: tr.querySelector("td.name").textContent,
-  backend: tr.children[3].textContent,
+  owner: tr.querySelector("td.owner").textContent,
+  backend: tr.children[4].textContent,
   subjobs: Number(tr.querySelector("td.subjobs").textContent),
   counts: Object.fromEntries(Array.from(tr.querySelectorAll("td[data-count]"))
     .filter((td) => td.textContent !== "" && td.textContent !== "0")
@@ -91,7 +92,7 @@ Array.from(document.querySelectorAll("#rows > tr")).map((tr) => ({
 
 def visible(job: dict[str, Any]) -> dict[str, Any]:
     """The part of a ``/api/jobs`` entry the page shows."""
-    return {k: job[k] for k in ("fqid", "status", "name", "backend", "subjobs", "counts")}
+    return {k: job[k] for k in ("fqid", "status", "name", "owner", "backend", "subjobs", "counts")}
 
 
 async def eventually(probe: Callable[[], Awaitable[T]], check: Callable[[T], bool], what: str,
@@ -151,7 +152,7 @@ async def check_page(tmp_path: Path, service: Service, page: Cdp) -> None:
                      lambda state: state == "live", "the event stream connects")
     await eventually(lambda: page.evaluate("[Number(jobs.dataset.loads), empty.hidden]"),
                      lambda v: v[0] >= 1 and v[1] is False, "the empty table is shown")
-    assert await page.evaluate("document.querySelectorAll('#jobs thead th').length") == 6 + len(STATUSES)
+    assert await page.evaluate("document.querySelectorAll('#jobs thead th').length") == 7 + len(STATUSES)
 
     # A long job to kill, with a name that is HTML; and a job of 20 whose subjobs 2, 5 and 11 fail.
     tricky = '<img src=x onerror="window.__pwned=1"> & <b>'
