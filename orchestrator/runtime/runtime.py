@@ -113,7 +113,8 @@ class Runtime:
                                        self._store_state, self.log)
         self.definitions = Definitions(self.repo, self.workspace, home_key(home), retry_defaults=config.retry,
                                        max_restarts=self.checkpoints.max_restarts, extra_env=self.checkpoints.env,
-                                       capabilities=self.capabilities, actions=config.actions)
+                                       capabilities=self.capabilities, actions=config.actions,
+                                       fail_on_missing_output=config.core["fail_on_missing_output"])
         self.writer = Writer(self.sm, self.repo, self.definitions, self.checkpoints.keep)
         self.preparer = Preparer(definitions=self.definitions, repo=self.repo, workspace=self.workspace,
                                  post=self.post, sm=self.sm, free_slots=self.free_slots,

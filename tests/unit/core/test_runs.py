@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from orchestrator.core.analyser import Limits
 from orchestrator.core.events import (
     ForceStatusRequested,
     KillRequested,
@@ -76,6 +77,29 @@ def test_past_the_limit_the_run_fails_and_says_which_limit() -> None:
     assert h.status(job, 0) == S.FAILED and not step.of(SendSubmit)
     info = h.sm.info((job, 0))
     assert info["history"][-1]["limit"] == "max_early" and "max_early=1 reached" in info["reason"]
+
+
+def test_a_completed_run_that_left_an_output_pattern_unmatched_fails_unless_the_job_says_not() -> None:
+    ended = log("1000 START 1", "1000 EXIT 0", "1000 NOMATCH *.root", "1000 END 0")
+    for strict, expected in ((True, S.FAILED), (False, S.COMPLETED)):
+        h = Harness()
+        job = running_master(h, wrapper=True, fail_on_missing_output=strict)
+        step = h.report(job, [0], S.COMPLETED, exit_code=0, log=ended)
+        assert h.status(job, 0) == expected and not step.of(SendSubmit)
+        reason = h.sm.info((job, 0)).get("reason")
+        assert reason == ("output file pattern '*.root' matched nothing" if strict else None)
+
+
+def test_an_infrastructure_fault_is_retried_on_its_own_budget() -> None:
+    h = Harness()
+    job = running_master(h, wrapper=True, limits=Limits(0, 0, 0, 60.0, max_infrastructure=1))
+    step = h.report(job, [0], S.FAILED, log=log("1000 START 1"))  # the wrapper never ended: worker level
+    h.outcomes(only(step, SendSubmit))
+    assert h.sm.info((job, 0))["counters"] == {"infrastructure:early": 1}
+    h.report(job, [0], S.RUNNING)
+    step = h.report(job, [0], S.FAILED, log=log("1000 START 1"))
+    assert h.status(job, 0) == S.FAILED and not step.of(SendSubmit)
+    assert h.sm.info((job, 0))["history"][-1]["limit"] == "max_infrastructure"
 
 
 def test_stderr_tail_is_quoted_in_an_application_failure() -> None:
