@@ -141,7 +141,8 @@ class Runtime:
 
             self.prometheus = Metrics(self.sm, queue_depth=lambda: self.bus._in.statistics().current_buffer_used,
                                       monitors=lambda: {n: (m.ticks, m.last_tick) for n, m in self._monitors.items()},
-                                      outputdir=self.workspace.outputdir)
+                                      outputdir=self.workspace.outputdir,
+                                      faults=lambda: {n: a.faults.counts for n, a in self._actors.items()})
             self.bus.hooks.append(self.prometheus.observe)
             if self.tg is not None:
                 self.tg.start_soon(self.prometheus.serve)
@@ -375,7 +376,8 @@ class Runtime:
             monitor = self._monitors.get(name)
             actor = self._actors.get(name)
             backends[name] = {"driver": driver.metrics(), "ticks": monitor.ticks if monitor else 0,
-                              "held": len(actor.held) if actor else 0}
+                              "held": len(actor.held) if actor else 0,
+                              "faults": dict(actor.faults.counts) if actor else {}}
         return {"events": self.bus.handled, "jobs": len(self.sm.job_ids()), "backends": backends}
 
     async def refresh(self) -> None:
