@@ -9,7 +9,9 @@ from orchestrator.core.events import (
     ReleaseRequested,
     RemoveRequested,
     RunLost,
+    RunReport,
     Started,
+    StatusReport,
 )
 from orchestrator.core.ids import Runs
 from orchestrator.core.instructions import Lookup, Persist, Reply, SendKill, SendSubmit, Unwatch
@@ -100,6 +102,22 @@ def test_an_infrastructure_fault_is_retried_on_its_own_budget() -> None:
     step = h.report(job, [0], S.FAILED, log=log("1000 START 1"))
     assert h.status(job, 0) == S.FAILED and not step.of(SendSubmit)
     assert h.sm.info((job, 0))["history"][-1]["limit"] == "max_infrastructure"
+
+
+def test_two_runs_retried_from_one_report_each_find_their_outcome() -> None:
+    """One status report ends two runs of a job (separate reports, as for runs whose logs were read): each
+    retry is its own SendSubmit under the report's stimulus id, and each outcome moves its own runs."""
+    h = Harness()
+    job = running_master(h, wrapper=True, limits=limits(early=1))
+    crashed = log("1000 START 1")
+    step = h.post(StatusReport(stimulus_id=h.sid("poll"), time=h.clock, backend="sim",
+                               reports=(RunReport(Runs(job, [2]), S.FAILED, log=crashed),
+                                        RunReport(Runs(job, [0]), S.FAILED, log=crashed))))
+    sends = step.of(SendSubmit)
+    assert [list(s.runs.indexes) for s in sends] == [[2], [0]] and len({s.stimulus_id for s in sends}) == 1
+    for send in sends:  # answered one after the other, in the order they were sent
+        h.outcomes(send)
+    assert [h.status(job, i) for i in range(3)] == [S.SUBMITTED, S.RUNNING, S.SUBMITTED]
 
 
 def test_stderr_tail_is_quoted_in_an_application_failure() -> None:
