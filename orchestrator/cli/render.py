@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import shlex
 from collections.abc import Mapping
@@ -136,6 +137,10 @@ def show(detail: dict[str, Any], out: Console, listed: bool = False) -> None:
     row("inputfiles", "\n".join(detail["inputfiles"]) or "-")
     row("outputfiles", "\n".join(detail["outputfiles"]) or "-")
     row("mode", detail["mode"])
+    if detail.get("comment"):
+        row("comment", detail["comment"])
+    if detail.get("metadata"):
+        row("metadata", json.dumps(detail["metadata"], sort_keys=True, ensure_ascii=False))
     for key in ("splitter", "merger"):
         if detail[key] is not None:
             row(key, short(detail[key]))

@@ -25,24 +25,47 @@ S = JobStatus
 TERMINAL = ("SUCCEEDED", "FAILED", "RETRY", "HOLD")
 EARLY, LATE_HANDLED, LATE_UNHANDLED = "early", "late_handled", "late_unhandled"
 LIMIT_OF = {EARLY: "max_early", LATE_HANDLED: "max_late_handled", LATE_UNHANDLED: "max_late_unhandled"}
+#: Levels at which a run failed for a cause outside itself: the infrastructure's faults, never the user's.
+INFRASTRUCTURE = frozenset({"orchestrator", "backend", "batch", "worker"})
+#: ``info.counters`` keys of the infrastructure's retries start so (``infrastructure:early``...).
+INFRA_PREFIX = "infrastructure:"
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
+    """The retry limits of a job. The three user limits count the user's and the application's own failures;
+    the infrastructure's faults (:data:`INFRASTRUCTURE` levels) are counted apart, never against them, and
+    bounded by ``max_infrastructure`` (all of them together), or, when it is negative (the default), each
+    by the same limit as its verdict (``max_early``, ``max_late_unhandled``), counted apart all the same."""
+
     max_early: int
     max_late_handled: int
     max_late_unhandled: int
     early_seconds: float
+    max_infrastructure: int = -1
 
     @classmethod
     def resolve(cls, policy: Mapping[str, Any], defaults: Mapping[str, Any]) -> Limits:
         """The job's policy, with ``None`` fields taken from the configuration."""
-        def pick(name: str) -> Any:
+        def pick(name: str, fallback: Any = None) -> Any:
             value = policy.get(name)
-            return defaults[name] if value is None else value
+            return defaults.get(name, fallback) if value is None else value
 
         return cls(int(pick("max_early")), int(pick("max_late_handled")), int(pick("max_late_unhandled")),
-                   float(pick("early_seconds")))
+                   float(pick("early_seconds")), int(pick("max_infrastructure", -1)))
+
+    def bound(self, level: str, verdict: str, counters: Mapping[str, int]) -> tuple[str, int, int]:
+        """``(limit's name, its value, retries it has counted)`` for a retry of this level and verdict."""
+        if level in INFRASTRUCTURE and self.max_infrastructure >= 0:
+            used = sum(n for key, n in counters.items() if key.startswith(INFRA_PREFIX))
+            return "max_infrastructure", self.max_infrastructure, used
+        name = LIMIT_OF[verdict]
+        return name, getattr(self, name), counters.get(counter_key(level, verdict), 0)
+
+
+def counter_key(level: str, verdict: str) -> str:
+    """The ``info.counters`` key a retry of this level and verdict counts under."""
+    return INFRA_PREFIX + verdict if level in INFRASTRUCTURE else verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +114,28 @@ def _timing(log: RunLog, seconds: float | None, limits: Limits) -> str:
 
 
 def classify(outcome: Outcome, log: RunLog, limits: Limits, seconds: float | None = None, *, wrapper: bool = True,
-             ) -> tuple[str, str, str, JobStatus | None, tuple[str, ...]]:
+             missing_output_fails: bool = True) -> tuple[str, str, str, JobStatus | None, tuple[str, ...]]:
     """``(level, verdict, reason, final status or None for retry, data)`` of one run.
 
     ``wrapper=False``: the backend runs no job wrapper (``sim``, some third-party
     drivers), so there is no log to read and its word is taken as the application's.
+    ``missing_output_fails``: a run that would succeed but whose log has ``NOMATCH`` lines (a declared
+    ``outputfiles`` pattern matched no file) fails at application level instead (Ganga's
+    ``FailJobIfNoOutputMatched``), early or late unhandled by its run time, the patterns named.
     """
+    level, verdict, reason, status, data = _classify(outcome, log, limits, seconds, wrapper=wrapper)
+    if status == S.COMPLETED and missing_output_fails:
+        missing = [pattern for _, word, pattern in log.keywords if word == "NOMATCH"]
+        if missing:
+            unhandled = EARLY if _timing(log, seconds, limits) == EARLY else LATE_UNHANDLED
+            names = ", ".join(repr(p) for p in missing)
+            what = "output file pattern" if len(missing) == 1 else "output file patterns"
+            return "application", unhandled, f"{what} {names} matched nothing", None, ()
+    return level, verdict, reason, status, data
+
+
+def _classify(outcome: Outcome, log: RunLog, limits: Limits, seconds: float | None, *, wrapper: bool,
+              ) -> tuple[str, str, str, JobStatus | None, tuple[str, ...]]:
     if outcome.status == S.KILLED:
         return "backend", "killed", outcome.reason or "killed", S.KILLED, ()
     if outcome.backend_verdict == "lost":
@@ -140,9 +179,11 @@ def classify(outcome: Outcome, log: RunLog, limits: Limits, seconds: float | Non
 
 
 def decide(outcome: Outcome, log: RunLog, limits: Limits, counters: Mapping[str, int],
-           previous_args: Sequence[str], seconds: float | None = None, *, wrapper: bool = True) -> Decision:
+           previous_args: Sequence[str], seconds: float | None = None, *, wrapper: bool = True,
+           missing_output_fails: bool = True) -> Decision:
     """Classify the run and apply the retry limits to it."""
-    level, verdict, reason, status, data = classify(outcome, log, limits, seconds, wrapper=wrapper)
+    level, verdict, reason, status, data = classify(outcome, log, limits, seconds, wrapper=wrapper,
+                                                    missing_output_fails=missing_output_fails)
     new_counters = dict(counters)
     if status == S.HELD and level == "user":
         # GBS: the hold's data comes back as the retry arguments when it is released without new ones.
@@ -152,12 +193,13 @@ def decide(outcome: Outcome, log: RunLog, limits: Limits, counters: Mapping[str,
         outputs = data if status == S.COMPLETED else ()
         return Decision(status, level, verdict, reason, outputs=outputs, retry_args=tuple(previous_args),
                         counters=new_counters)
-    # A retry: the application's own args when it said RETRY, else the previous ones.
+    # A retry: the application's own args when it said RETRY, else the previous ones. The infrastructure's
+    # faults count under keys of their own: they never use up the user's limits.
     args = data if level == "user" else tuple(previous_args)
-    new_counters[verdict] = new_counters.get(verdict, 0) + 1
-    limit_name = LIMIT_OF[verdict]
-    limit = getattr(limits, limit_name)
-    if new_counters[verdict] > limit:
+    key = counter_key(level, verdict)
+    new_counters[key] = new_counters.get(key, 0) + 1
+    limit_name, limit, used = limits.bound(level, verdict, new_counters)
+    if used > limit:
         why = f"{reason}; retry limit {limit_name}={limit} reached" if limit else reason
         return Decision(S.FAILED, level, verdict, why, retry_args=args, limit_reached=limit_name,
                         counters=new_counters)

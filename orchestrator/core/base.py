@@ -72,6 +72,16 @@ class Killing:
     forced: bool = False
 
 
+#: (stimulus id, job, first run of the batch): one event may send several batches of one job (two runs of it
+#: retried from one status report), and each outcome must find its own record.
+SendKey = tuple[str, int, int]
+
+
+def send_key(sid: str, runs: Runs) -> SendKey:
+    """The key of the instruction for ``runs`` sent under ``sid`` (its outcome names the same runs)."""
+    return sid, runs.job, -1 if runs.indexes is None else (runs.indexes[0] if len(runs.indexes) else -2)
+
+
 class Core:
     """Shared state; see the module docstring."""
 
@@ -83,8 +93,9 @@ class Core:
         self.busy: dict[int, str] = {}
         #: Requests that found a job busy, handled again once it is free, in arrival order.
         self.waiting: deque[tuple[Request, str]] = deque()
-        self.sending: dict[tuple[str, int], Sending] = {}
-        self.killing: dict[tuple[str, int], Killing] = {}
+        #: Instructions to drivers awaiting their outcome, by :func:`send_key`.
+        self.sending: dict[SendKey, Sending] = {}
+        self.killing: dict[SendKey, Killing] = {}
         #: Runs a kill was asked for while they were being submitted (a retry): killed once they are out.
         self.kill_after: dict[int, set[int]] = {}
         #: Runs whose stored form is out of date: job -> indexes (``None``: every run of it).
@@ -98,7 +109,7 @@ class Core:
     def occupied(self, job: int) -> bool:
         """A request holds the job, or a submission of it (a retry, a resend) awaits its outcome: another
         request on it waits."""
-        return job in self.busy or any(j == job for _, j in self.sending)
+        return job in self.busy or any(key[1] == job for key in self.sending)
 
     # ------------------------------------------------------------ the step
     def begin(self, event: Event) -> None:

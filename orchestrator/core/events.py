@@ -73,6 +73,8 @@ class Profile:
     min_success: float = 1.0
     #: The action table's rules that may apply to this job's backend, in order (see :mod:`.actions`).
     actions: tuple[Rule, ...] = ()
+    #: A run that would succeed but left a declared ``outputfiles`` pattern unmatched fails instead.
+    fail_on_missing_output: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -178,10 +178,14 @@ class RetryPolicy:
     max_late_handled: int | None = None
     max_late_unhandled: int | None = None
     early_seconds: float | None = None
+    #: Retries of the infrastructure's faults, counted apart from the three limits above (negative: each
+    #: verdict's as many as its limit allows); see ``max_infrastructure`` in the settings.
+    max_infrastructure: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"max_early": self.max_early, "max_late_handled": self.max_late_handled,
-                "max_late_unhandled": self.max_late_unhandled, "early_seconds": self.early_seconds}
+                "max_late_unhandled": self.max_late_unhandled, "early_seconds": self.early_seconds,
+                "max_infrastructure": self.max_infrastructure}
 
     def copy(self) -> RetryPolicy:
         return RetryPolicy(**self.to_dict())
@@ -195,6 +199,10 @@ class RetryPolicy:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
                 raise JobError(f"must be a number >= 0, not {value!r}", fqid=fqid, field=f"retry.{name}")
+        value = self.max_infrastructure
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise JobError(f"must be a whole number (negative: as the three limits), not {value!r}", fqid=fqid,
+                           field="retry.max_infrastructure")
 
 
 @dataclass

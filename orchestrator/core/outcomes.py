@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import Core, Sending, positions
+from .base import Core, Sending, positions, send_key
 from .errors import JobError
 from .events import (
     KillOutcomes,
@@ -103,7 +103,7 @@ def _roll_back(core: Core, js: JobState, sid: str, *, undo: bool = True) -> None
 def handle_submit_outcomes(core: Core, event: SubmitOutcomes) -> None:
     sid = event.stimulus_id
     js = core.jobs.get(event.runs.job)
-    sending = core.sending.pop((sid, event.runs.job), None)
+    sending = core.sending.pop(send_key(sid, event.runs), None)
     if js is None or sending is None:
         return
     idx = positions(js, event.runs)
@@ -225,7 +225,7 @@ def _linked_submitted(core: Core, linked: JobState, errors: list[JobError], sid:
 def handle_kill_outcomes(core: Core, event: KillOutcomes) -> None:
     sid = event.stimulus_id
     js = core.jobs.get(event.runs.job)
-    killing = core.killing.pop((sid, event.runs.job), None)
+    killing = core.killing.pop(send_key(sid, event.runs), None)
     if js is None or killing is None:
         return
     idx = positions(js, event.runs)

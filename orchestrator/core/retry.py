@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .actions import RETRYING, Rule, choose
-from .analyser import Decision, Outcome, decide
+from .analyser import INFRASTRUCTURE, Decision, Outcome, decide
 from .events import RunReport
 from .jobs import JobState
 from .runlog import RunLog
@@ -26,8 +26,6 @@ from .statuses import JobStatus
 from .table import HISTORY_KEPT
 
 S = JobStatus
-#: Levels at which a run failed for a cause outside itself.
-EXTERNAL = frozenset({"orchestrator", "backend", "batch", "worker"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +45,8 @@ def judge(js: JobState, i: int, report: RunReport, now: float) -> Verdict:
     wrapper = js.profile.wrapper
     log = report.log if (wrapper and report.verdict is None and report.log is not None) else RunLog()
     outcome = Outcome(report.status, report.exit_code, report.reason, report.verdict)
-    decision = decide(outcome, log, js.profile.limits, extra.counters, extra.retry_args, seconds, wrapper=wrapper)
+    decision = decide(outcome, log, js.profile.limits, extra.counters, extra.retry_args, seconds, wrapper=wrapper,
+                      missing_output_fails=js.profile.fail_on_missing_output)
     attempt = runs.attempt[i]
     before = dict(extra.counters)
     extra.counters = dict(decision.counters)
@@ -87,7 +86,7 @@ def judge(js: JobState, i: int, report: RunReport, now: float) -> Verdict:
 
 def _resume(js: JobState, i: int, decision: Decision, entry: dict[str, object]) -> bool:
     """Whether a failed checkpointable run starts again from its newest state; updates the restart counter."""
-    external = decision.level in EXTERNAL and decision.verdict not in ("killed", "hold")
+    external = decision.level in INFRASTRUCTURE and decision.verdict not in ("killed", "hold")
     if not (external or decision.retry):
         return False
     extra = js.runs.extra(i)

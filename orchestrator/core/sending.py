@@ -1,8 +1,10 @@
 """Instructions to drivers, with the bookkeeping their outcomes are read against.
 
-Every ``SendSubmit`` and ``SendKill`` is remembered under (stimulus id, job):
-the outcome event comes back with the same stimulus id and names the job,
-and the record says what a rejected run becomes and which request waits.
+Every ``SendSubmit`` and ``SendKill`` is remembered under (stimulus id, job,
+first run of the batch): the outcome event comes back with the same stimulus
+id and names the same runs, and the record says what a rejected run becomes
+and which request waits. One event may send several batches of one job (two
+of its runs retried from one status report): each has its own record.
 A submission is always preceded by ``Persist``: the runs are on disk as
 ``submitting``, with the attempt that makes their key, before any backend
 hears of them.
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import Core, Killing, Sending
+from .base import Core, Killing, Sending, send_key
 from .instructions import Persist, SendKill, SendSubmit
 from .jobs import JobState
 from .statuses import JobStatus
@@ -26,9 +28,10 @@ def send_submit(core: Core, js: JobState, indexes: Sequence[int], sid: str, *, k
         return
     if persist:
         core.emit(Persist(stimulus_id=sid))
-    core.emit(SendSubmit(stimulus_id=sid, backend=js.profile.backend, runs=core.runs_of(js, indexes),
+    runs = core.runs_of(js, indexes)
+    core.emit(SendSubmit(stimulus_id=sid, backend=js.profile.backend, runs=runs,
                          native=js.profile.native_submit, stop_on_failure=stop_on_failure, start=start))
-    core.sending[(sid, js.id)] = Sending(kind, request, was_new)
+    core.sending[send_key(sid, runs)] = Sending(kind, request, was_new)
 
 
 def send_kill(core: Core, js: JobState, indexes: Sequence[int], sid: str, *, request: str | None = None,
@@ -36,6 +39,7 @@ def send_kill(core: Core, js: JobState, indexes: Sequence[int], sid: str, *, req
     """Kill runs at their backend; killed, they become ``to`` (``None``: they stay as they are)."""
     if not indexes:
         return
-    core.emit(SendKill(stimulus_id=sid, backend=js.profile.backend, runs=core.runs_of(js, indexes),
+    runs = core.runs_of(js, indexes)
+    core.emit(SendKill(stimulus_id=sid, backend=js.profile.backend, runs=runs,
                        native=js.profile.native_kill, stop_on_failure=stop_on_failure))
-    core.killing[(sid, js.id)] = Killing(request, to, forced)
+    core.killing[send_key(sid, runs)] = Killing(request, to, forced)

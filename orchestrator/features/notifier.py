@@ -6,8 +6,11 @@ user who runs the orchestrator, at ``[postprocess] mail_domain`` (this host's
 name when that is empty). SMTP settings come from ``[postprocess]``:
 ``smtp_host``, ``smtp_port``, ``smtp_sender``, ``smtp_starttls``,
 ``smtp_user`` and ``smtp_password_file`` (a file holding the password, so
-that it is never in a settings file). The standard library's ``smtplib``
-speaks SMTP: nothing more is needed for one mail per master.
+that it is never in a settings file), and ``smtp_ca_file``: the certificates
+to trust for STARTTLS instead of the system's (a site's own CA). The server's
+certificate and host name are always checked; there is no setting to turn
+that off. The standard library's ``smtplib`` speaks SMTP: nothing more is
+needed for one mail per master.
 """
 
 from __future__ import annotations
@@ -73,7 +76,8 @@ class Notifier(Notification):
         host, port = str(config.get("smtp_host") or "localhost"), int(config.get("smtp_port") or 25)
         with smtplib.SMTP(host, port, timeout=30) as smtp:
             if config.get("smtp_starttls"):
-                smtp.starttls(context=ssl.create_default_context())
+                cafile = str(Path(str(config["smtp_ca_file"])).expanduser()) if config.get("smtp_ca_file") else None
+                smtp.starttls(context=ssl.create_default_context(cafile=cafile))
             if config.get("smtp_user"):
                 password = Path(str(config.get("smtp_password_file") or "")).expanduser().read_text().strip()
                 smtp.login(str(config["smtp_user"]), password)

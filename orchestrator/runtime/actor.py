@@ -71,6 +71,8 @@ class Actor:
         self.log = log
         #: The runs this driver holds, until they end.
         self.held: dict[RunKey, RunHandle] = {}
+        #: Failed calls to the driver (and, counted by the monitor, failed or garbled status queries).
+        self.faults = bulk.Faults()
         #: Runs declared lost: no longer watched, kept for the kill the state machine sends after them.
         self.lost: dict[RunKey, RunHandle] = {}
         #: Of the runs held, those the driver must be polled about (its mode for their settings is not reporting).
@@ -171,7 +173,8 @@ class Actor:
         for members in by_settings.values():
             runs = [specs[g][k] for g, k in members]
             outcomes, native = await bulk.submit(self.driver, runs, native=ins0.native,
-                                                 stop_on_failure=ins0.stop_on_failure, concurrency=self.concurrency)
+                                                 stop_on_failure=ins0.stop_on_failure, concurrency=self.concurrency,
+                                                 faults=self.faults)
             for (g, k), outcome in zip(members, outcomes, strict=True):
                 native_of[g] = native_of[g] and native
                 answers[g][k] = outcome
@@ -214,7 +217,7 @@ class Actor:
                 positions.append(k)
                 handles.append(handle)
         results = await bulk.kill(self.driver, handles, native=ins.native, stop_on_failure=ins.stop_on_failure,
-                                  concurrency=self.concurrency) if handles else []
+                                  concurrency=self.concurrency, faults=self.faults) if handles else []
         killed, failed, not_attempted = list(gone), [], []
         for k, handle, result in zip(positions, handles, results, strict=True):
             if result is None:
@@ -240,6 +243,7 @@ class Actor:
                     raise RuntimeError(f"lookup answered {len(found)} ids for {len(specs)} runs")
                 break
             except Exception as exc:  # the backend's fault: its runs stay submitting, it is asked again
+                self.faults.count("lookup")
                 self.log.warning("lookup of interrupted submissions failed; will ask again", backend=self.name,
                                  error=repr(exc), fqid=str(ins.runs.job))
                 await anyio.sleep(1.0)

@@ -20,6 +20,18 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+class Faults:
+    """Failed calls to one backend's driver, by call (``submit``, ``kill``, ``status``, ``lookup``...): a
+    call that raised (a run refused with ``SubmitError`` is the backend's answer, not a fault) or answered
+    nonsense. Counted for the metrics; the outcomes themselves go to the state machine as ever."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def count(self, call: str, n: int = 1) -> None:
+        self.counts[call] = self.counts.get(call, 0) + n
+
+
 def describe(exc: BaseException) -> str:
     if isinstance(exc, SubmitError):
         return str(exc) or "submission refused"
@@ -49,14 +61,17 @@ async def each(items: Sequence[T], call: Callable[[T], Awaitable[R]], *, stop: C
 
 
 async def submit(driver: Driver, runs: Sequence[RunSpec], *, native: bool, stop_on_failure: bool,
-                 concurrency: int) -> tuple[list[SubmitOutcome | None], bool]:
+                 concurrency: int, faults: Faults | None = None) -> tuple[list[SubmitOutcome | None], bool]:
     """One outcome per run (``None``: not attempted), and whether it went out as one native call."""
+    faults = faults or Faults()
     if native:
         try:
             outcomes = list(await driver.submit_bulk(runs))
         except Exception as exc:  # the whole call failed: nothing was submitted
+            faults.count("submit")
             return [SubmitOutcome(r.fqid, None, describe(exc)) for r in runs], False
         if len(outcomes) != len(runs):
+            faults.count("submit")
             wrong = f"the driver answered {len(outcomes)} outcomes for {len(runs)} runs"
             return [SubmitOutcome(r.fqid, None, wrong) for r in runs], False
         return list[SubmitOutcome | None](outcomes), True
@@ -64,7 +79,10 @@ async def submit(driver: Driver, runs: Sequence[RunSpec], *, native: bool, stop_
     async def one(run: RunSpec) -> SubmitOutcome:
         try:
             return SubmitOutcome(run.fqid, await driver.submit(run))
+        except SubmitError as exc:  # the backend refused this run: its answer, not a fault
+            return SubmitOutcome(run.fqid, None, describe(exc))
         except Exception as exc:  # any driver failure leaves this run unsubmitted
+            faults.count("submit")
             return SubmitOutcome(run.fqid, None, describe(exc))
 
     stop = (lambda o: not o.ok) if stop_on_failure else None
@@ -72,18 +90,21 @@ async def submit(driver: Driver, runs: Sequence[RunSpec], *, native: bool, stop_
 
 
 async def kill(driver: Driver, handles: Sequence[RunHandle], *, native: bool, stop_on_failure: bool,
-               concurrency: int) -> list[str | None | bool]:
+               concurrency: int, faults: Faults | None = None) -> list[str | None | bool]:
     """One entry per handle: ``None`` killed, a message on failure, ``False`` not attempted."""
+    faults = faults or Faults()
     if native:
         try:
             return list(await driver.kill_bulk(handles))
         except Exception as exc:  # the bulk call failed as a whole
+            faults.count("kill")
             return [describe(exc)] * len(handles)
 
     async def one(h: RunHandle) -> str:
         try:
             await driver.kill(h)
         except Exception as exc:  # reported per run: the core decides by keep_going
+            faults.count("kill")
             return describe(exc) or "kill failed"
         return ""
 

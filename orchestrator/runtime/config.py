@@ -62,6 +62,11 @@ class Config:
         for key in ("poll_interval", "emulated_bulk_concurrency"):
             if not isinstance(core[key], (int, float)) or core[key] <= 0:
                 raise ConfigError(f"{where}: core.{key} must be a positive number")
+        if not isinstance(core["fail_on_missing_output"], bool):
+            raise ConfigError(f"{where}: core.fail_on_missing_output must be true or false")
+        infra = self.data["retry"]["max_infrastructure"]
+        if isinstance(infra, bool) or not isinstance(infra, int):
+            raise ConfigError(f"{where}: retry.max_infrastructure must be a whole number (negative: as the limits)")
         try:
             parse_rules(self.data.get("actions", []))
         except ConfigError as exc:

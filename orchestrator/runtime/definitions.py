@@ -37,8 +37,10 @@ class Definitions:
     def __init__(self, repo: Repository, workspace: Workspace, home_key: str, *, retry_defaults: Mapping[str, Any],
                  max_restarts: int, extra_env: Callable[[], Mapping[str, str]],
                  capabilities: Callable[[str, Mapping[str, Any]], Capabilities],
-                 actions: Sequence[Rule] = ()) -> None:
+                 actions: Sequence[Rule] = (), fail_on_missing_output: bool = True) -> None:
         self.repo = repo
+        #: The setting of that name: what a job that does not say (``Job(fail_on_missing_output=None)``) gets.
+        self.fail_on_missing_output = fail_on_missing_output
         #: The action table (``[[actions]]`` of the settings), checked when the home opened.
         self.actions = tuple(actions)
         self.workspace = workspace
@@ -123,6 +125,7 @@ class Definitions:
             prejob=spec.get("prejob") is not None, aggregator=spec.get("aggregator") is not None,
             min_success=float(spec.get("min_success", 1.0)),
             actions=tuple(r for r in self.actions if not r.backends or backend["name"] in r.backends),
+            fail_on_missing_output=_given(spec.get("fail_on_missing_output"), self.fail_on_missing_output),
         )
 
     # ------------------------------------------------------------ what a driver gets
@@ -173,3 +176,8 @@ class Definitions:
             jobdir=jobdir, inputdir=jobdir / "input", outputdir=jobdir / "output", workdir=jobdir / "work",
             mode=spec.get("mode", "production"), retry_count=max(attempt - 1, 0), retry_args=tuple(retry_args),
         )
+
+
+def _given(value: bool | None, default: bool) -> bool:
+    """A job's own choice, else the setting's."""
+    return default if value is None else bool(value)

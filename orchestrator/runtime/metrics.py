@@ -4,11 +4,15 @@ What is counted comes from the bus, like any observer sees it: every event
 by type, every status change by backend and new status, submissions and
 their latency per backend (from a ``SendSubmit`` to the ``SubmitOutcomes``
 of the same stimulus), retries and final failures by level and verdict (the
-history entry the state machine just wrote), runs lost, and runs looked up
+history entry the state machine wrote for a run it just moved to ``failed``:
+its ``action`` says whether the run goes again), runs lost, and runs looked up
 after a crash by what was found. What is read on each scrape: subjobs by
 status and backend (the state machine's counters), the bus's queue depth,
-and each backend's monitoring ticks and the last tick's duration. Label sets
-are bounded: backend, status, event type, level, verdict; never a job id.
+each backend's monitoring ticks and the last tick's duration, and its faults
+(driver calls that raised or answered nonsense, status queries that failed:
+the actors and monitors count them, since a failed poll is no event). Label
+sets are bounded: backend, status, event type, level, verdict, call; never a
+job id.
 
 CPU, useful and wasted (GBS): when a run ends, its attempts' own records
 (``orch.usage`` in its output dir, :mod:`orchestrator.core.usage`) are read in
@@ -26,12 +30,12 @@ from typing import Any
 
 import anyio
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..core.events import Event, LookupOutcomes, RunLost, SubmitOutcomes
 from ..core.ids import FQID
-from ..core.instructions import ScheduleRetry, SendSubmit
+from ..core.instructions import SendSubmit
 from ..core.machine import StateMachine
 from ..core.statuses import ALL_STATUSES, FINAL, JobStatus
 from ..core.step import Step
@@ -46,7 +50,8 @@ class Metrics:
 
     def __init__(self, sm: StateMachine, *, queue_depth: Callable[[], int],
                  monitors: Callable[[], Mapping[str, tuple[int, float]]],
-                 outputdir: Callable[[FQID], Path] | None = None) -> None:
+                 outputdir: Callable[[FQID], Path] | None = None,
+                 faults: Callable[[], Mapping[str, Mapping[str, int]]] = dict) -> None:
         self.sm = sm
         self.outputdir = outputdir
         self.registry = CollectorRegistry(auto_describe=True)
@@ -69,7 +74,7 @@ class Metrics:
                                   "up by key at start", ["backend", "found"], registry=r)
         self.cpu = Counter("orchestrator_cpu_seconds", "CPU of ended runs' attempts, from their own records: useful "
                            "(succeeded, or resumed from) or wasted", ["backend", "kind"], registry=r)
-        r.register(_Gauges(sm, queue_depth, monitors))
+        r.register(_Gauges(sm, queue_depth, monitors, faults))
         self._sent: dict[tuple[str, str], float] = {}
         #: Runs that ended or left an end, waiting for their records to be read: (backend, again, job, indexes).
         self._ended_in, self._ended_out = anyio.create_memory_object_stream[
@@ -91,20 +96,19 @@ class Metrics:
             self.reconciled.labels(backend, "yes").inc(len(event.found))
             self.reconciled.labels(backend, "no").inc(len(event.absent))
         for change in step.changes:
+            if change.indexes is None and self._is_master(change.job):
+                continue  # a master's own (derived) status: no run moved, and its history is no run's
             if self.outputdir is not None and (change.new in FINAL) != (change.old in FINAL):
                 indexes = None if change.indexes is None else tuple(change.indexes)
                 self._ended_in.send_nowait((self._backend(change.job), change.old in FINAL, change.job, indexes))
             n = 1 if change.indexes is None else len(change.indexes)
             self.changes.labels(self._backend(change.job), change.new.value).inc(n)
-            if change.new == JobStatus.FAILED:
-                for level, verdict in self._judged(change.job, change.indexes):
-                    self.failures.labels(level, verdict).inc()
+            if change.new == JobStatus.FAILED:  # judged just now: retried, or failed for good
+                for level, verdict, action in self._judged(change.job, change.indexes):
+                    (self.retries if action == "retry" else self.failures).labels(level, verdict).inc()
         for ins in step.instructions:
             if isinstance(ins, SendSubmit):
                 self._sent[(ins.stimulus_id, ins.backend)] = step_time(step, event)
-            elif isinstance(ins, ScheduleRetry):
-                for level, verdict in self._judged(ins.runs.job, ins.runs.indexes):
-                    self.retries.labels(level, verdict).inc()
 
     async def serve(self) -> None:
         """Read the records of ended runs off the loop, a batch of changes at a time."""
@@ -162,8 +166,15 @@ class Metrics:
         except KeyError:
             return "unknown"
 
-    def _judged(self, job: int, indexes: Iterable[int] | None) -> list[tuple[str, str]]:
-        """``(level, verdict)`` of the newest history entry of each run (what the state machine just judged)."""
+    def _is_master(self, job: int) -> bool:
+        try:
+            return self.sm.job_state(job).is_master
+        except KeyError:
+            return False
+
+    def _judged(self, job: int, indexes: Iterable[int] | None) -> list[tuple[str, str, str]]:
+        """``(level, verdict, action)`` of the newest history entry of each run (what the state machine just
+        judged: ``action`` is ``retry`` when the run goes again at once)."""
         try:
             runs = self.sm.job_state(job).runs
         except KeyError:
@@ -173,7 +184,8 @@ class Metrics:
             extra = runs.extras.get(i)
             if extra is not None and extra.history:
                 entry = extra.history[-1]
-                out.append((str(entry.get("level", "unknown")), str(entry.get("verdict", "unknown"))))
+                out.append((str(entry.get("level", "unknown")), str(entry.get("verdict", "unknown")),
+                            str(entry.get("action", "failed"))))
         return out
 
 
@@ -185,8 +197,9 @@ class _Gauges(Collector):
     """What is read at each scrape rather than counted: it costs one pass over the jobs, not over subjobs."""
 
     def __init__(self, sm: StateMachine, queue_depth: Callable[[], int],
-                 monitors: Callable[[], Mapping[str, tuple[int, float]]]) -> None:
-        self.sm, self.queue_depth, self.monitors = sm, queue_depth, monitors
+                 monitors: Callable[[], Mapping[str, tuple[int, float]]],
+                 faults: Callable[[], Mapping[str, Mapping[str, int]]]) -> None:
+        self.sm, self.queue_depth, self.monitors, self.faults = sm, queue_depth, monitors, faults
 
     def collect(self) -> Iterable[Any]:
         runs = GaugeMetricFamily("orchestrator_runs", "Runs (subjobs, and jobs without subjobs) by status and "
@@ -217,3 +230,9 @@ class _Gauges(Collector):
             last.add_metric([backend], seconds)
         yield ticks
         yield last
+        faults = CounterMetricFamily("orchestrator_backend_faults", "Failed driver calls and status queries "
+                                     "(raised, or answered nonsense), by backend and call", labels=["backend", "call"])
+        for backend, calls in sorted(self.faults().items()):
+            for call, n in sorted(calls.items()):
+                faults.add_metric([backend, call], n)
+        yield faults

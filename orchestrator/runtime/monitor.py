@@ -166,6 +166,7 @@ class Monitor:
                 got = await bulk.each(handles, driver.status, stop=None, concurrency=self.concurrency)
                 updates = [u for u in got if u is not None]
         except Exception as exc:  # a driver's fault is the backend's, never the job's
+            self.actor.faults.count("status")
             self.log.warning("status query failed", backend=self.name, error=repr(exc), runs=len(handles),
                              fqid=",".join(sorted({str(k[0]) for k in polled})))
             lost = self.health.silent(list(polled), now, whole_backend=True)
@@ -196,6 +197,8 @@ class Monitor:
                 continue
             assert key is not None
             good.append((key, handle, u))
+        if len(good) < len(updates):  # an answer with nonsense in it: a poll error all the same
+            self.actor.faults.count("status" if answered_all else "report")
         if answered_all:
             self.health.answered([k for k in self.actor.polled if k not in garbage])
         else:

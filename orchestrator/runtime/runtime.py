@@ -113,7 +113,8 @@ class Runtime:
                                        self._store_state, self.log)
         self.definitions = Definitions(self.repo, self.workspace, home_key(home), retry_defaults=config.retry,
                                        max_restarts=self.checkpoints.max_restarts, extra_env=self.checkpoints.env,
-                                       capabilities=self.capabilities, actions=config.actions)
+                                       capabilities=self.capabilities, actions=config.actions,
+                                       fail_on_missing_output=config.core["fail_on_missing_output"])
         self.writer = Writer(self.sm, self.repo, self.definitions, self.checkpoints.keep)
         self.preparer = Preparer(definitions=self.definitions, repo=self.repo, workspace=self.workspace,
                                  post=self.post, sm=self.sm, free_slots=self.free_slots,
@@ -140,7 +141,8 @@ class Runtime:
 
             self.prometheus = Metrics(self.sm, queue_depth=lambda: self.bus._in.statistics().current_buffer_used,
                                       monitors=lambda: {n: (m.ticks, m.last_tick) for n, m in self._monitors.items()},
-                                      outputdir=self.workspace.outputdir)
+                                      outputdir=self.workspace.outputdir,
+                                      faults=lambda: {n: a.faults.counts for n, a in self._actors.items()})
             self.bus.hooks.append(self.prometheus.observe)
             if self.tg is not None:
                 self.tg.start_soon(self.prometheus.serve)
@@ -374,7 +376,8 @@ class Runtime:
             monitor = self._monitors.get(name)
             actor = self._actors.get(name)
             backends[name] = {"driver": driver.metrics(), "ticks": monitor.ticks if monitor else 0,
-                              "held": len(actor.held) if actor else 0}
+                              "held": len(actor.held) if actor else 0,
+                              "faults": dict(actor.faults.counts) if actor else {}}
         return {"events": self.bus.handled, "jobs": len(self.sm.job_ids()), "backends": backends}
 
     async def refresh(self) -> None:

@@ -12,6 +12,7 @@
 #   <time> START <pid>         the wrapper began
 #   <time> <KEYWORD> <data>    written by the application through $ORCH_LOG
 #   <time> EXIT <code>         the application's exit code
+#   <time> NOMATCH <pattern>   a declared output file pattern that matched no file
 #   <time> END <code>          the wrapper finished
 # and, when ORCH_NOTIFY names a file, one line "<key> START|END ..." there at
 # start and end, so that a driver watches one file instead of every job's log.
@@ -94,10 +95,12 @@ if [ -n "${ORCH_OUTPUTFILES:-}" ]; then
     set -f
     for _pattern in $ORCH_OUTPUTFILES; do
         set +f
+        _hit=
         for _f in $_pattern; do
             case "$_f" in
-                /*|..|../*|*/../*|*/..) orch_ts; echo "$_ts REFUSED $_f (outside the job directory)" >> "$ORCH_JOBLOG" ;;
+                /*|..|../*|*/../*|*/..) _hit=1; orch_ts; echo "$_ts REFUSED $_f (outside the job directory)" >> "$ORCH_JOBLOG" ;;
                 *) if [ -f "$_f" ] || [ -L "$_f" ]; then
+                       _hit=1
                        if orch_inside "$_f"; then
                            mv -f -- "$_f" "$ORCH_OUTDIR/"
                        else
@@ -106,6 +109,8 @@ if [ -n "${ORCH_OUTPUTFILES:-}" ]; then
                    fi ;;
             esac
         done
+        # Nothing matched: said in the log, for the orchestrator to judge (fail_on_missing_output).
+        if [ -z "$_hit" ]; then orch_ts; echo "$_ts NOMATCH $_pattern" >> "$ORCH_JOBLOG"; fi
         set -f
     done
     set +f

@@ -142,6 +142,42 @@ async def test_wrapper_killed_mid_run_is_worker_level(tmp_path: Path) -> None:
         assert j.status == "failed" and last(j)["level"] == "worker" and last(j)["verdict"] == "early"
 
 
+#: The first ``$1`` runs of the job kill their own wrapper (a worker-level fault), then it exits ``$2``, then 0.
+CRASHES = ('n=$(cat "../../../count-$ORCH_FQID" 2>/dev/null || echo 0); echo $((n + 1)) > "../../../count-$ORCH_FQID"; '
+           'if [ "$n" -lt "$1" ]; then kill -KILL $PPID; sleep 1; fi; if [ "$n" = "$1" ]; then exit "$2"; fi')
+
+
+def crashes(times: int, then: int = 0, **kw: Any) -> Job:
+    return Job(application=Executable("/bin/sh", args=["-c", CRASHES, "sh", str(times), str(then)]), backend="local",
+               **kw)
+
+
+async def test_worker_faults_are_retried_within_their_own_budget_never_the_users(tmp_path: Path) -> None:
+    """No action rule matches a local worker that died: its retries count under infrastructure:early, bounded by
+    the home's max_infrastructure, while the user's three limits are all zero and stay untouched."""
+    config = {**FAST, "retry": {"max_infrastructure": 2}}
+    zero = RetryPolicy(max_early=0, max_late_handled=0, max_late_unhandled=0)
+    async with Orchestrator(home=tmp_path, config=config) as orch:
+        j = await run(orch, crashes(2, retry=zero))
+        assert j.status == "completed" and j.info.submit_counter == 3, j.info.history
+        assert [(h["level"], h["verdict"], h["action"]) for h in j.info.history] == [("worker", "early", "retry")] * 2
+        assert j.info.counters == {"infrastructure:early": 2}
+
+        none = await run(orch, crashes(1, retry=RetryPolicy(max_infrastructure=0, max_early=3)))
+        assert none.status == "failed" and last(none)["limit"] == "max_infrastructure"
+        assert none.info.counters == {"infrastructure:early": 1}
+
+
+async def test_an_infrastructure_fault_leaves_the_application_its_whole_max_early(tmp_path: Path) -> None:
+    """max_infrastructure unset (the default): the worker's crash is bounded by max_early=1 but counted apart,
+    so the application's own early failure after it is still retried once."""
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = await run(orch, crashes(1, then=3, retry=RetryPolicy(max_early=1, max_late_unhandled=0)))
+        assert j.status == "completed" and j.info.submit_counter == 3, j.info.history
+        assert [(h["level"], h["verdict"]) for h in j.info.history] == [("worker", "early"), ("application", "early")]
+        assert j.info.counters == {"infrastructure:early": 1, "early": 1}
+
+
 async def test_wrapper_never_started_is_batch_level(tmp_path: Path) -> None:
     async with Orchestrator(home=tmp_path, config=FAST) as orch:
         j = await run(orch, sh("true", backend=Backend("local", shell="/no/such/sh"),

@@ -165,3 +165,103 @@ def test_bad_postprocessor_parameters_are_refused_naming_them() -> None:
         FileChecker(patterns=["("])
     with pytest.raises(ValueError, match="cannot be stored"):
         CustomChecker(lambda d: True)
+
+
+# --------------------------------------------------------------------------- STARTTLS and a login
+def self_signed(where: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and localhost, signed by its own key: ``(cert.pem, key.pem)``."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "orchestrator test SMTP")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_file, key_file = where / "cert.pem", where / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_file, key_file
+
+
+class Logins:
+    """aiosmtpd's authenticator: the one user and password it accepts, and every attempt made."""
+
+    def __init__(self, user: str, password: str) -> None:
+        self.user, self.password = user.encode(), password.encode()
+        self.tried: list[tuple[str, bool]] = []
+
+    def __call__(self, server: Any, session: Any, envelope: Any, mechanism: str, data: Any) -> Any:
+        from aiosmtpd.smtp import AuthResult, LoginPassword
+
+        ok = isinstance(data, LoginPassword) and (data.login, data.password) == (self.user, self.password)
+        self.tried.append((mechanism, ok and bool(session.ssl)))
+        return AuthResult(success=ok)
+
+
+@pytest.fixture
+def tls_smtp(tmp_path: Path) -> Iterator[tuple[int, Inbox, Logins, Path]]:
+    """aiosmtpd on loopback that requires STARTTLS (a self-signed certificate) and a login before any mail."""
+    import ssl
+
+    cert, key = self_signed(tmp_path)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    inbox, logins = Inbox(), Logins("prod", "s3cret pass")
+    controller = aiosmtpd.Controller(inbox, hostname="127.0.0.1", port=port, tls_context=context,
+                                     require_starttls=True, auth_required=True, auth_require_tls=True,
+                                     authenticator=logins)
+    controller.start()
+    try:
+        yield port, inbox, logins, cert
+    finally:
+        controller.stop()
+
+
+async def test_notifier_over_starttls_with_a_login_trusting_the_sites_ca(
+        tmp_path: Path, tls_smtp: tuple[int, Inbox, Logins, Path]) -> None:
+    port, inbox, logins, cert = tls_smtp
+    password = tmp_path / "smtp-password"
+    password.write_text("s3cret pass\n")
+    settings = (f'[postprocess]\nsmtp_host = "127.0.0.1"\nsmtp_port = {port}\nsmtp_sender = "orch@test.invalid"\n'
+                f'smtp_starttls = true\nsmtp_user = "prod"\nsmtp_password_file = "{password}"\n')
+    job = Job(name="tls", application=Executable("/bin/true"), splitter=ArgSplitter([["0"], ["1"]]),
+              backend=Backend("sim", run_seconds=0.02), postprocessors=[Notifier(to="ops@example.org")])
+
+    # The system's CAs do not know the server's certificate: verified, refused, nothing sent (the job completes).
+    untrusting, trusting = tmp_path / "untrusting", tmp_path / "trusting"
+    for home in (untrusting, trusting):
+        home.mkdir()
+    (untrusting / "orchestrator.toml").write_text(settings)
+    async with Orchestrator(home=untrusting) as orch:
+        j = await orch.jobs.add(job.template())
+        await j.submit()
+        await j.wait(timeout=30)
+        assert j.status == "completed"
+        await anyio.sleep(0.5)
+    assert inbox.mails == [] and logins.tried == []
+
+    (trusting / "orchestrator.toml").write_text(settings + f'smtp_ca_file = "{cert}"\n')
+    async with Orchestrator(home=trusting) as orch:
+        j = await orch.jobs.add(job.template())
+        await j.submit()
+        await j.wait(timeout=30)
+        await wait_for_mail(inbox)
+    assert logins.tried == [("PLAIN", True)]  # one login, over TLS, accepted
+    [(rcpt, mail)] = inbox.mails
+    assert rcpt == ["ops@example.org"] and mail["Subject"] == f"orchestrator: job {j.fqid} (tls) completed: 2 completed"

@@ -4,11 +4,15 @@ decisions (arrays, chunks, state mapping, vanished runs, kills) against a script
 The real-cluster tests are in ``tests/integration/test_slurm.py``; these cover what a
 one-node test cluster cannot be made to do on demand (a node failure, an
 out-of-memory kill, a preemption, a controller that hangs during ``sbatch``).
+The last test puts a fake of Slurm's commands on ``PATH`` and runs a job through
+the public API: a node failure retried by the default action table.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -30,7 +34,7 @@ from orch_slurm.slurm import (
     parse_squeue,
 )
 
-from orchestrator import Backend, Executable, Job, JobError, JobStatus, Orchestrator
+from orchestrator import Backend, Executable, Job, JobError, JobStatus, Orchestrator, RetryPolicy
 from orchestrator.plugin import DriverContext, RunHandle, RunSpec, SettingsError, SubmitError
 
 S = JobStatus
@@ -282,3 +286,76 @@ async def test_kill_is_one_scancel_of_the_tasks_asked(tmp_path: Path) -> None:
     with anyio.fail_after(1):
         with pytest.raises(SlurmError):
             await d.kill(hs[0])
+
+
+# ------------------------------------------------- a node failure, end to end through the API
+#: Slurm's commands as one script on PATH: ``sbatch`` either loses the job to a node failure before it starts
+#: (while the count in ``node_fail`` lasts) or runs the batch script to its end; ``squeue`` and ``sacct`` list
+#: every job with its state. Enough of Slurm for the driver, run by the orchestrator as it runs the real ones.
+FAKE_COMMANDS = '''
+import json, os, subprocess, sys
+from pathlib import Path
+state = Path(os.environ["FAKE_SLURM_DIR"])
+jobs_file = state / "jobs.json"
+jobs = json.loads(jobs_file.read_text()) if jobs_file.exists() else {}
+command = Path(sys.argv[0]).name
+if command == "scontrol":
+    print("MaxArraySize = 1001")
+elif command == "sbatch":
+    job, script = str(100 + len(jobs)), sys.stdin.read()
+    failing = int((state / "node_fail").read_text())
+    if failing > 0:
+        (state / "node_fail").write_text(str(failing - 1))
+        jobs[job] = "NODE_FAIL"
+    else:
+        subprocess.run(["sh", "-c", script], env={**os.environ, "SLURM_ARRAY_TASK_ID": "0"}, check=False)
+        jobs[job] = "COMPLETED"
+    jobs_file.write_text(json.dumps(jobs))
+    print(job)
+elif command == "squeue":
+    print("\\n".join(f"{job}|N/A|{job}|{st}|None" for job, st in jobs.items()))
+elif command == "sacct":
+    print("\\n".join(f"{job}|{st}|0:0" for job, st in jobs.items()))
+'''
+
+
+@pytest.fixture
+def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The fake commands first on PATH; returns the state dir (write how many sbatch fail in ``node_fail``)."""
+    bindir, state = tmp_path / "fake-bin", tmp_path / "fake-slurm"
+    bindir.mkdir()
+    state.mkdir()
+    (state / "node_fail").write_text("0")
+    script = bindir / "fake-slurm"
+    script.write_text(f"#!{sys.executable}\n{FAKE_COMMANDS}")
+    script.chmod(0o755)
+    for name in ("sbatch", "squeue", "sacct", "scancel", "scontrol"):
+        (bindir / name).symlink_to(script)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SLURM_DIR", str(state))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    return state
+
+
+@pytest.mark.anyio
+async def test_a_node_failure_is_retried_by_the_default_rule_not_the_users_limits(fake_slurm: Path,
+                                                                                   tmp_path: Path) -> None:
+    zero = RetryPolicy(max_early=0, max_late_handled=0, max_late_unhandled=0)
+    async with Orchestrator(home=tmp_path / "home", config={"core": {"poll_interval": 0.05}}) as orch:
+        (fake_slurm / "node_fail").write_text("1")
+        once = await orch.jobs.add(Job(name="once", application=Executable("/bin/echo", args=["ran"]),
+                                       backend="slurm", retry=zero))
+        await once.submit()
+        await once.wait(timeout=30)
+        assert once.status == "completed" and await once.peek() == "ran\n"
+        [entry] = once.info.history
+        assert (entry["level"], entry["rule"], entry["action"]) == ("backend", "slurm-node-failure", "retry")
+        assert "NODE_FAIL" in entry["reason"] and once.info.counters == {"rule:slurm-node-failure": 1}
+
+        (fake_slurm / "node_fail").write_text("9")  # a node that never comes back: the rule's max=3, then failed
+        lost = await orch.jobs.add(Job(name="lost", application=Executable("/bin/true"), backend="slurm", retry=zero))
+        await lost.submit()
+        await lost.wait(timeout=30)
+        assert lost.status == "failed" and lost.info.submit_counter == 4
+        assert lost.info.history[-1]["limit"] == "rule:slurm-node-failure"
+        assert lost.info.counters == {"rule:slurm-node-failure": 3}

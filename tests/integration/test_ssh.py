@@ -449,3 +449,15 @@ async def test_return_file_through_a_symlinked_directory_is_refused_remotely(one
         assert not (j.outputdir / "key.txt").exists()
         assert any("linked/key.txt" in h["reason"] for h in j.info.history if h["verdict"] == "refused")
         assert "REFUSED linked/key.txt" in (j.outputdir / "orch.log").read_text()
+
+
+async def test_an_output_pattern_that_matched_nothing_remotely_fails_the_run(one_host: SshEnv, tmp_path: Path) -> None:
+    """The remote wrapper says NOMATCH as the local one does: subjob 1 left no *.root and fails, naming it."""
+    script = 'if [ "$0" = 0 ]; then echo x > x.root; fi'
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = await orch.jobs.add(sh_job(script, 2, Backend("ssh", **one_host.settings()), outputfiles=["*.root"]))
+        await j.submit()
+        await j.wait(timeout=60)
+        assert [s.status.value for s in j.subjobs] == ["completed", "failed"], j.subjobs[1].info.reason
+        assert (j.subjobs[0].outputdir / "x.root").read_text() == "x\n"
+        assert j.subjobs[1].info.reason.startswith("output file pattern '*.root' matched nothing")

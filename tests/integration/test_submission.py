@@ -297,7 +297,7 @@ async def test_killing_a_new_job_is_an_error(api_home: Path) -> None:
         single = await orch.jobs.add(Job(application=Executable("/bin/true"), backend="sim"))
         with pytest.raises(JobError, match="never submitted"):
             await single.kill()
-        k = await orch.jobs.add(sim_job(3, bulk=False, fail_submit=[2]))
+        k = await orch.jobs.add(sim_job(3, bulk=False, fail_submit=[2], run_seconds=60))  # still running at the kill
         await k.submit(keep_going=True)
         with pytest.raises(JobError, match="never submitted"):
             await k.subjobs[2].kill()

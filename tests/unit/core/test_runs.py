@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from orchestrator.core.analyser import Limits
 from orchestrator.core.events import (
     ForceStatusRequested,
     KillRequested,
     ReleaseRequested,
     RemoveRequested,
     RunLost,
+    RunReport,
     Started,
+    StatusReport,
 )
 from orchestrator.core.ids import Runs
 from orchestrator.core.instructions import Lookup, Persist, Reply, SendKill, SendSubmit, Unwatch
@@ -76,6 +79,45 @@ def test_past_the_limit_the_run_fails_and_says_which_limit() -> None:
     assert h.status(job, 0) == S.FAILED and not step.of(SendSubmit)
     info = h.sm.info((job, 0))
     assert info["history"][-1]["limit"] == "max_early" and "max_early=1 reached" in info["reason"]
+
+
+def test_a_completed_run_that_left_an_output_pattern_unmatched_fails_unless_the_job_says_not() -> None:
+    ended = log("1000 START 1", "1000 EXIT 0", "1000 NOMATCH *.root", "1000 END 0")
+    for strict, expected in ((True, S.FAILED), (False, S.COMPLETED)):
+        h = Harness()
+        job = running_master(h, wrapper=True, fail_on_missing_output=strict)
+        step = h.report(job, [0], S.COMPLETED, exit_code=0, log=ended)
+        assert h.status(job, 0) == expected and not step.of(SendSubmit)
+        reason = h.sm.info((job, 0)).get("reason")
+        assert reason == ("output file pattern '*.root' matched nothing" if strict else None)
+
+
+def test_an_infrastructure_fault_is_retried_on_its_own_budget() -> None:
+    h = Harness()
+    job = running_master(h, wrapper=True, limits=Limits(0, 0, 0, 60.0, max_infrastructure=1))
+    step = h.report(job, [0], S.FAILED, log=log("1000 START 1"))  # the wrapper never ended: worker level
+    h.outcomes(only(step, SendSubmit))
+    assert h.sm.info((job, 0))["counters"] == {"infrastructure:early": 1}
+    h.report(job, [0], S.RUNNING)
+    step = h.report(job, [0], S.FAILED, log=log("1000 START 1"))
+    assert h.status(job, 0) == S.FAILED and not step.of(SendSubmit)
+    assert h.sm.info((job, 0))["history"][-1]["limit"] == "max_infrastructure"
+
+
+def test_two_runs_retried_from_one_report_each_find_their_outcome() -> None:
+    """One status report ends two runs of a job (separate reports, as for runs whose logs were read): each
+    retry is its own SendSubmit under the report's stimulus id, and each outcome moves its own runs."""
+    h = Harness()
+    job = running_master(h, wrapper=True, limits=limits(early=1))
+    crashed = log("1000 START 1")
+    step = h.post(StatusReport(stimulus_id=h.sid("poll"), time=h.clock, backend="sim",
+                               reports=(RunReport(Runs(job, [2]), S.FAILED, log=crashed),
+                                        RunReport(Runs(job, [0]), S.FAILED, log=crashed))))
+    sends = step.of(SendSubmit)
+    assert [list(s.runs.indexes) for s in sends] == [[2], [0]] and len({s.stimulus_id for s in sends}) == 1
+    for send in sends:  # answered one after the other, in the order they were sent
+        h.outcomes(send)
+    assert [h.status(job, i) for i in range(3)] == [S.SUBMITTED, S.RUNNING, S.SUBMITTED]
 
 
 def test_stderr_tail_is_quoted_in_an_application_failure() -> None:
