@@ -5,6 +5,9 @@ name = "scan"
 inputfiles = ["data/a.txt"]       # relative paths resolve against the job file's directory
 outputfiles = ["out.txt"]
 mode = "production"
+comment = "first pass"              # free text, shown by orchestrator show
+metadata = { run = 42 }             # any table, kept with the job
+fail_on_missing_output = true       # an outputfiles pattern that matched nothing fails the run (the default)
 [application]
 exe = "/bin/echo"                 # a relative path naming a file next to the job file resolves too
 args = ["x"]
@@ -45,7 +48,8 @@ from ..plugin.settings import SettingsError
 from ..runtime.registry import driver_class, postprocessor_class, splitter_class
 from ..runtime.tomlfile import read_toml
 
-TOP_KEYS = ("name", "inputfiles", "outputfiles", "mode", "application", "backend", "splitter", "merger", "retry")
+TOP_KEYS = ("name", "inputfiles", "outputfiles", "mode", "application", "backend", "splitter", "merger", "retry",
+            "comment", "metadata", "fail_on_missing_output")
 APPLICATION_KEYS = ("exe", "args", "env")
 MODES = ("test", "production")
 DEMO_SCRIPT = "sleep $(( $1 % 3 + 1 )); echo subjob $1: $(( $1 * $1 ))"  # a second or three: the progress shows
@@ -141,6 +145,11 @@ class _Loader:
             raise self.fail(f"must be a string, not {_type_name(value)}", field)
         return value
 
+    def boolean(self, value: Any, field: str) -> bool | None:
+        if value is not None and not isinstance(value, bool):
+            raise self.fail(f"must be true or false, not {_type_name(value)}", field)
+        return value
+
     def table(self, value: Any, field: str) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise self.fail(f"must be a table, not {_type_name(value)}", field)
@@ -186,6 +195,9 @@ class _Loader:
             backend=self.backend(data.get("backend", "local")),
             retry=self.retry(data.get("retry", {})),
             mode=mode,
+            comment=self.string(data.get("comment", ""), "comment"),
+            metadata=self.table(data.get("metadata", {}), "metadata"),
+            fail_on_missing_output=self.boolean(data.get("fail_on_missing_output"), "fail_on_missing_output"),
         )
         if job.splitter is not None:
             self.dry_split(job)

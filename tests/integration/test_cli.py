@@ -178,6 +178,9 @@ BAD_FILES = {
                         "[field backend.run_second]"),
     "unknown-merger": ('[application]\nexe = "/bin/echo"\n[merger]\ntype = "zip"\n', "[field merger.type]"),
     "retry": ('[application]\nexe = "/bin/echo"\n[retry]\nmax_early = -1\n', "[field retry.max_early]"),
+    "metadata": ('metadata = "x"\n[application]\nexe = "/bin/echo"\n', "[field metadata]"),
+    "missing-output": ('fail_on_missing_output = "no"\n[application]\nexe = "/bin/echo"\n',
+                       "[field fail_on_missing_output]"),
 }
 
 
@@ -260,6 +263,9 @@ name = "scan"
 inputfiles = ["data/a.txt"]
 outputfiles = ["out.txt"]
 mode = "test"
+comment = "first pass"
+metadata = { run = 42, tags = ["a"] }
+fail_on_missing_output = false
 [application]
 exe = "./run.sh"
 args = ["x", 2]
@@ -287,6 +293,8 @@ max_early = 2
     assert job.splitter == GenericSplitter("application.args", [["a"], ["b"]])
     assert isinstance(job.merger, TextMerger) and job.merger.files == ["stdout", "out.txt"]
     assert job.retry.max_early == 2
+    assert job.comment == "first pass" and job.metadata == {"run": 42, "tags": ["a"]}
+    assert job.fail_on_missing_output is False
 
 
 def test_load_job_defaults_and_errors(tmp_path: Path) -> None:
