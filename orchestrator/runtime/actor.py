@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import structlog
 
 from ..core.events import Event, KillOutcomes, LookupOutcomes, SubmitOutcomes
 from ..core.ids import Runs
@@ -115,28 +116,29 @@ class Actor:
             taken = list(self._mailbox)
             self._mailbox.clear()
             for group in _coalesce(taken):
-                try:
-                    async with self.registering:
-                        await self._carry_out(group)
-                except Exception as exc:  # a bug here must not stop the backend's actor: log and go on
-                    self.log.exception("instruction failed", backend=self.name, error=repr(exc))
+                # every line of the work, the driver's own included, names the request(s) it serves
+                with structlog.contextvars.bound_contextvars(stimulus_id=_stimuli(group)):
+                    try:
+                        async with self.registering:
+                            await self._carry_out(group)
+                    except Exception as exc:  # a bug here must not stop the backend's actor: log and go on
+                        self.log.exception("instruction failed", backend=self.name, error=repr(exc))
 
     async def _carry_out(self, group: list[Bound]) -> None:
         first = group[0].instruction
         if isinstance(first, SendSubmit):
             await self._submit(group)
-        elif isinstance(first, SendKill):
-            for bound in group:
-                await self._kill(bound)
-        elif isinstance(first, Lookup):
-            for bound in group:
-                await self._lookup(bound)
-        elif isinstance(first, Unwatch):
-            for bound in group:
-                assert isinstance(bound.instruction, Unwatch)
-                gone = [h for k in keys(bound.instruction.runs) if (h := self.release(k)) is not None]
-                if gone:
-                    await self.driver.forget(gone)
+            return
+        for bound in group:  # one at a time: each under its own stimulus id
+            with structlog.contextvars.bound_contextvars(stimulus_id=bound.instruction.stimulus_id):
+                if isinstance(first, SendKill):
+                    await self._kill(bound)
+                elif isinstance(first, Lookup):
+                    await self._lookup(bound)
+                elif isinstance(bound.instruction, Unwatch):
+                    gone = [h for k in keys(bound.instruction.runs) if (h := self.release(k)) is not None]
+                    if gone:
+                        await self.driver.forget(gone)
 
     # ------------------------------------------------------------ submit
     async def _submit(self, group: list[Bound]) -> None:
@@ -261,6 +263,11 @@ class Actor:
                           fqid=str(ins.runs.job), count=len(absent))
         await self.post(LookupOutcomes(stimulus_id=ins.stimulus_id, time=_now(), runs=ins.runs, found=have,
                                        absent=absent))
+
+
+def _stimuli(group: list[Bound]) -> str:
+    """The stimulus id of a group's instructions; several, comma-separated, when one bulk call serves them."""
+    return ",".join(dict.fromkeys(b.instruction.stimulus_id for b in group))
 
 
 def _coalesce(taken: list[Bound]) -> list[list[Bound]]:
