@@ -10,7 +10,8 @@ are the only callers of drivers and of the repository.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ from anyio.abc import TaskGroup
 
 from ..core.errors import JobError
 from ..core.events import Event, RetryDue
+from ..core.ids import FQID
 from ..core.instructions import (
     AdjustRun,
     CreateLinked,
@@ -50,6 +52,22 @@ class Waiting:
     reply: Reply | None = None
 
 
+def _submitted_later(instructions: Sequence[Instruction]) -> dict[int, Counter[FQID]]:
+    """For each kill or lookup of a step that a submission of the same step follows: how many of those
+    submissions each run gets after it (nothing to count, and nothing counted, in a step without kills)."""
+    first = next((k for k, ins in enumerate(instructions) if isinstance(ins, (SendKill, Lookup))), None)
+    if first is None:
+        return {}
+    out: dict[int, Counter[FQID]] = {}
+    pending: Counter[FQID] = Counter()
+    for ins in reversed(instructions[first:]):
+        if isinstance(ins, SendSubmit):
+            pending.update(ins.runs)
+        elif isinstance(ins, (SendKill, Lookup)) and pending:
+            out[id(ins)] = +pending
+    return out
+
+
 class Executor:
     def __init__(self, sm: StateMachine, *, actor: Callable[[str], Awaitable[Actor]],
                  flush: Callable[[], Awaitable[None]], work: dict[type[Instruction], Callable[[Any], Awaitable[None]]],
@@ -79,12 +97,13 @@ class Executor:
         return waiting
 
     async def carry_out(self, step: Step) -> None:
+        later = _submitted_later(step.instructions)
         for ins in step.instructions:
             if isinstance(ins, Persist):
                 await self._flush()
             elif isinstance(ins, (SendSubmit, SendKill, Lookup, Unwatch)):
                 actor = await self._actor(ins.backend)
-                actor.put(self._bind(ins))
+                actor.put(self._bind(ins, later.get(id(ins))))
             elif isinstance(ins, Reply):
                 waiting = self.waiting.pop(ins.stimulus_id, None)
                 if waiting is not None:
@@ -109,12 +128,17 @@ class Executor:
             else:
                 self.log.warning("no one carries out this instruction", instruction=repr(ins))
 
-    def _bind(self, ins: SendSubmit | SendKill | Lookup | Unwatch) -> Bound:
-        """The instruction with each run's attempt now (and its retry arguments, for a submission)."""
+    def _bind(self, ins: SendSubmit | SendKill | Lookup | Unwatch, later: Counter[FQID] | None = None) -> Bound:
+        """The instruction with each run's attempt as it was when the instruction was given (and its retry
+        arguments, for a submission). The state machine's attempt is the one after the whole step: a kill
+        followed in the same step by the retry's submission is for the attempt before (``later`` counts
+        those submissions), never the retry."""
         if isinstance(ins, Unwatch):
             return Bound(ins)
         fqs = list(ins.runs)
         attempts = [self.sm.attempt(fq) for fq in fqs] if len(fqs) < 4096 else self._attempts_fast(ins)
+        if later:
+            attempts = [a - later[fq] for a, fq in zip(attempts, fqs, strict=True)]
         retry_args: dict[int, list[str]] = {}
         state = None
         if isinstance(ins, SendSubmit):
