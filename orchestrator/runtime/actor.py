@@ -7,6 +7,14 @@ call carries runs of one kind), or run by run where the driver has no bulk
 form; kills likewise; lookups after a restart. Each answer becomes the
 event the instruction's stimulus id is waiting for.
 
+Its mailbox is bounded with backpressure: past ``capacity`` instructions
+waiting, the actor is *lagging*, and the runtime holds back what would give
+it more (new requests, monitoring reports) until it has taken them. The bus
+itself never waits on an actor (an actor waits on the bus to post its
+answers: a cycle of two bounded waits could stop both), so one step's
+instructions always go in, and the mailbox holds at most ``capacity`` plus
+what the steps under way when it filled asked for.
+
 It holds the runs its driver answered for (their handles) until they end:
 a status query that does not mention a run, or a slow host elsewhere, is no
 reason to let go of one. Monitoring them is :mod:`.monitor`'s part.
@@ -61,7 +69,8 @@ class Actor:
                  run_specs: Callable[[Runs, Sequence[int], dict[int, list[str]]], list[RunSpec]],
                  prepare: Callable[[Sequence[RunSpec], str, str | None],
                                    Awaitable[tuple[dict[str, str], dict[str, dict[str, Any]]]]],
-                 record_id: Callable[[RunKey, str | None], None], concurrency: int, log: Any) -> None:
+                 record_id: Callable[[RunKey, str | None], None], concurrency: int, log: Any,
+                 capacity: int = 1024) -> None:
         self.name = name
         self.driver = driver
         self.post = post
@@ -80,6 +89,10 @@ class Actor:
         #: just accepted waits until the run is held (its report may come before the call returns).
         self.registering = anyio.Lock()
         self._mailbox: deque[Bound] = deque()
+        #: Instructions waiting past which the actor is lagging (see the module docstring).
+        self.capacity = capacity
+        self._room = anyio.Event()
+        self._room.set()
         self._wake = anyio.Event()
         self._idle = anyio.Event()
         self._idle.set()
@@ -98,10 +111,22 @@ class Actor:
 
     # ------------------------------------------------------------ intake
     def put(self, bound: Bound) -> None:
-        """Take an instruction (never blocks: the mailbox holds instructions, each a batch of runs)."""
+        """Take an instruction (never blocks: the bus must not wait on an actor, see the module docstring)."""
         self._mailbox.append(bound)
         self._idle = anyio.Event() if self._idle.is_set() else self._idle
+        if len(self._mailbox) >= self.capacity and self._room.is_set():
+            self._room = anyio.Event()
         self._wake.set()
+
+    @property
+    def queued(self) -> int:
+        """Instructions waiting to be taken."""
+        return len(self._mailbox)
+
+    async def room(self) -> None:
+        """Until the actor is not lagging (fewer than ``capacity`` instructions waiting)."""
+        while len(self._mailbox) >= self.capacity:
+            await self._room.wait()
 
     async def drained(self) -> None:
         """Until every instruction taken so far was carried out."""
@@ -115,6 +140,7 @@ class Actor:
             self._wake = anyio.Event()
             taken = list(self._mailbox)
             self._mailbox.clear()
+            self._room.set()
             for group in _coalesce(taken):
                 # every line of the work, the driver's own included, names the request(s) it serves
                 with structlog.contextvars.bound_contextvars(stimulus_id=_stimuli(group)):

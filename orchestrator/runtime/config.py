@@ -62,6 +62,9 @@ class Config:
         for key in ("poll_interval", "emulated_bulk_concurrency"):
             if not isinstance(core[key], (int, float)) or core[key] <= 0:
                 raise ConfigError(f"{where}: core.{key} must be a positive number")
+        for key in ("actor_mailbox", "work_limit", "events_buffer"):
+            if isinstance(core[key], bool) or not isinstance(core[key], int) or core[key] < 1:
+                raise ConfigError(f"{where}: core.{key} must be a whole number >= 1")
         try:
             parse_rules(self.data.get("actions", []))
         except ConfigError as exc:

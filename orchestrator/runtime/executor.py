@@ -6,6 +6,11 @@ actor's mailbox, bound to the attempts their runs are at now; long work
 runs as a task of its own that posts its outcome as the next event;
 ``Reply`` answers the request waiting on it. The executor and the actors
 are the only callers of drivers and of the repository.
+
+Long work is bounded: at most ``work_limit`` pieces run at once, the rest
+wait their turn; with ``work_limit`` waiting, the executor is *lagging* and
+the runtime holds back new requests until it is not (timers only sleep:
+they are not counted).
 """
 
 from __future__ import annotations
@@ -73,7 +78,7 @@ class Executor:
                  flush: Callable[[], Awaitable[None]], work: dict[type[Instruction], Callable[[Any], Awaitable[None]]],
                  forget: Callable[[Forget], Awaitable[None]], set_backend: Callable[[SetBackend], None],
                  given_state: Callable[[str], str | None], post: Callable[[Event], Awaitable[None]],
-                 log: Any, adjust: Callable[[AdjustRun], None] | None = None) -> None:
+                 log: Any, adjust: Callable[[AdjustRun], None] | None = None, work_limit: int = 16) -> None:
         self.sm = sm
         self._adjust = adjust
         self._actor = actor
@@ -90,6 +95,21 @@ class Executor:
         self.busy = 0
         self.idle = anyio.Event()
         self.idle.set()
+        #: Long work at once, and waiting past which the executor lags (see the module docstring).
+        self.work_limit = work_limit
+        self._slots = anyio.CapacityLimiter(work_limit)
+        self.waiting_work = 0
+        self._room = anyio.Event()
+        self._room.set()
+
+    @property
+    def lagging(self) -> bool:
+        return self.waiting_work >= self.work_limit
+
+    async def room(self) -> None:
+        """Until the executor is not lagging."""
+        while self.lagging:
+            await self._room.wait()
 
     def expect(self, stimulus_id: str) -> Waiting:
         """Register the caller of a request before it is posted."""
@@ -117,7 +137,7 @@ class Executor:
                 if self._adjust is not None:
                     self._adjust(ins)  # at once: the retry's submission that follows reads the new settings
             elif isinstance(ins, ScheduleRetry):
-                self.spawn(self._retry_at(ins))
+                self.spawn(self._retry_at(ins), limited=False)
             elif isinstance(ins, (Prepare, Unprepare, RunPostprocess, CreateLinked, Notify)):
                 work = self._work.get(type(ins))
                 if work is not None:
@@ -158,15 +178,27 @@ class Executor:
         runs = self.sm.job_state(fq[0]).runs
         return (fq[1] if len(fq) == 2 else 0) in runs.extras
 
-    def spawn(self, work: Awaitable[None]) -> None:
-        """Run long work in the runtime's task group; it posts its own outcome."""
+    def spawn(self, work: Awaitable[None], *, limited: bool = True) -> None:
+        """Run long work in the runtime's task group, ``work_limit`` at once (``limited``); it posts its own
+        outcome."""
         assert self.tg is not None, "the runtime is not running"
         self.busy += 1
         self.idle = anyio.Event()
+        if limited:
+            self.waiting_work += 1
+            if self.lagging and self._room.is_set():
+                self._room = anyio.Event()
 
         async def run() -> None:
             try:
-                await work
+                if limited:
+                    async with self._slots:
+                        self.waiting_work -= 1
+                        if not self.lagging:
+                            self._room.set()
+                        await work
+                else:
+                    await work
             except JobError as exc:
                 self.log.warning("work failed", error=str(exc))
             except Exception as exc:  # a bug in one piece of work must not stop the runtime

@@ -30,9 +30,9 @@ from typing import Any
 import anyio
 
 from ..core import codec
-from ..core.errors import JobError, OrchestratorError, UnknownJobError
+from ..core.errors import JobError, Lagging, OrchestratorError, UnknownJobError
 from ..core.events import Event
-from ..runtime.bus import Bus, Lagging
+from ..runtime.bus import Bus
 from .control import METHODS, READ_ONLY, Control
 from .http import Request, Response
 
@@ -151,7 +151,9 @@ class Api:
                 if idle.cancelled_caught:
                     yield b": idle\n\n"
                     continue
-                if isinstance(item, Lagging):
+                if isinstance(item, Lagging):  # dropped: the client is told, then the stream ends
+                    data = json.dumps({"error": "lagging", "message": str(item)})
+                    yield f"event: lagging\ndata: {data}\n\n".encode()
                     return
                 seq, event = item
                 if isinstance(event, Event):

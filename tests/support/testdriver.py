@@ -1,4 +1,4 @@
-"""The test backends of ``driver_dist/`` (``chatty``, ``limbo``), registered for one test by entry points.
+"""The test backends of ``driver_dist/`` (``chatty``, ``stalling``, ``limbo``), registered for one test by entry points.
 
 ``driver_dist`` holds a package and its distribution's metadata, as pip would leave them in
 site-packages; putting the directory on ``sys.path`` is all it takes for the orchestrator to find the
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.runtime import registry
+from orchestrator import plugins
 
 DIST = Path(__file__).resolve().parent / "driver_dist"
 
@@ -23,7 +23,7 @@ DIST = Path(__file__).resolve().parent / "driver_dist"
 def test_drivers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.syspath_prepend(str(DIST))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(DIST), os.environ.get("PYTHONPATH")])))
-    registry.refresh()
+    plugins.refresh()
     yield
     monkeypatch.undo()
-    registry.refresh()
+    plugins.refresh()

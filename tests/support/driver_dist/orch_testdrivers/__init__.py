@@ -4,6 +4,8 @@ distribution (``orch_testdrivers-0.1.dist-info`` beside this package, put on ``s
 
 - ``chatty``: ``sim``, saying in its own log lines what it is asked to do (submit, kill, status), so a
   test can see whose request a driver's line belongs to.
+- ``stalling``: ``sim``, whose submissions wait while a file ``stall`` is in its state dir (a backend that
+  takes its time), and whose metrics say how many submission calls are under way.
 - ``limbo``: ``local``, whose status answers for a run's first attempt are nonsense: the runtime hears
   nothing intelligible of it, declares it lost after ``lost_after_seconds`` while its process still
   lives, and retries it; later attempts are answered as ``local`` answers them.
@@ -12,11 +14,13 @@ distribution (``orch_testdrivers-0.1.dist-info`` beside this package, put on ``s
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+import anyio
 from orch_local import LocalDriver
 from orch_sim import SimDriver
 
-from orchestrator.plugin import RunHandle, RunSpec, StatusUpdate, SubmitOutcome
+from orchestrator.plugin import DriverContext, RunHandle, RunSpec, StatusUpdate, SubmitOutcome
 
 
 class ChattyDriver(SimDriver):
@@ -41,6 +45,27 @@ class ChattyDriver(SimDriver):
     async def status_bulk(self, handles: Sequence[RunHandle]) -> list[StatusUpdate]:
         self.context.log.info("driver is asked", runs=[h.fqid for h in handles])
         return await super().status_bulk(handles)
+
+
+class StallingDriver(SimDriver):
+    name = "stalling"
+
+    def __init__(self, context: DriverContext) -> None:
+        super().__init__(context)
+        self.stall = context.statedir / "stall"
+        self.under_way = 0
+
+    async def submit_bulk(self, runs: Sequence[RunSpec]) -> list[SubmitOutcome]:
+        self.under_way += 1
+        try:
+            while self.stall.exists():
+                await anyio.sleep(0.02)
+            return await super().submit_bulk(runs)
+        finally:
+            self.under_way -= 1
+
+    def metrics(self) -> dict[str, Any]:
+        return {**super().metrics(), "under_way": self.under_way}
 
 
 class LimboDriver(LocalDriver):
