@@ -1,4 +1,5 @@
-"""The test backends of ``driver_dist/`` (``chatty``, ``stalling``, ``limbo``), registered for one test by entry points.
+"""The test backends of ``driver_dist/`` (``chatty``, ``stalling``, ``bulkonly``, ``hollow``, ``limbo``),
+registered for one test by entry points.
 
 ``driver_dist`` holds a package and its distribution's metadata, as pip would leave them in
 site-packages; putting the directory on ``sys.path`` is all it takes for the orchestrator to find the
