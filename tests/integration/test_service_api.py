@@ -47,7 +47,7 @@ def sim_job(n: int, name: str = "scan", **settings: Any) -> Job:
                backend=Backend("sim", **settings), retry=NO_RETRY)
 
 
-# ------------------------------------------------------------------ DESIGN's example
+# ------------------------------------------------------------------ docs/design.md's example
 async def test_the_design_example_through_the_service(served: Service) -> None:
     home = served.home
     async with Orchestrator(home=home) as orch:
