@@ -50,10 +50,10 @@ async def test_a_lagging_actor_holds_new_requests_back(tmp_path: Path, test_driv
                 raise AssertionError(f"never came: {what}") from None
 
         async def in_call() -> bool:
-            return (await backend_metrics(orch, "stalling"))["driver"].get("under_way") == 1
+            return bool((await backend_metrics(orch, "stalling"))["driver"].get("under_way") == 1)
 
         async def one_waiting() -> bool:
-            return (await backend_metrics(orch, "stalling"))["queued"] == 1
+            return bool((await backend_metrics(orch, "stalling"))["queued"] == 1)
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch)

@@ -10,7 +10,7 @@ which logs what it is asked to do.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def lines() -> Iterator[list[dict[str, Any]]]:
+def lines() -> Iterator[list[MutableMapping[str, Any]]]:
     capture = LogCapture()
     structlog.configure(processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
                                     capture],
@@ -38,12 +38,12 @@ def lines() -> Iterator[list[dict[str, Any]]]:
     structlog.contextvars.clear_contextvars()
 
 
-def of(lines: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+def of(lines: list[MutableMapping[str, Any]], event: str) -> list[MutableMapping[str, Any]]:
     return [line for line in lines if line["event"] == event]
 
 
 async def test_a_requests_lines_and_its_drivers_carry_its_stimulus_id(tmp_path: Path, test_drivers: None,
-                                                                      lines: list[dict[str, Any]]) -> None:
+                                                                      lines: list[MutableMapping[str, Any]]) -> None:
     seen: list[Any] = []
 
     def master_killed(events: list[Any]) -> bool:

@@ -24,11 +24,12 @@ def subjobs_in_memory(master: Job) -> int:
 
 
 def snapshot(orch: Orchestrator) -> list[tuple[object, ...]]:
-    rows = []
+    rows: list[tuple[object, ...]] = []
     for j in orch.jobs:
         rows.append((j.fqid, j.name, j.status.value, j.backend_id, j.info.to_dict(), j.backend.to_dict(),
                      j.parent, len(j.subjobs)))
         for s in j.subjobs:
+            assert s.application is not None
             rows.append((s.fqid, s.name, s.status.value, s.backend_id, s.info.to_dict(), s.backend.to_dict(),
                          s.parent.fqid if s.parent else None, s.application.to_dict()))
     return rows

@@ -7,6 +7,7 @@ Both drivers are test backends (``bulkonly``, ``hollow``), registered by entry p
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -47,11 +48,13 @@ async def test_a_default_form_with_nothing_under_it_says_so(tmp_path: Path, test
     from orch_testdrivers import HollowDriver  # on the path while the test backends are installed
 
     driver = HollowDriver(DriverContext(home=tmp_path))
-    run = RunSpec(fqid="1", index=None, attempt=1, key="k", executable="/bin/true", args=(), env={}, settings={},
+    run = RunSpec(fqid="1", index=0, attempt=1, key="k", executable="/bin/true", args=(), env={}, settings={},
                   inputs=(), outputfiles=(), jobdir=tmp_path, inputdir=tmp_path, outputdir=tmp_path,
                   workdir=tmp_path)
-    handle = RunHandle("1", None, "b", {}, tmp_path, JobStatus.RUNNING)
-    for call, form in ((driver.submit(run), "submit"), (driver.submit_bulk([run]), "submit"),
-                       (driver.kill(handle), "kill"), (driver.kill_bulk([handle]), "kill")):
+    handle = RunHandle("1", 0, "b", {}, tmp_path, JobStatus.RUNNING)
+    calls: list[tuple[Callable[[], Awaitable[object]], str]] = [
+        (lambda: driver.submit(run), "submit"), (lambda: driver.submit_bulk([run]), "submit"),
+        (lambda: driver.kill(handle), "kill"), (lambda: driver.kill_bulk([handle]), "kill")]
+    for call, form in calls:
         with pytest.raises(NotImplementedError, match=f"must implement {form}\\(\\) or {form}_bulk\\(\\)"):
-            await call
+            await call()

@@ -40,6 +40,7 @@ from orchestrator.core.events import (
     PrepareFailed,
     Profile,
     ReleaseRequested,
+    Request,
     ResubmitRequested,
     RunLost,
     RunReport,
@@ -136,13 +137,13 @@ class Machine(RuleBasedStateMachine):
         self.n += 1
         return f"{kind}-{self.n}"
 
-    def ask(self, kind: type[Event], targets: list[tuple[int, ...]], **kw: Any) -> None:
+    def ask(self, kind: type[Request], targets: list[tuple[int, ...]], **kw: Any) -> None:
         sid = self.sid(kind.__name__)
         self.asked.add(sid)
         self.post(kind(stimulus_id=sid, time=self.clock, targets=tuple(targets), **kw))
 
     def targets(self, data: st.DataObject) -> list[tuple[int, ...]]:
-        out = []
+        out: list[tuple[int, ...]] = []
         for _ in range(data.draw(st.integers(1, 2))):
             job = data.draw(st.sampled_from(self.jobs))
             n = self.sm.n_subjobs(job)
