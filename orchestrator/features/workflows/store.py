@@ -89,7 +89,8 @@ class WorkflowStore:
     async def close(self) -> None:
         if self._db is not None:
             db, self._db = self._db, None
-            await db.close()
+            with anyio.CancelScope(shield=True):  # closed while the service is cancelled at its stop: a close cut
+                await db.close()  # short leaves its thread to answer a loop that is gone ("Event loop is closed")
 
     @property
     def db(self) -> aiosqlite.Connection:
