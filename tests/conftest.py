@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-#: Fixtures of the service tests (``services``, ``shared``), usable by name in any module.
-pytest_plugins = ("served", "transports")
+#: Fixtures of the service tests (``services``, ``shared``) and the test backends (``test_drivers``), usable
+#: by name in any module.
+pytest_plugins = ("served", "transports", "testdriver")
 
 
 @pytest.fixture

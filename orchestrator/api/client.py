@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import httpx
 
-from ..core.errors import JobError, NotOwnerError, OrchestratorError, UnknownJobError
+from ..core.errors import JobError, Lagging, NotOwnerError, OrchestratorError, UnknownJobError
 from ..runtime.homelock import SERVICE_ROLE
 from .owners import current_user
 from .paths import ServicePaths
@@ -90,11 +90,18 @@ class ServiceClient:
         async with self._http.stream("GET", "/api/events") as response:
             if response.status_code != 200:
                 raise OrchestratorError(f"service: {response.status_code} on /api/events")
+            kind = "message"
             async for line in response.aiter_lines():
                 if opened is not None:
                     opened.set()
-                if line.startswith("data: "):
+                if line.startswith("event: "):
+                    kind = line[7:]
+                elif line.startswith("data: "):
+                    if kind == "lagging":  # the service dropped this stream: it fell too far behind
+                        raise Lagging(json.loads(line[6:])["message"])
                     yield json.loads(line[6:])
+                elif not line:
+                    kind = "message"
 
 
 class SyncCaller:

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import JobError
+from ..core.errors import JobError, Lagging
 from ..core.events import (
     ForceStatusRequested,
     KillRequested,
@@ -30,7 +30,6 @@ from ..core.instructions import Reply
 from ..core.model import Backend
 from ..core.splitters import apply_delta
 from ..core.statuses import JobStatus
-from ..runtime.bus import Lagging
 from ..runtime.runtime import Runtime
 from .definition import subjob_part
 from .owners import OWNER_KEY, Caller, OwnerBook, current_user, home_owner, refusal, visible_to

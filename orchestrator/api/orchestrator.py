@@ -12,7 +12,7 @@ going and are found again by the next orchestrator on the home.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from types import TracebackType
@@ -98,7 +98,7 @@ class Orchestrator:
         """True when this orchestrator works through a service."""
         return self._transport is not None and self._runtime is None
 
-    async def events(self) -> AsyncIterator[Any]:
+    async def events(self) -> AsyncGenerator[Any, None]:
         """From now on, every event and every status change, in order, each with its ``stimulus_id``."""
         async for item in self.transport.events():
             yield item

@@ -45,6 +45,12 @@ class RepositoryError(OrchestratorError):
         self.path = path
 
 
+class Lagging(OrchestratorError):
+    """An observer of the events (``orch.events()``, the service's stream) fell further behind than
+    ``events_buffer`` allows and was dropped: it has seen every event up to here, and nothing after.
+    Subscribe again (and read a snapshot) to go on."""
+
+
 class ConfigError(OrchestratorError):
     """The configuration file is invalid; the message names the file and the key."""
 

@@ -152,6 +152,10 @@ def begin_resubmit(core: Core, pending: Pending, job: int, targets: list[FQID]) 
     for i in chosen:
         if (extra := js.runs.extras.get(i)) is not None:
             extra.reason = None
+    if chosen and js.post_failed:  # the postprocessors judged the runs before these: they judge again at the end
+        js.post_failed = False
+        js.top.reason = None
+        core.dirty_tops.add(js.id)
     core.move(js, chosen, S.SUBMITTING, pending.sid)
     settle(core, js, pending.sid)
     send_submit(core, js, chosen, pending.sid, kind="resubmit", request=pending.sid,

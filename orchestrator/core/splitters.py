@@ -20,7 +20,7 @@ from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from .errors import JobError
 
@@ -41,6 +41,12 @@ class Master:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
+class Unsubmitted(Protocol):
+    """A job not submitted yet, as a built-in splitter also takes it (``ArgSplitter(...).split(job)``)."""
+
+    def spec(self) -> Mapping[str, Any]: ...
+
+
 #: A splitter's definition left out where only its name is needed (its arguments can be a million values):
 #: ``{"plugin": name, DEFERRED: True}``; the full one is read from where it is stored when it is used.
 DEFERRED = "deferred"
@@ -50,7 +56,7 @@ def is_deferred(splitter: Any) -> bool:
     return isinstance(splitter, dict) and bool(splitter.get(DEFERRED))
 
 
-def as_master(master: Any) -> Master:
+def as_master(master: Master | Unsubmitted) -> Master:
     """What a splitter sees, from a :class:`Master` or from an unsubmitted job (``split(job)`` works too)."""
     if isinstance(master, Master):
         return master
@@ -158,7 +164,7 @@ class GenericSplitter(Splitter):
             check_path(path, fqid)
         return cols
 
-    def split(self, master: Master) -> list[dict[str, Any]]:
+    def split(self, master: Master | Unsubmitted) -> list[dict[str, Any]]:
         master = as_master(master)
         cols = self.columns(master.fqid)
         if len(cols) == 1:
@@ -179,7 +185,7 @@ class ArgSplitter(Splitter):
     def params(self) -> dict[str, Any]:
         return {"args": self.args}
 
-    def split(self, master: Master) -> list[dict[str, Any]]:
+    def split(self, master: Master | Unsubmitted) -> list[dict[str, Any]]:
         master = as_master(master)
         if not self.args:
             raise JobError("ArgSplitter has no argument lists: it would make no subjob", fqid=master.fqid,
@@ -201,7 +207,7 @@ class FileSplitter(Splitter):
     def params(self) -> dict[str, Any]:
         return {"files_per_job": self.files_per_job}
 
-    def split(self, master: Master) -> list[dict[str, Any]]:
+    def split(self, master: Master | Unsubmitted) -> list[dict[str, Any]]:
         master = as_master(master)
         k = self.files_per_job
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:

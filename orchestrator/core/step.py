@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from .events import StatusChanged
 from .ids import FQID, Runs, fqid_str
 from .instructions import Instruction
 from .statuses import JobStatus
+
+AnyInstruction = TypeVar("AnyInstruction", bound=Instruction)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +74,6 @@ class Step:
     def __bool__(self) -> bool:
         return bool(self.changes or self.refusals or self.instructions)
 
-    def of(self, kind: type[Instruction]) -> list[Instruction]:
+    def of(self, kind: type[AnyInstruction]) -> list[AnyInstruction]:
         """The instructions of one kind, in order (for tests and the runtime's dispatch)."""
         return [i for i in self.instructions if isinstance(i, kind)]

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..checkpoint import Steps
 from ..core.errors import JobError
-from ..core.splitters import Master, Splitter, as_master, partition_contiguous
+from ..core.splitters import Master, Splitter, Unsubmitted, as_master, partition_contiguous
 
 
 class StepSplitter(Splitter):
@@ -33,7 +33,7 @@ class StepSplitter(Splitter):
     def params(self) -> dict[str, Any]:
         return {"m": self.m}
 
-    def parts(self, master: Master) -> list[tuple[int, int]]:
+    def parts(self, master: Master | Unsubmitted) -> list[tuple[int, int]]:
         """``(start, stop)`` index ranges of the steps, one per subjob."""
         master = as_master(master)
         where = master.fqid
@@ -56,7 +56,7 @@ class StepSplitter(Splitter):
         starts = partition_contiguous(weights, m)
         return list(zip(starts, [*starts[1:], n], strict=True))
 
-    def split(self, master: Master) -> list[dict[str, Any]]:
+    def split(self, master: Master | Unsubmitted) -> list[dict[str, Any]]:
         master = as_master(master)
         steps = Steps(master.spec.get("steps"))
         return [{"steps": steps[start:stop].spec(), "step_weights": None} for start, stop in self.parts(master)]

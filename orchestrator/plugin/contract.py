@@ -163,6 +163,19 @@ class DriverContext:
     report: Callable[[Sequence[StatusUpdate]], Awaitable[None]] = _nowhere
 
 
+def _missing(cls: type[Driver], one: str, many: str) -> str | None:
+    if getattr(cls, one) is getattr(Driver, one) and getattr(cls, many) is getattr(Driver, many):
+        return f"driver {cls.__name__} must implement {one}() or {many}()"
+    return None
+
+
+def _one_of(driver: Driver, one: str, many: str) -> None:
+    """Each default form calls the other: with neither implemented, say so instead of recursing."""
+    missing = _missing(type(driver), one, many)
+    if missing is not None:
+        raise NotImplementedError(missing)
+
+
 class Driver:
     """Base of backend drivers; see the module docstring."""
 
@@ -179,8 +192,9 @@ class Driver:
     def check_implemented(cls) -> None:
         """A registered driver implements one form of submit and of kill (the runtime checks at load)."""
         for one, many in (("submit", "submit_bulk"), ("kill", "kill_bulk")):
-            if getattr(cls, one) is getattr(Driver, one) and getattr(cls, many) is getattr(Driver, many):
-                raise TypeError(f"driver {cls.__name__} must implement {one}() or {many}()")
+            missing = _missing(cls, one, many)
+            if missing is not None:
+                raise TypeError(missing)
 
     @classmethod
     def validate_settings(cls, settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -205,6 +219,7 @@ class Driver:
     # ------------------------------------------------------------ submission
     async def submit(self, run: RunSpec) -> str:
         """Start ``run``; return its backend id, or raise :class:`SubmitError`."""
+        _one_of(self, "submit", "submit_bulk")
         outcome = (await self.submit_bulk([run]))[0]
         if not outcome.ok:
             raise SubmitError(outcome.error or "submission refused")
@@ -213,6 +228,7 @@ class Driver:
 
     async def submit_bulk(self, runs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         """Start many runs (all with the same settings) in one go; one outcome per run, in order."""
+        _one_of(self, "submit", "submit_bulk")
         out = []
         for run in runs:
             try:
@@ -224,12 +240,14 @@ class Driver:
     # ------------------------------------------------------------ kill
     async def kill(self, handle: RunHandle) -> None:
         """Stop the run (all its processes); raise if it could not be."""
+        _one_of(self, "kill", "kill_bulk")
         error = (await self.kill_bulk([handle]))[0]
         if error is not None:
             raise RuntimeError(error)
 
     async def kill_bulk(self, handles: Sequence[RunHandle]) -> list[str | None]:
         """Kill many runs; one error message (or ``None``) per handle, in order."""
+        _one_of(self, "kill", "kill_bulk")
         out: list[str | None] = []
         for handle in handles:
             try:

@@ -7,6 +7,14 @@ call carries runs of one kind), or run by run where the driver has no bulk
 form; kills likewise; lookups after a restart. Each answer becomes the
 event the instruction's stimulus id is waiting for.
 
+Its mailbox is bounded with backpressure: past ``capacity`` instructions
+waiting, the actor is *lagging*, and the runtime holds back what would give
+it more (new requests, monitoring reports) until it has taken them. The bus
+itself never waits on an actor (an actor waits on the bus to post its
+answers: a cycle of two bounded waits could stop both), so one step's
+instructions always go in, and the mailbox holds at most ``capacity`` plus
+what the steps under way when it filled asked for.
+
 It holds the runs its driver answered for (their handles) until they end:
 a status query that does not mention a run, or a slow host elsewhere, is no
 reason to let go of one. Monitoring them is :mod:`.monitor`'s part.
@@ -25,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import structlog
 
 from ..core.events import Event, KillOutcomes, LookupOutcomes, SubmitOutcomes
 from ..core.ids import Runs
@@ -60,7 +69,8 @@ class Actor:
                  run_specs: Callable[[Runs, Sequence[int], dict[int, list[str]]], list[RunSpec]],
                  prepare: Callable[[Sequence[RunSpec], str, str | None],
                                    Awaitable[tuple[dict[str, str], dict[str, dict[str, Any]]]]],
-                 record_id: Callable[[RunKey, str | None], None], concurrency: int, log: Any) -> None:
+                 record_id: Callable[[RunKey, str | None], None], concurrency: int, log: Any,
+                 capacity: int = 1024) -> None:
         self.name = name
         self.driver = driver
         self.post = post
@@ -81,6 +91,10 @@ class Actor:
         #: just accepted waits until the run is held (its report may come before the call returns).
         self.registering = anyio.Lock()
         self._mailbox: deque[Bound] = deque()
+        #: Instructions waiting past which the actor is lagging (see the module docstring).
+        self.capacity = capacity
+        self._room = anyio.Event()
+        self._room.set()
         self._wake = anyio.Event()
         self._idle = anyio.Event()
         self._idle.set()
@@ -99,10 +113,22 @@ class Actor:
 
     # ------------------------------------------------------------ intake
     def put(self, bound: Bound) -> None:
-        """Take an instruction (never blocks: the mailbox holds instructions, each a batch of runs)."""
+        """Take an instruction (never blocks: the bus must not wait on an actor, see the module docstring)."""
         self._mailbox.append(bound)
         self._idle = anyio.Event() if self._idle.is_set() else self._idle
+        if len(self._mailbox) >= self.capacity and self._room.is_set():
+            self._room = anyio.Event()
         self._wake.set()
+
+    @property
+    def queued(self) -> int:
+        """Instructions waiting to be taken."""
+        return len(self._mailbox)
+
+    async def room(self) -> None:
+        """Until the actor is not lagging (fewer than ``capacity`` instructions waiting)."""
+        while len(self._mailbox) >= self.capacity:
+            await self._room.wait()
 
     async def drained(self) -> None:
         """Until every instruction taken so far was carried out."""
@@ -116,29 +142,31 @@ class Actor:
             self._wake = anyio.Event()
             taken = list(self._mailbox)
             self._mailbox.clear()
+            self._room.set()
             for group in _coalesce(taken):
-                try:
-                    async with self.registering:
-                        await self._carry_out(group)
-                except Exception as exc:  # a bug here must not stop the backend's actor: log and go on
-                    self.log.exception("instruction failed", backend=self.name, error=repr(exc))
+                # every line of the work, the driver's own included, names the request(s) it serves
+                with structlog.contextvars.bound_contextvars(stimulus_id=_stimuli(group)):
+                    try:
+                        async with self.registering:
+                            await self._carry_out(group)
+                    except Exception as exc:  # a bug here must not stop the backend's actor: log and go on
+                        self.log.exception("instruction failed", backend=self.name, error=repr(exc))
 
     async def _carry_out(self, group: list[Bound]) -> None:
         first = group[0].instruction
         if isinstance(first, SendSubmit):
             await self._submit(group)
-        elif isinstance(first, SendKill):
-            for bound in group:
-                await self._kill(bound)
-        elif isinstance(first, Lookup):
-            for bound in group:
-                await self._lookup(bound)
-        elif isinstance(first, Unwatch):
-            for bound in group:
-                assert isinstance(bound.instruction, Unwatch)
-                gone = [h for k in keys(bound.instruction.runs) if (h := self.release(k)) is not None]
-                if gone:
-                    await self.driver.forget(gone)
+            return
+        for bound in group:  # one at a time: each under its own stimulus id
+            with structlog.contextvars.bound_contextvars(stimulus_id=bound.instruction.stimulus_id):
+                if isinstance(first, SendKill):
+                    await self._kill(bound)
+                elif isinstance(first, Lookup):
+                    await self._lookup(bound)
+                elif isinstance(bound.instruction, Unwatch):
+                    gone = [h for k in keys(bound.instruction.runs) if (h := self.release(k)) is not None]
+                    if gone:
+                        await self.driver.forget(gone)
 
     # ------------------------------------------------------------ submit
     async def _submit(self, group: list[Bound]) -> None:
@@ -265,6 +293,11 @@ class Actor:
                           fqid=str(ins.runs.job), count=len(absent))
         await self.post(LookupOutcomes(stimulus_id=ins.stimulus_id, time=_now(), runs=ins.runs, found=have,
                                        absent=absent))
+
+
+def _stimuli(group: list[Bound]) -> str:
+    """The stimulus id of a group's instructions; several, comma-separated, when one bulk call serves them."""
+    return ",".join(dict.fromkeys(b.instruction.stimulus_id for b in group))
 
 
 def _coalesce(taken: list[Bound]) -> list[list[Bound]]:

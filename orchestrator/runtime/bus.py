@@ -8,8 +8,11 @@ tells the observers (the event and every change it made, in order), and
 has the executor carry out the step before it takes the next event.
 
 Observers (``orch.events()``, the service's stream, the status page,
-metrics) each get a bounded stream of their own; one that falls too far
-behind is dropped with an error rather than allowed to stall the loop.
+metrics) each get a bounded stream of their own (``events_buffer`` items);
+one that falls that far behind is dropped rather than allowed to stall the
+loop or grow without bound: the items it has not read stay readable, then it
+gets :class:`Lagging` (``orch.events()`` raises it; the service's stream
+sends a ``lagging`` event and ends).
 Waiters (``job.wait()``) are woken after every step.
 """
 
@@ -23,6 +26,7 @@ import anyio
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from ..core.errors import Lagging
 from ..core.events import Event
 from ..core.machine import StateMachine
 from ..core.step import Step
@@ -32,12 +36,8 @@ from .executor import Executor
 CAPACITY = 1024
 
 
-class Lagging(Exception):
-    """An observer fell too far behind and was dropped."""
-
-
 class Bus:
-    def __init__(self, sm: StateMachine, executor: Executor, log: Any) -> None:
+    def __init__(self, sm: StateMachine, executor: Executor, log: Any, *, observer_capacity: int = 100_000) -> None:
         self.sm = sm
         self.executor = executor
         self.log = log
@@ -45,6 +45,7 @@ class Bus:
         self._in: MemoryObjectSendStream[Event] = send
         self._out: MemoryObjectReceiveStream[Event] = receive
         self._observers: list[tuple[MemoryObjectSendStream[Any], bool]] = []
+        self.observer_capacity = observer_capacity
         self._changed = anyio.Event()
         #: Hooks called with every step (the writer's wake-up, metrics).
         self.hooks: list[Callable[[Event, Step], None]] = []
@@ -76,9 +77,11 @@ class Bus:
                     self._changed = anyio.Event()
 
     # ------------------------------------------------------------ observers
-    def subscribe(self, capacity: int = 100_000, *, numbered: bool = False) -> MemoryObjectReceiveStream[Any]:
+    def subscribe(self, capacity: int | None = None, *, numbered: bool = False) -> MemoryObjectReceiveStream[Any]:
         """Every event and change from now on, in order; ``numbered``: as ``(step, item)``, ``step`` being
-        the number of the event that made it (what a snapshot's ``step`` is compared with)."""
+        the number of the event that made it (what a snapshot's ``step`` is compared with). ``capacity``:
+        items it may fall behind before it is dropped (default ``observer_capacity``)."""
+        capacity = self.observer_capacity if capacity is None else capacity
         send, receive = anyio.create_memory_object_stream[Any](capacity + 1)  # room for the notice of lagging
         self._observers.append((send, numbered))
         return receive
@@ -92,7 +95,8 @@ class Bus:
             stats = send.statistics()
             if stats.current_buffer_used + len(items) >= stats.max_buffer_size:
                 with suppress(anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    send.send_nowait(Lagging("the observer fell behind the event bus and was dropped"))
+                    send.send_nowait(Lagging(f"the observer fell more than {stats.max_buffer_size - 1} events behind "
+                                             "the event bus (core.events_buffer) and was dropped"))
                 send.close()
                 continue
             try:

@@ -67,6 +67,9 @@ class Config:
         infra = self.data["retry"]["max_infrastructure"]
         if isinstance(infra, bool) or not isinstance(infra, int):
             raise ConfigError(f"{where}: retry.max_infrastructure must be a whole number (negative: as the limits)")
+        for key in ("actor_mailbox", "work_limit", "events_buffer"):
+            if isinstance(core[key], bool) or not isinstance(core[key], int) or core[key] < 1:
+                raise ConfigError(f"{where}: core.{key} must be a whole number >= 1")
         try:
             parse_rules(self.data.get("actions", []))
         except ConfigError as exc:

@@ -6,11 +6,17 @@ actor's mailbox, bound to the attempts their runs are at now; long work
 runs as a task of its own that posts its outcome as the next event;
 ``Reply`` answers the request waiting on it. The executor and the actors
 are the only callers of drivers and of the repository.
+
+Long work is bounded: at most ``work_limit`` pieces run at once, the rest
+wait their turn; with ``work_limit`` waiting, the executor is *lagging* and
+the runtime holds back new requests until it is not (timers only sleep:
+they are not counted).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +25,7 @@ from anyio.abc import TaskGroup
 
 from ..core.errors import JobError
 from ..core.events import Event, RetryDue
+from ..core.ids import FQID
 from ..core.instructions import (
     AdjustRun,
     CreateLinked,
@@ -50,12 +57,28 @@ class Waiting:
     reply: Reply | None = None
 
 
+def _submitted_later(instructions: Sequence[Instruction]) -> dict[int, Counter[FQID]]:
+    """For each kill or lookup of a step that a submission of the same step follows: how many of those
+    submissions each run gets after it (nothing to count, and nothing counted, in a step without kills)."""
+    first = next((k for k, ins in enumerate(instructions) if isinstance(ins, (SendKill, Lookup))), None)
+    if first is None:
+        return {}
+    out: dict[int, Counter[FQID]] = {}
+    pending: Counter[FQID] = Counter()
+    for ins in reversed(instructions[first:]):
+        if isinstance(ins, SendSubmit):
+            pending.update(ins.runs)
+        elif isinstance(ins, (SendKill, Lookup)) and pending:
+            out[id(ins)] = +pending
+    return out
+
+
 class Executor:
     def __init__(self, sm: StateMachine, *, actor: Callable[[str], Awaitable[Actor]],
                  flush: Callable[[], Awaitable[None]], work: dict[type[Instruction], Callable[[Any], Awaitable[None]]],
                  forget: Callable[[Forget], Awaitable[None]], set_backend: Callable[[SetBackend], None],
                  given_state: Callable[[str], str | None], post: Callable[[Event], Awaitable[None]],
-                 log: Any, adjust: Callable[[AdjustRun], None] | None = None) -> None:
+                 log: Any, adjust: Callable[[AdjustRun], None] | None = None, work_limit: int = 16) -> None:
         self.sm = sm
         self._adjust = adjust
         self._actor = actor
@@ -72,6 +95,21 @@ class Executor:
         self.busy = 0
         self.idle = anyio.Event()
         self.idle.set()
+        #: Long work at once, and waiting past which the executor lags (see the module docstring).
+        self.work_limit = work_limit
+        self._slots = anyio.CapacityLimiter(work_limit)
+        self.waiting_work = 0
+        self._room = anyio.Event()
+        self._room.set()
+
+    @property
+    def lagging(self) -> bool:
+        return self.waiting_work >= self.work_limit
+
+    async def room(self) -> None:
+        """Until the executor is not lagging."""
+        while self.lagging:
+            await self._room.wait()
 
     def expect(self, stimulus_id: str) -> Waiting:
         """Register the caller of a request before it is posted."""
@@ -79,12 +117,13 @@ class Executor:
         return waiting
 
     async def carry_out(self, step: Step) -> None:
+        later = _submitted_later(step.instructions)
         for ins in step.instructions:
             if isinstance(ins, Persist):
                 await self._flush()
             elif isinstance(ins, (SendSubmit, SendKill, Lookup, Unwatch)):
                 actor = await self._actor(ins.backend)
-                actor.put(self._bind(ins))
+                actor.put(self._bind(ins, later.get(id(ins))))
             elif isinstance(ins, Reply):
                 waiting = self.waiting.pop(ins.stimulus_id, None)
                 if waiting is not None:
@@ -98,7 +137,7 @@ class Executor:
                 if self._adjust is not None:
                     self._adjust(ins)  # at once: the retry's submission that follows reads the new settings
             elif isinstance(ins, ScheduleRetry):
-                self.spawn(self._retry_at(ins))
+                self.spawn(self._retry_at(ins), limited=False)
             elif isinstance(ins, (Prepare, Unprepare, RunPostprocess, CreateLinked, Notify)):
                 work = self._work.get(type(ins))
                 if work is not None:
@@ -109,12 +148,17 @@ class Executor:
             else:
                 self.log.warning("no one carries out this instruction", instruction=repr(ins))
 
-    def _bind(self, ins: SendSubmit | SendKill | Lookup | Unwatch) -> Bound:
-        """The instruction with each run's attempt now (and its retry arguments, for a submission)."""
+    def _bind(self, ins: SendSubmit | SendKill | Lookup | Unwatch, later: Counter[FQID] | None = None) -> Bound:
+        """The instruction with each run's attempt as it was when the instruction was given (and its retry
+        arguments, for a submission). The state machine's attempt is the one after the whole step: a kill
+        followed in the same step by the retry's submission is for the attempt before (``later`` counts
+        those submissions), never the retry."""
         if isinstance(ins, Unwatch):
             return Bound(ins)
         fqs = list(ins.runs)
         attempts = [self.sm.attempt(fq) for fq in fqs] if len(fqs) < 4096 else self._attempts_fast(ins)
+        if later:
+            attempts = [a - later[fq] for a, fq in zip(attempts, fqs, strict=True)]
         retry_args: dict[int, list[str]] = {}
         state = None
         if isinstance(ins, SendSubmit):
@@ -134,15 +178,27 @@ class Executor:
         runs = self.sm.job_state(fq[0]).runs
         return (fq[1] if len(fq) == 2 else 0) in runs.extras
 
-    def spawn(self, work: Awaitable[None]) -> None:
-        """Run long work in the runtime's task group; it posts its own outcome."""
+    def spawn(self, work: Awaitable[None], *, limited: bool = True) -> None:
+        """Run long work in the runtime's task group, ``work_limit`` at once (``limited``); it posts its own
+        outcome."""
         assert self.tg is not None, "the runtime is not running"
         self.busy += 1
         self.idle = anyio.Event()
+        if limited:
+            self.waiting_work += 1
+            if self.lagging and self._room.is_set():
+                self._room = anyio.Event()
 
         async def run() -> None:
             try:
-                await work
+                if limited:
+                    async with self._slots:
+                        self.waiting_work -= 1
+                        if not self.lagging:
+                            self._room.set()
+                        await work
+                else:
+                    await work
             except JobError as exc:
                 self.log.warning("work failed", error=str(exc))
             except Exception as exc:  # a bug in one piece of work must not stop the runtime

@@ -18,12 +18,14 @@ CPU, useful and wasted (GBS): when a run ends, its attempts' own records
 (``orch.usage`` in its output dir, :mod:`orchestrator.core.usage`) are read in
 a worker thread and added up by backend. A run resubmitted after it ended
 counts, at its next end, only the attempts made since. The counters start
-with the service, as every Prometheus counter does.
+with the service, as every Prometheus counter does. The ends wait for the
+reader on a bounded stream (:data:`ENDED_BUFFER` changes): ends past it,
+while the reader is that far behind, are not read but counted as skipped,
+so a slow disk never makes memory grow.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,8 @@ from ..core.usage import USAGE_FILE, judge, parse_usage
 
 #: Submission latencies, seconds: from a millisecond (sim) to minutes (a busy batch system).
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+#: Changes of runs that ended (each a batch of runs) waiting for their CPU records to be read.
+ENDED_BUFFER = 10_000
 
 
 class Metrics:
@@ -74,11 +78,13 @@ class Metrics:
                                   "up by key at start", ["backend", "found"], registry=r)
         self.cpu = Counter("orchestrator_cpu_seconds", "CPU of ended runs' attempts, from their own records: useful "
                            "(succeeded, or resumed from) or wasted", ["backend", "kind"], registry=r)
+        self.skipped = Counter("orchestrator_cpu_records_skipped", "Ended runs whose CPU records were not read: "
+                               "the reader was too far behind", ["backend"], registry=r)
         r.register(_Gauges(sm, queue_depth, monitors, faults))
         self._sent: dict[tuple[str, str], float] = {}
         #: Runs that ended or left an end, waiting for their records to be read: (backend, again, job, indexes).
         self._ended_in, self._ended_out = anyio.create_memory_object_stream[
-            tuple[str, bool, int, tuple[int, ...] | None]](max_buffer_size=math.inf)
+            tuple[str, bool, int, tuple[int, ...] | None]](max_buffer_size=ENDED_BUFFER)
         #: Runs resubmitted after they ended: the newest attempt already counted.
         self._counted: dict[tuple[int, int | None], int] = {}
 
@@ -100,7 +106,11 @@ class Metrics:
                 continue  # a master's own (derived) status: no run moved, and its history is no run's
             if self.outputdir is not None and (change.new in FINAL) != (change.old in FINAL):
                 indexes = None if change.indexes is None else tuple(change.indexes)
-                self._ended_in.send_nowait((self._backend(change.job), change.old in FINAL, change.job, indexes))
+                backend = self._backend(change.job)
+                try:
+                    self._ended_in.send_nowait((backend, change.old in FINAL, change.job, indexes))
+                except anyio.WouldBlock:
+                    self.skipped.labels(backend).inc(1 if indexes is None else len(indexes))
             n = 1 if change.indexes is None else len(change.indexes)
             self.changes.labels(self._backend(change.job), change.new.value).inc(n)
             if change.new == JobStatus.FAILED:  # judged just now: retried, or failed for good

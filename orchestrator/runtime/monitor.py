@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import structlog
 
 from ..core.events import Event, RunLost, RunReport, StatusReport
 from ..core.ids import Runs, parse_fqid_or_none
@@ -130,14 +131,18 @@ class Monitor:
                 wanted = set(which)
                 candidates.extend(kh for kh in held if kh[0][1] in wanted)
         running = [(k, h) for k, h in candidates if self.status_of(k) in (S.RUNNING, S.COMPLETING)]
-        reports = []
-        for (job, idx), handle in running:
-            state = self.harvest(handle)
-            if state is not None:
-                reports.append(RunReport(Runs(job, None if idx is None else [idx]), S.RUNNING, state=state))
-        if reports:
-            await self.post(StatusReport(stimulus_id=self._sid("state"), time=time.time(), backend=self.name,
-                                         reports=tuple(reports)))
+        if not running:
+            return
+        sid = self._sid("state")
+        with structlog.contextvars.bound_contextvars(stimulus_id=sid):
+            reports = []
+            for (job, idx), handle in running:
+                state = self.harvest(handle)
+                if state is not None:
+                    reports.append(RunReport(Runs(job, None if idx is None else [idx]), S.RUNNING, state=state))
+            if reports:
+                await self.post(StatusReport(stimulus_id=sid, time=time.time(), backend=self.name,
+                                             reports=tuple(reports)))
 
     async def poll(self) -> None:
         """One tick: one status query for every run the driver holds."""
@@ -157,7 +162,13 @@ class Monitor:
             if status != handle.status:
                 handle = held[key] = _with_status(handle, status)
             handles.append(handle)
+        sid = self._sid()  # the tick's: every line of it, the driver's own included, carries it
+        with structlog.contextvars.bound_contextvars(stimulus_id=sid):
+            await self._query(handles, now, sid)
+
+    async def _query(self, handles: list[RunHandle], now: float, sid: str) -> None:
         driver = self.actor.driver
+        polled = self.actor.polled
         caps = driver.capabilities_for(handles[0].settings if handles else {})
         try:
             if caps.bulk_status:
@@ -172,12 +183,17 @@ class Monitor:
             lost = self.health.silent(list(polled), now, whole_backend=True)
             await self._lose(lost, f"no answer from backend {self.name} ({exc!r})")
             return
-        await self.receive(updates, sid=self._sid(), answered_all=True)
+        await self.receive(updates, sid=sid, answered_all=True)
         self.last_tick = time.time() - now
 
     # ------------------------------------------------------------ every driver
     async def receive(self, updates: Sequence[Any], *, sid: str | None = None, answered_all: bool = False) -> None:
         """Reports from the driver (a poll's answer, or a reporting driver's own word)."""
+        sid = sid or self._sid()
+        with structlog.contextvars.bound_contextvars(stimulus_id=sid):
+            await self._receive(updates, sid, answered_all)
+
+    async def _receive(self, updates: Sequence[Any], sid: str, answered_all: bool) -> None:
         if not answered_all:  # a reporting driver: its runs just accepted are registered first
             async with self.actor.registering:
                 pass
@@ -204,7 +220,7 @@ class Monitor:
         else:
             self.health.answered([k for k, _, _ in good])
         lost = self.health.silent(garbage, now, whole_backend=False) if garbage else []
-        await self._report(good, sid or self._sid())
+        await self._report(good, sid)
         await self._lose(lost, f"unintelligible answers from backend {self.name}")
 
     async def _report(self, good: list[tuple[RunKey, RunHandle, StatusUpdate]], sid: str) -> None:
@@ -244,10 +260,12 @@ class Monitor:
             if handle is not None:
                 self.actor.lost[key] = handle
         for job, idx in lost:
-            self.log.warning("run lost: no intelligible answer", backend=self.name, reason=reason,
-                             fqid=f"{job}" if idx is None else f"{job}.{idx}")
-            await self.post(RunLost(stimulus_id=self._sid("lost"), time=time.time(),
-                                    runs=Runs(job, None if idx is None else [idx]), reason=reason))
+            sid = self._sid("lost")  # a verdict of its own: its consequences (the kill, the retry) carry its id
+            with structlog.contextvars.bound_contextvars(stimulus_id=sid):
+                self.log.warning("run lost: no intelligible answer", backend=self.name, reason=reason,
+                                 fqid=f"{job}" if idx is None else f"{job}.{idx}")
+                await self.post(RunLost(stimulus_id=sid, time=time.time(),
+                                        runs=Runs(job, None if idx is None else [idx]), reason=reason))
 
     def _sid(self, kind: str = "poll") -> str:
         self._seq += 1

@@ -117,17 +117,18 @@ class Runtime:
                                        fail_on_missing_output=config.core["fail_on_missing_output"])
         self.writer = Writer(self.sm, self.repo, self.definitions, self.checkpoints.keep)
         self.preparer = Preparer(definitions=self.definitions, repo=self.repo, workspace=self.workspace,
-                                 post=self.post, sm=self.sm, free_slots=self.free_slots,
+                                 post=self.answer, sm=self.sm, free_slots=self.free_slots,
                                  check_subjob=check_subjob, add_job=self._store_job)
         self.postprocessing = Postprocessing(sm=self.sm, definitions=self.definitions, workspace=self.workspace,
-                                             settings=config.section("postprocess"), post=self.post, log=self.log)
+                                             settings=config.section("postprocess"), post=self.answer, log=self.log)
         self.executor = Executor(
             self.sm, actor=self.actor, flush=self.writer.flush, forget=self._forget, set_backend=self._set_backend,
-            given_state=self._given.get, post=self.post, log=self.log, adjust=self._adjust,
+            given_state=self._given.get, post=self.answer, log=self.log, adjust=self._adjust,
+            work_limit=int(config.core["work_limit"]),
             work={Prepare: self.preparer.prepare, Unprepare: self.preparer.unprepare,
                   CreateLinked: self.preparer.create_linked, RunPostprocess: self.postprocessing.run,
                   Notify: self.postprocessing.notify})
-        self.bus = Bus(self.sm, self.executor, self.log)
+        self.bus = Bus(self.sm, self.executor, self.log, observer_capacity=int(config.core["events_buffer"]))
         #: Prometheus metrics, for the service (``enable_prometheus``): an embedded runtime neither loads
         #: prometheus-client nor pays the bus hook.
         self.prometheus: Metrics | None = None
@@ -283,6 +284,18 @@ class Runtime:
         return f"{kind}-{next(self._ids)}"
 
     async def post(self, event: Event) -> None:
+        """Post a request or a monitoring report, once no backend's actor and not the executor lags
+        (backpressure: nothing piles up without bound)."""
+        while True:
+            lagging = next((a for a in self._actors.values() if a.queued >= a.capacity), None)
+            if lagging is None and not self.executor.lagging:
+                break
+            await (lagging.room() if lagging is not None else self.executor.room())
+        await self.answer(event)
+
+    async def answer(self, event: Event) -> None:
+        """Post the outcome of an instruction (a driver's answer, prepared work, a timer): it never waits
+        for room, since what it answers is what drains the backlog."""
         if self.readonly:
             raise HomeLockedError(f"orchestrator home {self.home} is in use by another process, so it is open "
                                   f"here to read only; to share a home between processes, run "
@@ -352,8 +365,9 @@ class Runtime:
         context = driver.context
         log = context.log
         concurrency = int(self.config.core["emulated_bulk_concurrency"])
-        actor = Actor(backend, driver, post=self.post, run_specs=self.definitions.run_specs,
-                      prepare=self._prepare_runs, record_id=self._record_id, concurrency=concurrency, log=log)
+        actor = Actor(backend, driver, post=self.answer, run_specs=self.definitions.run_specs,
+                      prepare=self._prepare_runs, record_id=self._record_id, concurrency=concurrency, log=log,
+                      capacity=int(self.config.core["actor_mailbox"]))
         monitor = Monitor(actor, post=self.post, status_of=self._status_of, read_ending=self._read_ending,
                           harvest=self._harvest, harvestable=self._harvestable,
                           poll_interval=float(self.config.core["poll_interval"]),
@@ -376,9 +390,10 @@ class Runtime:
             monitor = self._monitors.get(name)
             actor = self._actors.get(name)
             backends[name] = {"driver": driver.metrics(), "ticks": monitor.ticks if monitor else 0,
-                              "held": len(actor.held) if actor else 0,
+                              "held": len(actor.held) if actor else 0, "queued": actor.queued if actor else 0,
                               "faults": dict(actor.faults.counts) if actor else {}}
-        return {"events": self.bus.handled, "jobs": len(self.sm.job_ids()), "backends": backends}
+        return {"events": self.bus.handled, "jobs": len(self.sm.job_ids()), "backends": backends,
+                "work_waiting": self.executor.waiting_work}
 
     async def refresh(self) -> None:
         """Ask every polled backend once, now (the CLI without a service, before a listing)."""

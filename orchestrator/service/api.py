@@ -32,10 +32,10 @@ import anyio
 
 from ..api.owners import Caller, visible_to
 from ..core import codec
-from ..core.errors import JobError, NotOwnerError, OrchestratorError, UnknownJobError
+from ..core.errors import JobError, Lagging, NotOwnerError, OrchestratorError, UnknownJobError
 from ..core.events import Event
 from ..plugin.logs import get_logger
-from ..runtime.bus import Bus, Lagging
+from ..runtime.bus import Bus
 from .access import Access
 from .control import METHODS, READ_ONLY, Control
 from .http import Request, Response
@@ -170,7 +170,9 @@ class Api:
                 if idle.cancelled_caught:
                     yield b": idle\n\n"
                     continue
-                if isinstance(item, Lagging):
+                if isinstance(item, Lagging):  # dropped: the client is told, then the stream ends
+                    data = json.dumps({"error": "lagging", "message": str(item)})
+                    yield f"event: lagging\ndata: {data}\n\n".encode()
                     return
                 seq, event = item
                 if isinstance(event, Event) and visible(event):

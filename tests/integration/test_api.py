@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import anyio
@@ -10,6 +11,7 @@ import pytest
 from orchestrator import (
     ArgSplitter,
     Backend,
+    ConfigError,
     Executable,
     FileSplitter,
     GenericSplitter,
@@ -177,6 +179,18 @@ async def test_running_first_order_setting(tmp_path: Path) -> None:
                     await anyio.sleep(0.01)
             assert j.subjobs[1].status == "submitted" and j.status == shown
             await j.kill()
+
+
+@pytest.mark.parametrize("order", ["bogus", "", "Running-First", "running_first", 1])
+async def test_an_invalid_master_status_order_is_refused(tmp_path: Path, order: object) -> None:
+    """Through the configuration, in Orchestrator(config=...) and in the home's orchestrator.toml alike."""
+    with pytest.raises(ConfigError, match="core.master_status_order must be one of"):
+        async with Orchestrator(home=tmp_path, config={"core": {"master_status_order": order}}):
+            pass
+    (tmp_path / "orchestrator.toml").write_text(f"[core]\nmaster_status_order = {json.dumps(order)}\n")
+    with pytest.raises(ConfigError, match=f"{tmp_path / 'orchestrator.toml'}: core.master_status_order"):
+        async with Orchestrator(home=tmp_path):
+            pass
 
 
 async def test_generic_and_file_splitters(api_home: Path, tmp_path: Path) -> None:

@@ -239,16 +239,14 @@ async def test_a_job_that_crashes_after_every_load_is_stopped_by_the_restart_cou
 
 
 @pytest.mark.anyio
-async def test_a_run_whose_starting_state_cannot_be_written_is_not_started(tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    import orchestrator.runtime.checkpoints
-
-    def full(*args: Any) -> None:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(orchestrator.runtime.checkpoints, "write_state_dir", full)
+async def test_a_run_whose_starting_state_cannot_be_written_is_not_started(tmp_path: Path) -> None:
     async with Orchestrator(home=tmp_path / "home", config=FAST) as orch:
         job = await orch.jobs.add(Job(application=Executable("/bin/true"), steps="1..3"))
-        with pytest.raises(Exception, match="could not write its starting state"):
+        work = job.outputdir.parent / "work"  # the run's $ORCH_HOME, where its states are written
+        if work.is_dir():
+            work.rmdir()
+        work.parent.mkdir(parents=True, exist_ok=True)
+        work.write_text("a file where the work dir goes: no state dir can be made in it\n")
+        with pytest.raises(Exception, match="could not write its starting state: .*Not a directory"):
             await job.submit()
         assert job.status == "new" and await job.states() == []

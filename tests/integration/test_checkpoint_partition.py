@@ -7,7 +7,7 @@ import random
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -122,7 +122,7 @@ async def test_weighted_partition_prejob_subjobs_and_aggregator(tmp_path: Path) 
         await master.submit()
         assert len(master.subjobs) == 8 and master.status in ("submitted", "running")  # as its pre-job is
         assert all(s.status == "new" for s in master.subjobs)  # waiting for the pre-job
-        prejob = master.prejob
+        prejob = cast(Job, master.prejob)
         assert prejob is not None and prejob.id == 1 and prejob.info.partition == {"master": 0, "role": "prejob"}
         await master.wait(timeout=60)
 
@@ -138,7 +138,7 @@ async def test_weighted_partition_prejob_subjobs_and_aggregator(tmp_path: Path) 
         first_submit = min(s.info.timestamps["submitting"] for s in master.subjobs)
         assert prejob.info.timestamps["completed"] <= first_submit
         # The aggregator: a top-level job of its own, its steps the final states' labels.
-        aggregator = master.aggregator
+        aggregator = cast(Job, master.aggregator)
         assert aggregator is not None and aggregator is orch.jobs[2] and aggregator.status == "completed"
         assert aggregator.steps == [s.info.checkpoint["label"] for s in master.subjobs]
         assert all(label.startswith(f"0.{i}:") for i, label in enumerate(aggregator.steps))
@@ -154,14 +154,15 @@ async def test_a_failed_prejob_fails_the_master_and_starts_no_subjob(tmp_path: P
                                                           'echo broken >&2; exit 3')))
         await master.submit()
         await master.wait(timeout=30)
-        assert master.status == "failed" and master.prejob is not None and master.prejob.status == "failed"
+        prejob = cast(Job, master.prejob)
+        assert master.status == "failed" and prejob is not None and prejob.status == "failed"
         assert [s.status.value for s in master.subjobs] == ["new", "new"]
         assert all(s.info.submit_counter == 0 for s in master.subjobs)
         assert "prejob 1 failed" in (master.info.reason or "") and "no subjob was started" in (master.info.reason or "")
         with pytest.raises(JobError, match="resubmit the prejob"):
             await master.resubmit()
         # Resubmitting the pre-job starts its phase again; the subjobs run once it completes.
-        await master.prejob.resubmit()
+        await cast(Job, master.prejob).resubmit()
         await master.wait(timeout=30)
         assert master.status == "completed" and [s.status.value for s in master.subjobs] == ["completed"] * 2
 
@@ -188,7 +189,7 @@ async def test_min_success_decides_whether_the_aggregator_starts(tmp_path: Path,
                                           "the aggregator was not started")
             assert len(orch.jobs) == 1
         else:
-            aggregator = master.aggregator
+            aggregator = cast(Job, master.aggregator)
             assert master.status == "completed" and aggregator is not None and aggregator.status == "completed"
             assert (aggregator.outputdir / "stdout").read_text().splitlines() == ["0.0:1 1", "0.1:1 2", "0.3:1 4"]
 
@@ -203,7 +204,7 @@ async def test_a_failing_aggregator_fails_the_master_and_a_rerun_can_fix_it(tmp_
         assert master.status == "failed" and "aggregator 1 failed" in (master.info.reason or "")
         flag.touch()
         assert master.aggregator is not None
-        await master.aggregator.resubmit()
+        await cast(Job, master.aggregator).resubmit()
         await master.wait(timeout=30)
         assert master.status == "completed" and master.info.reason is None
 
@@ -230,7 +231,7 @@ async def test_killing_the_master_kills_its_prejob(tmp_path: Path) -> None:
         await master.submit()
         await master.kill()
         await master.wait(timeout=30)
-        assert master.prejob is not None and master.prejob.status == "killed"
+        assert master.prejob is not None and cast(Job, master.prejob).status == "killed"
         assert master.status == "failed" and "prejob 1 killed" in (master.info.reason or "")
 
 
@@ -277,7 +278,7 @@ async def test_resubmitted_subjobs_run_the_aggregator_again_with_their_new_final
         flag.touch()
         await master.subjobs[1].resubmit()  # from its initial state (state 2); its final save is state 3
         await master.wait(timeout=30)
-        aggregator = master.aggregator
+        aggregator = cast(Job, master.aggregator)
         assert master.status == "completed" and master.info.reason is None and aggregator is not None
         assert (aggregator.outputdir / "stdout").read_text().splitlines() == ["0.0:1 1", "0.1:3 2"]
         await master.subjobs[0].resubmit()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import subprocess
+import sys
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +19,6 @@ from click.testing import CliRunner, Result
 from orchestrator import ArgSplitter, Backend, GenericSplitter, JobError, Orchestrator, TextMerger
 from orchestrator.cli import cli
 from orchestrator.cli.jobfile import JobFileError, load_job
-from orchestrator.runtime.homelock import HomeLock
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -241,15 +242,29 @@ def test_refused_operation_exits_2(tmp_path: Path, home: Path) -> None:
     run(home, "remove", job_id)
 
 
-def test_locked_home_exits_2(home: Path) -> None:
-    home.mkdir()
-    lock = HomeLock(home / "lock")
-    lock.acquire()
+HOLD = """
+import anyio, sys
+from orchestrator import Orchestrator
+async def main() -> None:
+    async with Orchestrator(home=sys.argv[1]):
+        print("held", flush=True)
+        await anyio.to_thread.run_sync(sys.stdin.read)  # until the test closes our stdin
+anyio.run(main)
+"""
+
+
+def test_locked_home_exits_2(tmp_path: Path, home: Path) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(home)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
     try:
-        result = run(home, "jobs", code=2)
-        assert "is in use" in result.stderr
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        result = run(home, "submit", str(sim_file(tmp_path)), code=2)
+        assert "is in use" in result.stderr and f"pid {holder.pid}" in result.stderr
+        assert "Traceback" not in result.stderr
     finally:
-        lock.release()
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
 
 
 # ----------------------------------------------------------------- load_job

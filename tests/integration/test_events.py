@@ -27,7 +27,7 @@ from orchestrator.core.events import (
 pytestmark = pytest.mark.anyio
 
 
-def changes_of(events: list[Any], fq: tuple[int, ...]) -> list[tuple[str, str, str]]:
+def changes_of(events: list[Any], fq: tuple[int | None, ...]) -> list[tuple[str, str, str]]:
     """``(old, new, stimulus_id)`` of every change of ``fq``, in order."""
     return [(e.old.value, e.new.value, e.stimulus_id) for e in events
             if isinstance(e, StatusChanged) and fq in e.ids]

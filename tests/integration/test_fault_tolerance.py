@@ -10,6 +10,7 @@ import anyio
 import pytest
 
 from orchestrator import ArgSplitter, Backend, Executable, Job, JobError, Orchestrator, RetryPolicy
+from orchestrator.plugin.wrapper import pid_alive
 
 
 def sim_faults(home: Path, **faults: str) -> None:
@@ -318,3 +319,36 @@ async def test_a_silent_backend_leads_to_a_late_unhandled_retry(tmp_path: Path) 
         assert j.info.history[0]["level"] == "orchestrator" and j.info.history[0]["verdict"] == "late_unhandled"
         sim_faults(tmp_path)
         await j.kill()
+
+
+async def test_a_lost_run_that_still_lives_is_killed_and_its_late_lines_spoil_no_retry(tmp_path: Path,
+                                                                                      test_drivers: None) -> None:
+    """Issue 12, item 2, end to end on a real process: the ``limbo`` backend (``local`` whose answers on a
+    first attempt are nonsense) lets the runtime declare attempt 1 lost while its process lives. The
+    process is killed after the verdict; what it writes on its way down (a FAILED) lands in its own
+    ``orch.1.log``; the retry ends on its own outcome."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    script = (f'if [ "$ORCH_ATTEMPT" = 1 ]; then echo $$ > {marks}/pid1; '
+              f'trap \'for i in $(seq 160); do [ -e {marks}/second ] && break; sleep 0.05; done; '
+              f'$ORCH_LOG FAILED "late word of attempt 1"; touch {marks}/late; exit 1\' TERM; '
+              f'sleep 60 & wait; '
+              f'else touch {marks}/second; sleep 1; exit 0; fi')
+    config = {"core": {"poll_interval": 0.05, "lost_after_seconds": 0.5}, "backends": {"limbo": {"kill_grace": 10}}}
+    async with Orchestrator(home=tmp_path / "home", config=config) as orch:
+        j = await orch.jobs.add(sh(script, backend="limbo", retry=RetryPolicy(max_late_unhandled=1)))
+        await j.submit()
+        await j.wait(timeout=30)
+        assert j.status == "completed" and j.info.submit_counter == 2
+        [entry] = j.info.history
+        assert (entry["level"], entry["verdict"], entry["attempt"]) == ("orchestrator", "late_unhandled", 1)
+        outputdir = j.outputdir
+    pid = int((marks / "pid1").read_text())
+    assert (marks / "late").exists(), "attempt 1 was not stopped: it would have slept for a minute"
+    with anyio.fail_after(10):  # it ends right after its last word
+        while pid_alive(pid):
+            await anyio.sleep(0.05)
+    late = (outputdir / "orch.1.log").read_text()
+    assert "FAILED late word of attempt 1" in late
+    own = (outputdir / "orch.log").read_text()  # attempt 2's, renamed once read
+    assert "FAILED" not in own and " EXIT 0" in own

@@ -142,7 +142,7 @@ async def test_ssh_submission_under_way_is_fenced_then_sent_again_once(ssh_env: 
     await first.aclose()
     again = SshDriver(context(tmp_path / "home", "ssh"))
     assert await again.lookup([run]) == [None]  # on neither host, and fenced on both
-    host = again._host(settings, late["host"].label)
+    host: Host = late["host"]  # the connection the start command was on its way through (it reconnects)
     said = (await real(host, "submit", late["script"])).decode().splitlines()
     assert f"D {run.key}" in said and f"P {run.key}" not in said and "OK" in said  # neither prepared nor started
     [outcome] = await again.submit_bulk([run])  # the core sends it again under the same key
@@ -155,6 +155,7 @@ async def test_ssh_submission_under_way_is_fenced_then_sent_again_once(ssh_env: 
     assert runs_of(side, 0) == 1
     assert await again.lookup([run]) == [outcome.backend_id]
     await again.aclose()
+    await host.aclose()
 
 
 # ===================================================================== slurm

@@ -38,8 +38,8 @@ async def test_a_pattern_that_matched_nothing_fails_the_run_naming_it(api_home: 
         assert ok.status == "completed" and ok.info.reason is None
         assert (ok.outputdir / "a.root").read_text() == "a\n" and (ok.outputdir / "b.txt").exists()
         assert one.status == none.status == j.status == "failed"
-        assert one.info.reason.startswith("output file pattern '*.root' matched nothing"), one.info.reason
-        assert none.info.reason.startswith("output file patterns '*.root', 'b.txt' matched nothing")
+        assert (one.info.reason or "").startswith("output file pattern '*.root' matched nothing"), one.info.reason
+        assert (none.info.reason or "").startswith("output file patterns '*.root', 'b.txt' matched nothing")
         [entry] = one.info.history
         assert (entry["level"], entry["verdict"], entry["action"]) == ("application", "early", "failed")
         assert "NOMATCH *.root" in (one.outputdir / "orch.log").read_text()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gzip
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from email import message_from_bytes
 from email.message import Message
 from pathlib import Path
@@ -21,6 +21,7 @@ from orchestrator import (
     Executable,
     FileChecker,
     Job,
+    JobStatus,
     Notifier,
     Orchestrator,
     TextMerger,
@@ -95,7 +96,9 @@ async def test_checker_fails_a_subjob_and_one_mail_tells_the_counts(tmp_path: Pa
     rcpt, mail = inbox.mails[0]
     assert rcpt == ["prod@example.org"] and mail["From"] == "orch@test.invalid"
     assert mail["Subject"] == f"orchestrator: job {j.fqid} (calib) failed: 5 completed, 1 failed"
-    body = mail.get_payload(decode=True).decode()
+    payload = mail.get_payload(decode=True)
+    assert isinstance(payload, bytes)
+    body = payload.decode()
     assert "completed  5" in body and "failed     1" in body
     assert f"{j.fqid}.3: FileChecker: stdout matches '^ERROR'" in body
 
@@ -131,7 +134,7 @@ async def test_text_merger_compresses(tmp_path: Path) -> None:
     assert merged == "line 0\nline 1\nline 2\nline 3\nERROR: bad calibration\n"
 
 
-def count_lines(outputdir: Path, subjobs: list[tuple[int, Any, Path]]) -> str | None:
+def count_lines(outputdir: Path, subjobs: Sequence[tuple[int, JobStatus, Path]]) -> str | None:
     """A user's merger: the number of stdout lines of each subjob, one per line."""
     (outputdir / "lines.txt").write_text("".join(f"{i} {len((d / 'stdout').read_text().splitlines())}\n"
                                                  for i, _, d in subjobs))

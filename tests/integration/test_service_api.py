@@ -47,7 +47,7 @@ def sim_job(n: int, name: str = "scan", **settings: Any) -> Job:
                backend=Backend("sim", **settings), retry=NO_RETRY)
 
 
-# ------------------------------------------------------------------ DESIGN's example
+# ------------------------------------------------------------------ docs/design.md's example
 async def test_the_design_example_through_the_service(served: Service) -> None:
     home = served.home
     async with Orchestrator(home=home) as orch:
@@ -151,7 +151,7 @@ async def test_wait_timeout_kill_copy_and_remove(served: Service) -> None:
         assert j.status == "completed" and j.subjobs[3].backend.run_seconds == 0.05
 
         c = await j.subjobs[1].copy()
-        assert c.parent is None and c.status == "new" and c.id == j.id + 1 and orch.jobs(c.id) is c
+        assert c.parent is None and c.status == "new" and c.id == j.id + 1 and orch.jobs(c.id) is c  # type: ignore[operator]
         assert c.subjobs == [] and c.application is not None and c.application.args == ["1"]
         with pytest.raises(JobError, match="cannot be removed on its own"):
             await j.subjobs[0].remove()
@@ -198,7 +198,7 @@ async def test_an_embedded_orchestrator_is_refused_while_the_service_runs(served
         assert not embedded.remote
 
 
-async def scenario(orch: Any) -> dict[str, Any]:
+async def scenario(orch: Any) -> dict[int, Any]:
     """The same code for both ways of opening a home: add and run a local and a sim job, report all jobs."""
     local = await orch.jobs.add(Job(name="echo", application=Executable("/bin/echo", args=["x"]),
                                     splitter=ArgSplitter([["a"], ["b"]]), backend="local"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -51,10 +52,10 @@ def ledger_fqids(ledger: Path) -> list[str]:
 
 
 @pytest.fixture
-def supervised(tmp_path: Path) -> Supervised:
+def supervised(tmp_path: Path) -> Iterator[Supervised]:
     sup = Supervised(tmp_path / "home")
     sup.start()
-    yield sup  # type: ignore[misc]
+    yield sup
     sup.stop()
 
 

@@ -21,10 +21,10 @@ def sim_job(n: int = 5, **settings: object) -> Job:
                backend=Backend("sim", **settings))
 
 
-async def stored_subjobs(home: Path, master: int) -> int:
-    """How many subjobs of ``master`` the repository holds (read with the runtime's loader)."""
+async def stored_subjobs(home: Path, master: int | None) -> int:
+    """How many subjobs of ``master`` the repository holds (read as a reader reads a home)."""
     _, subjobs = await read_jobs_and_subjobs(home)
-    return len(subjobs.get(master, {}))
+    return len(subjobs[master]) if master in subjobs else 0
 
 
 def statuses(job: Job) -> list[str]:
@@ -50,7 +50,7 @@ async def test_subjobs_made_at_submit_in_splitter_order(api_home: Path) -> None:
         await j.submit()
         assert [s.id for s in j.subjobs] == [0, 1, 2, 3]
         assert all(s.parent is j for s in j.subjobs)
-        assert [s.application.args for s in j.subjobs] == [["0"], ["1"], ["2"], ["3"]]
+        assert [s.application.args for s in j.subjobs] == [["0"], ["1"], ["2"], ["3"]]  # type: ignore[union-attr]
         assert all(s.name == "scan" and s.backend.name == "sim" for s in j.subjobs)
         assert (await stored_subjobs(api_home, j.id)) == 4
         await j.wait(timeout=10)
@@ -266,7 +266,7 @@ async def test_a_copy_shares_no_object_with_its_original(api_home: Path) -> None
         assert c.application is not j.application
         c.splitter.args.append(["3"])  # type: ignore[union-attr]
         c.merger.files.append("stderr")  # type: ignore[union-attr]
-        c.application.args.append("b")
+        c.application.args.append("b")  # type: ignore[union-attr]
         assert j.splitter.args == [["0"], ["1"], ["2"]]  # type: ignore[union-attr]
         assert j.merger.files == ["stdout"] and j.application.args == ["a"]  # type: ignore[union-attr]
         await j.submit()

@@ -6,6 +6,7 @@ Also home of :func:`use_case_iv`, the seed's reconstruction use case, which
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from orchestrator import RetryPolicy
 from orchestrator.features.workflows import (
     Binary,
+    Dag,
     FileSpec,
     Line,
     Package,
@@ -32,10 +34,14 @@ PRODUCE = 'sleep "$PAUSE"; for o in $ORCH_OUTPUTS; do cat $ORCH_INPUTS > "$o"; e
 STORE = 'sleep "$PAUSE"; mkdir -p "$STORE"; for f in $ORCH_INPUTS; do cp "$f" "$STORE/"; done'
 
 
-def sh(script: str, inputs: list[FileSpec | str] | None = None, outputs: list[FileSpec | str] | None = None,
+def sh(script: str, inputs: Sequence[FileSpec | str] | None = None, outputs: Sequence[FileSpec | str] | None = None,
        name: str = "", **env: str) -> Binary:
-    return Binary("/bin/sh", ["-c", script], inputs=list(inputs or []), outputs=list(outputs or []), name=name,
-                  env=env)
+    return Binary("/bin/sh", ["-c", script], inputs=files(inputs), outputs=files(outputs), name=name, env=env)
+
+
+def files(names: Sequence[FileSpec | str] | None) -> list[FileSpec]:
+    """A bare name is a file (as Binary reads it)."""
+    return [FileSpec(f) if isinstance(f, str) else f for f in names or []]
 
 
 def use_case_iv(n: int, tape: Path, store: Path, pause: float = 0.2, reco: str = PRODUCE,
@@ -74,13 +80,13 @@ def expected_edges(n: int) -> set[tuple[str, str]]:
     return {(f"1.{i}.1", f"2.{3 * (i - 1) + j}.1") for i in range(1, n + 1) for j in (1, 2, 3)}
 
 
-def chain(*links: tuple[list[str], list[str]], early: tuple[int, ...] = ()) -> Workflow:
+def chain(*links: tuple[Sequence[FileSpec | str], Sequence[FileSpec | str]], early: tuple[int, ...] = ()) -> Workflow:
     """One stage, one line per (inputs, outputs) pair."""
     lines = [Line([Package([sh("true", list(i), list(o))])], early_start=k in early) for k, (i, o) in enumerate(links)]
     return Workflow(id="w", stages=[Stage(lines)])
 
 
-def built(wf: Workflow, exists: bool = True) -> object:
+def built(wf: Workflow, exists: bool = True) -> Dag:
     return build(wf.normalized(), exists=lambda f: exists)
 
 
@@ -112,18 +118,18 @@ def test_bad_values_name_the_field(change: object, field: str) -> None:
 # -------------------------------------------------------------------- DAG
 def test_implied_edges_of_use_case_iv(tmp_path: Path) -> None:
     dag = built(use_case_iv(5, tmp_path / "tape", tmp_path / "store"))
-    assert dag.edges() == expected_edges(5)  # type: ignore[attr-defined]
-    assert dag.disposition["reco_3_a.root"] == "deletable"  # type: ignore[attr-defined]
-    assert dag.disposition["filtered_3.root"] == "retain"  # type: ignore[attr-defined]
-    assert dag.disposition["ana_3.root"] == "retain"  # type: ignore[attr-defined]  # nobody consumes it
-    assert set(dag.external) == {f"raw_{i}.dat" for i in range(1, 6)}  # type: ignore[attr-defined]
+    assert dag.edges() == expected_edges(5)
+    assert dag.disposition["reco_3_a.root"] == "deletable"
+    assert dag.disposition["filtered_3.root"] == "retain"
+    assert dag.disposition["ana_3.root"] == "retain"  # nobody consumes it
+    assert set(dag.external) == {f"raw_{i}.dat" for i in range(1, 6)}
 
 
 def test_files_made_inside_a_package_are_no_dependency() -> None:
     wf = Workflow(id="w", stages=[Stage([Line([Package([sh("true", ["x"], ["mid"]), sh("true", ["mid"], ["out"])])]),
                                          Line([Package([sh("true", ["out"], [])])])])])
     dag = built(wf)
-    assert dag.nodes["1.1.1"].inputs == ("x",) and dag.edges() == {("1.1.1", "1.2.1")}  # type: ignore[attr-defined]
+    assert dag.nodes["1.1.1"].inputs == ("x",) and dag.edges() == {("1.1.1", "1.2.1")}
 
 
 def test_cycle_is_refused_naming_a_file() -> None:
@@ -158,37 +164,37 @@ def test_a_file_produced_twice_is_refused() -> None:
 def test_disagreeing_dispositions_keep_the_most_careful() -> None:
     wf = chain(([], ["f"]), ([FileSpec("f", disposition="deletable")], []), ([FileSpec("f", disposition="temporary")],
                                                                           []))
-    assert built(wf).disposition["f"] == "temporary"  # type: ignore[attr-defined]
+    assert built(wf).disposition["f"] == "temporary"
 
 
 # ------------------------------------------------------------- assessment
 def test_ready_set_follows_completed_producers(tmp_path: Path) -> None:
     dag = built(use_case_iv(2, tmp_path / "tape", tmp_path / "store"))
-    a = assess(dag, {})  # type: ignore[arg-type]
+    a = assess(dag, {})
     assert a.ready == ["1.1.1", "1.2.1"] and a.status == "running"
     assert a.waiting_for["2.1.1"] == ["reco_1_a.root", "reco_1_b.root"]
-    a = assess(dag, {"1.1.1": Facts("completed"), "1.2.1": Facts("running")})  # type: ignore[arg-type]
+    a = assess(dag, {"1.1.1": Facts("completed"), "1.2.1": Facts("running")})
     assert a.ready == ["2.1.1", "2.2.1", "2.3.1"] and a.active == 1 and a.states["2.4.1"] == "waiting"
 
 
 def test_early_start_line_starts_once_producers_run() -> None:
     dag = built(chain(([], ["f"]), (["f"], []), early=(1,)))
-    assert assess(dag, {"1.1.1": Facts("submitted")}).ready == []  # type: ignore[arg-type]
-    assert assess(dag, {"1.1.1": Facts("running")}).ready == ["1.2.1"]  # type: ignore[arg-type]
+    assert assess(dag, {"1.1.1": Facts("submitted")}).ready == []
+    assert assess(dag, {"1.1.1": Facts("running")}).ready == ["1.2.1"]
 
 
 def test_statuses_held_failed_blocked_completed() -> None:
     dag = built(chain(([], ["f"]), (["f"], [])))
-    assert assess(dag, {}, hold=True).status == "held"  # type: ignore[arg-type]
-    assert assess(dag, {"1.1.1": Facts(hold=True)}).states == {"1.1.1": "held", "1.2.1": "waiting"}  # type: ignore
-    assert assess(dag, {"1.1.1": Facts("failed")}).status == "failed"  # type: ignore[arg-type]
-    assert assess(dag, {"1.1.1": Facts(error="no disk")}).states["1.1.1"] == "failed"  # type: ignore[arg-type]
-    killed = assess(dag, {"1.1.1": Facts(killed=True)})  # type: ignore[arg-type]
+    assert assess(dag, {}, hold=True).status == "held"
+    assert assess(dag, {"1.1.1": Facts(hold=True)}).states == {"1.1.1": "held", "1.2.1": "waiting"}
+    assert assess(dag, {"1.1.1": Facts("failed")}).status == "failed"
+    assert assess(dag, {"1.1.1": Facts(error="no disk")}).states["1.1.1"] == "failed"
+    killed = assess(dag, {"1.1.1": Facts(killed=True)})
     assert killed.status == "blocked" and killed.states["1.2.1"] == "waiting"
-    dropped = assess(dag, {"1.1.1": Facts(killed=True)}, dropped=["f"])  # type: ignore[arg-type]
+    dropped = assess(dag, {"1.1.1": Facts(killed=True)}, dropped=["f"])
     assert dropped.ready == ["1.2.1"]
     done = {"1.1.1": Facts(killed=True), "1.2.1": Facts("completed")}
-    assert assess(dag, done, dropped=["f"]).status == "completed"  # type: ignore[arg-type]
+    assert assess(dag, done, dropped=["f"]).status == "completed"
 
 
 def test_due_files_wait_for_every_consumer() -> None:
@@ -196,26 +202,26 @@ def test_due_files_wait_for_every_consumer() -> None:
                                                                           []))
     dag = built(wf)
     states = {"1.1.1": "completed", "1.2.1": "completed", "1.3.1": "running"}
-    assert due_files(dag, states) == []  # type: ignore[arg-type]
-    assert due_files(dag, {**states, "1.3.1": "killed"}) == [("f", "deletable")]  # type: ignore[arg-type]
+    assert due_files(dag, states) == []
+    assert due_files(dag, {**states, "1.3.1": "killed"}) == [("f", "deletable")]
 
 
 def test_bottom_levels_measure_the_critical_path() -> None:
     wf = chain(([], ["a"]), (["a"], ["b"]), (["b"], []), ([], []), ([], []))
     wf.stages[0].lines[4].packages[0].priority = 3
     dag = built(wf)
-    levels = bottom_levels(dag)  # type: ignore[arg-type]
+    levels = bottom_levels(dag)
     assert levels["1.1.1"] == 3.0 and levels["1.2.1"] == 2.0 and levels["1.4.1"] == 1.0
 
 
 # ----------------------------------------------------------------- DAGMan
 def test_dagman_parsed_back_has_exactly_the_implied_edges(tmp_path: Path) -> None:
     dag = built(use_case_iv(5, tmp_path / "tape", tmp_path / "store"))
-    text = to_dagman(dag, workflow="reco001", retries={k: 2 for k in dag.nodes}, slots=3)  # type: ignore[arg-type]
+    text = to_dagman(dag, workflow="reco001", retries={k: 2 for k in dag.nodes}, slots=3)
     parsed = parse_dagman(text)
-    assert set(parsed.jobs) == {node_name(k) for k in dag.nodes}  # type: ignore[attr-defined]
+    assert set(parsed.jobs) == {node_name(k) for k in dag.nodes}
     assert parsed.edges == {(node_name(p), node_name(c)) for p, c in expected_edges(5)}
-    assert parsed.retries == {node_name(k): 2 for k in dag.nodes} and parsed.maxjobs == {"reco001": 3}  # type: ignore
+    assert parsed.retries == {node_name(k): 2 for k in dag.nodes} and parsed.maxjobs == {"reco001": 3}
     assert "PARENT S1_L1_P1 CHILD S2_L1_P1 S2_L2_P1 S2_L3_P1" in text
     with pytest.raises(ValueError, match="no JOB line"):
         parse_dagman("JOB a a.sub\nPARENT a CHILD b\n")

@@ -26,7 +26,7 @@ import pytest
 ORCH = Path(sys.executable).parent / "orchestrator"
 #: Seconds a service may take to answer its first health check.
 START_TIMEOUT = 30.0
-#: DESIGN: a SIGTERMed service persists and exits 0 within this many seconds.
+#: README ("SIGTERM"): a SIGTERMed service persists and exits 0 within this many seconds.
 STOP_LIMIT = 10.0
 
 

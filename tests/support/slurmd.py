@@ -10,7 +10,7 @@ munge configuration: :func:`start_cluster` writes a private munge key and
 and ``slurmd`` with ``SLURM_CONF`` pointing at it, waits for the node to be
 idle, and :meth:`SlurmCluster.stop` ends each daemon by its PID.
 
-The conf follows ``shared/NOTES.md`` ("A real Slurm on loopback"), plus
+The conf is a minimal one-node cluster (``localhost``, cons_tres, job completions to a file), plus
 free loopback ports of its own for slurmctld and slurmd (another cluster on
 this machine, another test session's or the system's, is never met),
 ``KillWait=1`` so that a job over its time limit is gone a second after its

@@ -1,24 +1,14 @@
-"""What a stopped orchestrator left on disk, read with the runtime's own loader (nothing runs, nothing changes)."""
+"""What an orchestrator left on disk, read through the public API as a reader does
+(``Orchestrator(home, readonly=True)``: no lock, nothing runs, nothing changes, whoever holds the home)."""
 
 from __future__ import annotations
 
-from array import array
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from orchestrator.core.statuses import JobStatus
-from orchestrator.runtime.repository import Loaded, Repository
-
-
-async def load(home: Path) -> Loaded:
-    repo = Repository(home / "repository.sqlite")
-    await repo.open()
-    try:
-        return await repo.load()
-    finally:
-        await repo.close()
+from orchestrator import Orchestrator
 
 
 def jobs_and_subjobs(home: Path) -> tuple[dict[int, str], dict[int, dict[int, tuple[str, dict[str, Any]]]]]:
@@ -28,14 +18,12 @@ def jobs_and_subjobs(home: Path) -> tuple[dict[int, str], dict[int, dict[int, tu
 
 async def read_jobs_and_subjobs(home: Path) -> tuple[dict[int, str], dict[int, dict[int, tuple[str, dict[str, Any]]]]]:
     """The same, from inside an event loop."""
-    loaded = await load(home)
-    jobs = {row.id: row.status for row in loaded.tops}
+    jobs: dict[int, str] = {}
     subjobs: dict[int, dict[int, tuple[str, dict[str, Any]]]] = {}
-    for row in loaded.tops:
-        if row.n_subjobs:
-            codes = loaded.runs[row.id].status
-            attempts = array("I", loaded.runs[row.id].attempt)
-            extras = loaded.infos.get(row.id, {})
-            subjobs[row.id] = {i: (JobStatus.from_code(c).value, {**extras.get(i, {}), "submit_counter": attempts[i]})
-                               for i, c in enumerate(codes)}
+    async with Orchestrator(home=home, readonly=True, service=False) as orch:
+        for job in orch.jobs:
+            assert job.id is not None
+            jobs[job.id] = job.status.value
+            if len(job.subjobs):
+                subjobs[job.id] = {i: (s.status.value, s.info.to_dict()) for i, s in enumerate(job.subjobs)}
     return jobs, subjobs

@@ -91,8 +91,8 @@ class WorkflowStore:
         after the event loop has closed (it then fails to hand back its last result, with a traceback)."""
         if self._db is not None:
             db, self._db = self._db, None
-            with anyio.CancelScope(shield=True):
-                await db.close()
+            with anyio.CancelScope(shield=True):  # closed while the service is cancelled at its stop: a close cut
+                await db.close()  # short leaves its thread to answer a loop that is gone ("Event loop is closed")
 
     @property
     def db(self) -> aiosqlite.Connection:

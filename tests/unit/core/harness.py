@@ -18,6 +18,7 @@ from orchestrator.core.events import (
     KillOutcomes,
     Prepared,
     Profile,
+    Request,
     RunReport,
     StatusReport,
     SubmitOutcomes,
@@ -70,7 +71,7 @@ class Harness:
                                profile=prof or profile(**kw)))
         return job
 
-    def request(self, kind: type[Event], *targets: FQID | int, **kw: Any) -> Step:
+    def request(self, kind: type[Request], *targets: FQID | int, **kw: Any) -> Step:
         fqs = tuple(t if isinstance(t, tuple) else (t,) for t in targets)
         return self.post(kind(stimulus_id=self.sid(kind.__name__[:4].lower()), time=self.clock, targets=fqs, **kw))
 

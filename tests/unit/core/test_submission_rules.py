@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.core.events import KillRequested, ResubmitRequested, SubmitRequested
+from orchestrator.core.events import KillOutcomes, KillRequested, ResubmitRequested, SubmitRequested
 from orchestrator.core.ids import Runs
 from orchestrator.core.instructions import Persist, Prepare, Reply, SendKill, SendSubmit, Unprepare
 from orchestrator.core.statuses import JobStatus
@@ -168,3 +168,68 @@ def test_resubmitting_one_subjob_moves_the_master_back_to_submitted() -> None:
     step = h.request(ResubmitRequested, (job, 0))
     assert h.status(job) == S.SUBMITTED
     assert any(c.job == job and c.indexes is None and c.new == S.SUBMITTED for c in step.changes)
+
+
+# ------------------------------------------------------------------ kill, with some kills failing
+def running(h: Harness, native: bool, n: int = 4) -> int:
+    job = h.add(profile(native_kill=native))
+    h.submit_all(job, n)
+    h.report(job, list(range(n)), S.RUNNING)
+    return job
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("keep_going", [True, False])
+def test_kill_with_some_kills_failing(native: bool, keep_going: bool) -> None:
+    """keep_going=True: every run is attempted and the kill succeeds; keep_going=False: it raises, naming the
+    first run that could not be killed. Emulated, keep_going=False stops at that run: the rest are not
+    attempted; native, one call attempted them all. What was killed is killed, the rest go on."""
+    h = Harness()
+    job = running(h, native)
+    send = only(h.request(KillRequested, job, keep_going=keep_going), SendKill)
+    assert send.native is native and send.stop_on_failure is (not keep_going) and send.runs == Runs(job, range(4))
+    if native or keep_going:  # every run attempted: 1 and 3 could not be killed
+        step = h.killed(send, killed=[0, 2], failed=[(1, "0.1: permission denied"), (3, "0.3: no answer")])
+        expected = ["killed", "running", "killed", "running"]
+    else:  # emulated, stopping at the first failure
+        step = h.post(KillOutcomes(stimulus_id=send.stimulus_id, time=h.tick(), runs=send.runs, killed=[0],
+                                   failed=[(1, "0.1: permission denied")], not_attempted=[2, 3]))
+        expected = ["killed", "running", "running", "running"]
+    assert statuses(h, job) == expected and h.status(job) == S.RUNNING  # rule 2: the others still run
+    error = reply(step).error
+    if keep_going:
+        assert error is None
+    else:
+        assert error is not None and str(error) == f"kill stopped: job {job}.1: 0.1: permission denied"
+        assert error.fqid == f"{job}.1"
+    again = only(h.request(KillRequested, job, keep_going=True), SendKill)  # the survivors can be killed again
+    assert list(again.runs.indexes or ()) == [i for i, s in enumerate(expected) if s == "running"]
+    step = h.killed(again)
+    assert reply(step).error is None and statuses(h, job) == ["killed"] * 4 and h.status(job) == S.KILLED
+
+
+@pytest.mark.parametrize("keep_going", [True, False])
+def test_a_slice_kill_where_one_jobs_kill_fails(keep_going: bool) -> None:
+    """Two jobs killed together (emulated): the first one's kill fails. keep_going=False stops there (the second
+    is not asked) and raises; keep_going=True goes on with the second and succeeds."""
+    h = Harness()
+    jobs = []
+    for _ in range(2):
+        job = h.add(profile(splits=False, native_kill=False))
+        step = h.prepared(h.request(SubmitRequested, job), job, 0)
+        h.outcomes(only(step, SendSubmit))
+        jobs.append(job)
+    a, b = jobs
+    step = h.request(KillRequested, a, b, keep_going=keep_going)
+    sends = step.of(SendKill)
+    assert [s.runs for s in sends] == ([Runs(a), Runs(b)] if keep_going else [Runs(a)])
+    step = h.killed(sends[0], killed=[], failed=[(0, "no such process")])
+    if keep_going:
+        assert not step.of(Reply)  # the second kill is still out
+        step = h.killed(sends[1])
+        assert reply(step).error is None
+        assert (h.status(a), h.status(b)) == (S.SUBMITTED, S.KILLED)
+    else:
+        error = reply(step).error
+        assert error is not None and str(error) == f"kill stopped: job {a}: no such process"
+        assert not step.of(SendKill) and (h.status(a), h.status(b)) == (S.SUBMITTED, S.SUBMITTED)

@@ -11,7 +11,7 @@ import pytest
 from orchestrator.core.base import Core
 from orchestrator.core.events import Profile
 from orchestrator.core.jobs import JobState
-from orchestrator.core.statuses import ALL_STATUSES, TRANSITIONS, JobStatus, master_status
+from orchestrator.core.statuses import ALL_STATUSES, TRANSITIONS, JobStatus
 
 S = JobStatus
 DESIGN_TABLE = {
@@ -92,19 +92,3 @@ def test_counters_follow_every_move_without_a_rescan() -> None:
         recount[code] += 1
     assert js.runs.counts == recount
     assert js.counts() == {S.SUBMITTING: 500, S.SUBMITTED: 250, S.RUNNING: 250}
-
-
-@pytest.mark.parametrize(("subjobs", "first", "running_first"), [
-    (["submitted", "running"], "submitted", "running"),
-    (["submitting", "completed"], "submitted", "submitted"),
-    (["running", "completed"], "running", "running"),
-    (["held", "completed"], "held", "held"),
-    (["failed", "completed"], "failed", "failed"),
-    (["new", "completed"], "failed", "failed"),
-    (["completed", "killed"], "completed", "completed"),
-    (["killed", "killed"], "killed", "killed"),
-])
-def test_master_rules(subjobs: list[str], first: str, running_first: str) -> None:
-    counts = {S(s): subjobs.count(s) for s in subjobs}
-    assert master_status(counts, "submitted-first") == first
-    assert master_status(counts, "running-first") == running_first

@@ -1,0 +1,60 @@
+"""The SDK's default forms (docs/plugins.md): a driver written with only the bulk forms works run by run, the
+single-run forms derived from them; one with neither form is refused when loaded, clearly, and a call of a
+default form on it says what is missing instead of recursing.
+
+Both drivers are test backends (``bulkonly``, ``hollow``), registered by entry points like any plugin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from orchestrator import ArgSplitter, Backend, Executable, Job, JobError, Orchestrator
+from orchestrator.plugin import DriverContext, JobStatus, RunHandle, RunSpec
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_driver_of_bulk_forms_only_is_called_run_by_run(tmp_path: Path, test_drivers: None) -> None:
+    job = Job(application=Executable("/bin/true"), splitter=ArgSplitter([["a"], ["b"], ["hang"]]),
+              backend=Backend("bulkonly"))
+    async with Orchestrator(home=tmp_path, config={"core": {"poll_interval": 0.05}}) as orch:
+        j = await orch.jobs.add(job)
+        await j.submit(keep_going=True)
+        await orch.refresh()
+        assert [s.status.value for s in j.subjobs] == ["completed", "completed", "running"]
+        await j.kill()
+        await j.wait(timeout=10)
+        assert [s.status.value for s in j.subjobs] == ["completed", "completed", "killed"]
+        sizes = (await orch.metrics())["backends"]["bulkonly"]["driver"]["sizes"]
+    # The runtime called submit(), kill() and status() (no bulk capability declared); the SDK's forms of
+    # them called the bulk ones, one run each.
+    assert sizes["submit_bulk"] == [1, 1, 1] and sizes["kill_bulk"] == [1]
+    assert sizes["status_bulk"] and set(sizes["status_bulk"]) == {1}
+
+
+async def test_a_driver_of_neither_form_is_refused_at_load(tmp_path: Path, test_drivers: None) -> None:
+    async with Orchestrator(home=tmp_path) as orch:
+        with pytest.raises(JobError, match=r"backend 'hollow': driver HollowDriver must implement submit\(\) "
+                                           r"or submit_bulk\(\)"):
+            await orch.jobs.add(Job(application=Executable("/bin/true"), backend=Backend("hollow")))
+        assert len(orch.jobs) == 0
+
+
+async def test_a_default_form_with_nothing_under_it_says_so(tmp_path: Path, test_drivers: None) -> None:
+    from orch_testdrivers import HollowDriver  # on the path while the test backends are installed
+
+    driver = HollowDriver(DriverContext(home=tmp_path))
+    run = RunSpec(fqid="1", index=0, attempt=1, key="k", executable="/bin/true", args=(), env={}, settings={},
+                  inputs=(), outputfiles=(), jobdir=tmp_path, inputdir=tmp_path, outputdir=tmp_path,
+                  workdir=tmp_path)
+    handle = RunHandle("1", 0, "b", {}, tmp_path, JobStatus.RUNNING)
+    calls: list[tuple[Callable[[], Awaitable[object]], str]] = [
+        (lambda: driver.submit(run), "submit"), (lambda: driver.submit_bulk([run]), "submit"),
+        (lambda: driver.kill(handle), "kill"), (lambda: driver.kill_bulk([handle]), "kill")]
+    for call, form in calls:
+        with pytest.raises(NotImplementedError, match=f"must implement {form}\\(\\) or {form}_bulk\\(\\)"):
+            await call()
