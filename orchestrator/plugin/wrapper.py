@@ -10,10 +10,11 @@ wrappers' ``ORCH_NOTIFY`` lines) shares :class:`EventLines`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -60,12 +61,11 @@ def script_text(name: str) -> str:
     return (resources.files("orchestrator") / "scripts" / name).read_text()
 
 
-def render_runfile(run: RunSpec, *, bindir: str, notify: str | None = None, boot: int | None = None,
-                   paths: dict[str, str] | None = None) -> str:
-    """The run file's text. ``paths`` overrides directories (a remote worker's)."""
+def run_values(run: RunSpec, *, bindir: str, notify: str | None = None, boot: int | None = None,
+               paths: dict[str, str] | None = None) -> dict[str, str]:
+    """The ``ORCH_*`` values the wrapper reads for ``run``. ``paths`` overrides directories (a remote worker's)."""
     p = paths or {}
-    q = shlex.quote
-    values = {
+    return {
         "ORCH_FQID": run.fqid,
         "ORCH_KEY": run.key,
         "ORCH_OUTDIR": p.get("outputdir", str(run.outputdir)),
@@ -78,6 +78,13 @@ def render_runfile(run: RunSpec, *, bindir: str, notify: str | None = None, boot
         "ORCH_NOTIFY": notify or "",
         "ORCH_BOOT": str(boot) if boot else "",
     }
+
+
+def render_runfile(run: RunSpec, *, bindir: str, notify: str | None = None, boot: int | None = None,
+                   paths: dict[str, str] | None = None) -> str:
+    """The run file's text. ``paths`` overrides directories (a remote worker's)."""
+    q = shlex.quote
+    values = run_values(run, bindir=bindir, notify=notify, boot=boot, paths=paths)
     lines = [f"{k}={q(v)}" for k, v in values.items()]
     for i, arg in enumerate(run.retry_args, 1):
         lines.append(f"ORCH_RETRY_ARG_{i}={q(arg)}; export ORCH_RETRY_ARG_{i}")
@@ -85,6 +92,57 @@ def render_runfile(run: RunSpec, *, bindir: str, notify: str | None = None, boot
         lines.append(f"{k}={q(v)}; export {k}")
     lines.append("set -- " + " ".join(q(a) for a in (run.executable, *run.args)))
     return "\n".join(lines) + "\n"
+
+
+def base_environ() -> dict[str, str]:
+    """This process's environment without ``ORCH_*`` variables: the base of a run's own (an outer job's values,
+    when the orchestrator itself runs inside one, never leak into a run)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
+
+
+def wrapper_env(run: RunSpec, base: Mapping[str, str], *, bindir: str, notify: str | None = None,
+                boot: int | None = None) -> dict[str, str]:
+    """The environment of ``sh wrapper.sh --env KEY COMMAND...``: what a run file would set, without the file.
+
+    ``base`` (see :func:`base_environ`), then the run's ``ORCH_*`` values and retry arguments, then the
+    user's environment, in the order a run file exports them.
+    """
+    env = dict(base)
+    env.update(run_values(run, bindir=bindir, notify=notify, boot=boot))
+    for i, arg in enumerate(run.retry_args, 1):
+        env[f"ORCH_RETRY_ARG_{i}"] = arg
+    env.update(run.env)
+    return env
+
+
+def wrapper_argv(shell: str, wrapper: Path | str, run: RunSpec) -> list[str]:
+    """``shell wrapper --env KEY COMMAND...``: the run's key is in its command line, for ``ps`` and for a
+    driver that looks for its wrapper after a crash (:func:`~orchestrator.plugin.processes.find_process`)."""
+    return [shell, str(wrapper), "--env", run.key, run.executable, *run.args]
+
+
+def make_run_dirs(run: RunSpec) -> None:
+    """Make what a run needs on this machine to start, and nothing more: its job dir, its output dir (emptied
+    of an earlier attempt's files) and its work dir (three ``mkdir`` calls for a first attempt), and links to
+    its input files. The wrapper makes the files (``orch.<attempt>.log``, ``stdout``, ``stderr``,
+    ``orch.usage``) itself, in the run's own process."""
+    try:
+        os.mkdir(run.jobdir)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        run.jobdir.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(run.outputdir)
+    except FileExistsError:  # an earlier attempt's
+        clear_outputs(run.outputdir)
+    with contextlib.suppress(FileExistsError):  # an earlier attempt's, or the one its checkpoint state went into
+        os.mkdir(run.workdir)
+    for src in run.inputs:
+        link = run.workdir / src.name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(src)
 
 
 def prepare_local(run: RunSpec, *, bindir: Path, notify: Path | None = None) -> Path:

@@ -2,13 +2,17 @@
 # orchestrator job wrapper: runs one job on a worker, with nothing but POSIX sh.
 #
 # Usage: sh wrapper.sh RUNFILE
+#    or: sh wrapper.sh --env KEY COMMAND [ARGS...]
 # RUNFILE is a shell fragment written by the orchestrator (every value quoted)
 # that sets ORCH_* variables, exports the user's environment and sets "$@" to
-# the user's command. The wrapper writes the job log of this attempt,
-# $ORCH_OUTDIR/orch.$ORCH_ATTEMPT.log (renamed orch.log by the orchestrator
-# once it has read it, after the run ended; a late line of an earlier attempt
-# whose process outlived it lands in that attempt's own file, never in this
-# one's):
+# the user's command. With --env (the local backend: no file per run) the same
+# ORCH_* values and the user's environment come in the environment, and the
+# command in the arguments; KEY is the run's key, there for ps and for the
+# driver that looks for its wrapper after a crash. The wrapper writes the job
+# log of this attempt, $ORCH_OUTDIR/orch.$ORCH_ATTEMPT.log (renamed orch.log by
+# the orchestrator once it has read it, after the run ended; a late line of an
+# earlier attempt whose process outlived it lands in that attempt's own file,
+# never in this one's):
 #   <time> START <pid>         the wrapper began
 #   <time> <KEYWORD> <data>    written by the application through $ORCH_LOG
 #   <time> EXIT <code>         the application's exit code
@@ -20,8 +24,18 @@
 # SIGTERM: "<attempt> <state it started from> <newest state> <start> <end> <code>"
 # then the output of the shell's built-in `times` (two lines: the wrapper's and
 # its children's user and system time).
+# The hot path starts one process, the application: the clock, the records and
+# the checks are built-ins (no `date`, no subshell).
 
-. "$1" || exit 97
+if [ "${1:-}" = --env ]; then
+    shift 2
+    # The wrapper's own values came in the environment: the application sees them no more (as with a run file).
+    _k=$ORCH_KEY _o=$ORCH_OUTDIR _b=$ORCH_BIN _f=${ORCH_OUTPUTFILES:-} _n=${ORCH_NOTIFY:-}
+    unset ORCH_KEY ORCH_OUTDIR ORCH_BIN ORCH_OUTPUTFILES ORCH_NOTIFY
+    ORCH_KEY=$_k ORCH_OUTDIR=$_o ORCH_BIN=$_b ORCH_OUTPUTFILES=$_f ORCH_NOTIFY=$_n
+else
+    . "$1" || exit 97
+fi
 
 orch_ts() {
     # Sets $_ts to wall-clock seconds. /proc/uptime plus the boot time costs
@@ -33,8 +47,8 @@ orch_ts() {
     fi
 }
 orch_notify() {
+    # At the time the clock was read last ($_ts).
     if [ -n "${ORCH_NOTIFY:-}" ]; then
-        orch_ts
         printf '%s %s %s\n' "$ORCH_KEY" "$*" "$_ts" >> "$ORCH_NOTIFY"
     fi
 }
@@ -83,7 +97,7 @@ orch_inside() {
 }
 trap - TERM
 orch_usage "$rc"
-orch_ts; echo "$_ts EXIT $rc" >> "$ORCH_JOBLOG"
+echo "$_ts EXIT $rc" >> "$ORCH_JOBLOG"
 
 # Keep the declared output files: move them from the work dir to the output dir.
 if [ -n "${ORCH_OUTPUTFILES:-}" ]; then
