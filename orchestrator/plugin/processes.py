@@ -20,11 +20,15 @@ import errno
 import os
 import resource
 import select
+import signal
 import sys
 
 import anyio
 
 from .wrapper import SpawnError, pid_alive
+
+#: Signals Python ignores, which a child would inherit ignored: a run gets them back at their defaults.
+RESTORED = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name))
 
 
 class _LibcSpawn:
@@ -35,8 +39,10 @@ class _LibcSpawn:
     through ``ctypes`` other threads, and the loop, go on meanwhile, and several threads start processes at once.
     """
 
-    SETSID = 0x80  # POSIX_SPAWN_SETSID (glibc 2.26, musl 1.1.23)
-    #: Bytes for the opaque ``posix_spawnattr_t`` and ``posix_spawn_file_actions_t`` (336 and 80 on glibc x86-64).
+    #: POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSID (the last since glibc 2.26, musl 1.1.23).
+    FLAGS = 0x04 | 0x08 | 0x80
+    #: Bytes for the opaque ``posix_spawnattr_t``, ``posix_spawn_file_actions_t`` and ``sigset_t`` (336, 80 and 128
+    #: on glibc x86-64).
     OPAQUE = 1024
 
     def __init__(self) -> None:
@@ -46,7 +52,13 @@ class _LibcSpawn:
         self.set_flags, self.init_actions, self.destroy_actions = libc.posix_spawnattr_setflags, \
             libc.posix_spawn_file_actions_init, libc.posix_spawn_file_actions_destroy
         self.add_open, self.add_dup2 = libc.posix_spawn_file_actions_addopen, libc.posix_spawn_file_actions_adddup2
+        self.set_default, self.set_mask = libc.posix_spawnattr_setsigdefault, libc.posix_spawnattr_setsigmask
         self.set_flags.argtypes = [ctypes.c_void_p, ctypes.c_short]
+        # Signals this interpreter ignores (as ``subprocess`` restores them), set to their defaults; none blocked.
+        self.defaults, self.no_mask = ctypes.create_string_buffer(self.OPAQUE), ctypes.create_string_buffer(self.OPAQUE)
+        if libc.sigemptyset(self.defaults) or libc.sigemptyset(self.no_mask) or any(
+                libc.sigaddset(self.defaults, int(sig)) for sig in RESTORED):
+            raise OSError(errno.EINVAL, "sigset")
         self.add_open.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint]
         self.add_dup2.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
 
@@ -58,7 +70,8 @@ class _LibcSpawn:
         if self.init_attr(attr) or self.init_actions(actions):
             raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
         try:
-            if (self.set_flags(attr, self.SETSID) or self.add_open(actions, 0, b"/dev/null", os.O_RDONLY, 0)
+            if (self.set_flags(attr, self.FLAGS) or self.set_default(attr, self.defaults)
+                    or self.set_mask(attr, self.no_mask) or self.add_open(actions, 0, b"/dev/null", os.O_RDONLY, 0)
                     or self.add_dup2(actions, out, 1) or self.add_dup2(actions, out, 2)):
                 raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
             error = self.spawn(ctypes.byref(pid), c_argv[0], actions, attr, c_argv, c_env)
@@ -84,14 +97,15 @@ _spawn = _libc_spawn()
 
 def spawn_detached(argv: list[str], env: dict[str, str], *, out: int) -> int:
     """Start ``argv`` with ``env`` in a session of its own, stdin ``/dev/null``, stdout and stderr on the open file
-    ``out``; its pid. Leading its own session, it outlives the process that started it, and killing its process
-    group ends everything it started. Safe to call from worker threads, several at once: the call lets go of the
+    ``out``, no signal blocked and SIGPIPE and SIGXFSZ at their defaults (as a shell would have them); its pid.
+    Leading its own session, it outlives the process that started it, and killing its process group ends
+    everything it started. Safe to call from worker threads, several at once: the call lets go of the
     interpreter lock (:class:`_LibcSpawn`) where it can. Raises :class:`SpawnError` (the message names the
     program) if it cannot be started."""
     try:
         if _spawn is not None:
             return _spawn(argv, env, out)
-        return os.posix_spawn(argv[0], argv, env, setsid=True,
+        return os.posix_spawn(argv[0], argv, env, setsid=True, setsigdef=RESTORED, setsigmask=(),
                               file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                                             (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, out, 2)])
     except OSError as exc:

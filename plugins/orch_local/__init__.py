@@ -85,6 +85,7 @@ class LocalDriver(Driver):
         #: Pids of running wrappers no pidfd watches: looked at every LIVENESS_EVERY.
         self._unwatched: set[int] = set()
         self._rechecks: list[Run] = []
+        self._restarts: list[Run] = []
         self._queue: deque[Run] = deque()
         self._occupied = 0
         self._kills: list[tuple[float, int]] = []
@@ -155,7 +156,7 @@ class LocalDriver(Driver):
                 continue
             out.append(r.key)
             self._follow(r.key, r.fqid, str(r.settings.get("shell", "/bin/sh")), r.jobdir, spec=r)
-        self._wake.set()
+        self._restart()
         await anyio.lowlevel.checkpoint()
         return out
 
@@ -166,7 +167,7 @@ class LocalDriver(Driver):
         for h in handles:
             self._follow(h.backend_id, h.fqid, str(h.settings.get("shell", "/bin/sh")), h.jobdir,
                          running=h.status != S.SUBMITTED)
-        self._wake.set()
+        self._restart()
         await anyio.lowlevel.checkpoint()
 
     def _follow(self, key: str, fqid: str, shell: str, jobdir: Path, *, spec: RunSpec | None = None,
@@ -204,19 +205,29 @@ class LocalDriver(Driver):
         return True
 
     def _start_again(self, run: Run) -> None:
-        """Start a run that never ran: from what it was accepted with, or from an earlier version's run file."""
-        run.spec = run.spec or self.journal.accepted_spec(run.key)
-        if run.spec is None:
-            runfile = run.jobdir / RUNFILE
-            with contextlib.suppress(OSError):
-                text = runfile.read_text()
-                if f"ORCH_KEY={run.key}\n" in text or f"ORCH_KEY='{run.key}'\n" in text:
-                    run.runfile = runfile
-            if run.runfile is None:
-                self._end(run, StatusUpdate(run.fqid, S.FAILED, reason="lost: no record of the run and no launch"))
-                return
+        """Start a run that never ran (with the others of the moment: :meth:`_restart`)."""
         run.record.intent_at = None
-        self._queue.append(run)
+        self._restarts.append(run)
+
+    def _restart(self) -> None:
+        """Queue the runs to start again: from what each was accepted with (one pass over ``submitted.log`` for
+        all of them), or from an earlier version's run file."""
+        runs, self._restarts = self._restarts, []
+        wanted = {run.key for run in runs if run.spec is None}
+        specs = self.journal.accepted_specs(wanted) if wanted else {}
+        for run in runs:
+            run.spec = run.spec or specs.get(run.key)
+            if run.spec is None:
+                runfile = run.jobdir / RUNFILE
+                with contextlib.suppress(OSError):
+                    text = runfile.read_text()
+                    if f"ORCH_KEY={run.key}\n" in text or f"ORCH_KEY='{run.key}'\n" in text:
+                        run.runfile = runfile
+                if run.runfile is None:
+                    self._end(run, StatusUpdate(run.fqid, S.FAILED, reason="lost: no record of the run and no launch"))
+                    continue
+            self._queue.append(run)
+        self._wake.set()
 
     # -------------------------------------------------------------- ends
     def _read_events(self) -> None:
@@ -308,7 +319,10 @@ class LocalDriver(Driver):
             updates = [u for run, u in pending.values() if not run.silent]
             if updates and not self._closed:
                 self._counts["reports"] += 1
-                await self.context.report(updates)
+                try:
+                    await self.context.report(updates)
+                except Exception as exc:  # the runtime's fault (closing): the ends are in the events file still
+                    self.context.log.warning("report failed", backend=self.name, error=repr(exc), runs=len(updates))
 
     def _take(self) -> list[Run]:
         """The next batch to start; its runs take their slots now."""
@@ -325,13 +339,18 @@ class LocalDriver(Driver):
     async def _launch(self, batch: list[Run]) -> None:
         """INTENT lines (one write); the directories and the spawns, in a worker thread; LAUNCH lines (one write)."""
         self._counts["batches"] += 1
-        self.journal.write((run.key, "INTENT", "-") for run in batch)
-        now = time.time()
-        for run in batch:
-            run.record.intent_at = now
-        starts = starts_of(batch, self.wrapper, notify=str(self.journal.events), boot=self._boot)
         try:
+            self.journal.write((run.key, "INTENT", "-") for run in batch)
+            now = time.time()
+            for run in batch:
+                run.record.intent_at = now
+            starts = starts_of(batch, self.wrapper, notify=str(self.journal.events), boot=self._boot)
             await anyio.to_thread.run_sync(start_all, starts, self._out)
+        except OSError as exc:  # no INTENT line could be written (a full disk...): nothing of the batch starts
+            for run in batch:
+                run.launching = False
+                self._end(run, StatusUpdate(run.fqid, S.FAILED, reason=f"could not record its start: {exc}"))
+            return
         finally:
             self._inflight -= 1
             if not self._inflight:
@@ -360,12 +379,15 @@ class LocalDriver(Driver):
                 self._unwatched.add(start.pid)
             lines.append((run.key, "LAUNCH", start.pid))
             self._counts["launched"] += 1
-            if run.silent:  # killed while it was being started: it is stopped like any other
+            if run.killed:  # killed while it was being started: it is stopped like any other
                 self._signal(run.pid)
             else:
                 self._queue_report(run, StatusUpdate(run.fqid, S.RUNNING))
         if lines:
-            self.journal.write(lines)
+            try:
+                self.journal.write(lines)
+            except OSError as exc:  # they run and are watched; a restart finds them by their key
+                self.context.log.warning("could not write LAUNCH lines", backend=self.name, error=repr(exc))
 
     def _look_around(self, now: float) -> None:
         """Runs nothing tells about: INTENTs without a process whose time came, wrappers no pidfd watches."""
@@ -383,6 +405,7 @@ class LocalDriver(Driver):
                     self._gone(run)
                 else:  # it never ran: this is its first start, not a second one
                     self._start_again(run)
+            self._restart()
         if self._unwatched and now - self._last_look >= LIVENESS_EVERY:
             self._last_look = now
             gone = []
@@ -407,7 +430,7 @@ class LocalDriver(Driver):
         run = self._active.get(handle.backend_id)
         if run is None or run.ended:
             return
-        run.silent = True
+        run.silent = run.killed = True
         if run.pid is None:
             if not run.launching:  # queued: it never starts (one being launched is stopped by _launch)
                 reason = "killed before it started"

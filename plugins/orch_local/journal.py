@@ -97,17 +97,19 @@ class Journal:
             lines, self._unwritten = self._unwritten, []
             _append(self._submitted_fd, lines)
 
-    def accepted_spec(self, key: str) -> RunSpec | None:
-        """The last run accepted under ``key``, as it was accepted (read when a restart needs it)."""
-        prefix, found = f"{key} ".encode(), None
+    def accepted_specs(self, keys: set[str]) -> dict[str, RunSpec]:
+        """The last run accepted under each of ``keys``, as it was accepted (one pass over the file: read when a
+        restart needs it)."""
+        found: dict[str, bytes] = {}
         try:
             with open(self.submitted, "rb") as f:
                 for line in f:
-                    if line.startswith(prefix) and line.endswith(b"\n"):
-                        found = line[len(prefix):]
+                    key, _, data = line.partition(b" ")
+                    if line.endswith(b"\n") and (name := key.decode(errors="replace")) in keys:
+                        found[name] = data
         except FileNotFoundError:
-            return None
-        return spec_from_data(json.loads(found)) if found else None
+            return {}
+        return {key: spec_from_data(json.loads(data)) for key, data in found.items()}
 
     def close(self) -> None:
         for fd in (self._events_fd, self._submitted_fd):

@@ -31,8 +31,10 @@ class Run:
     launching: bool = False
     #: Counted against ``max_running``.
     occupies: bool = False
-    #: Killed or forgotten: its end is not reported.
+    #: Killed or forgotten: its end is not reported, and it is not started if it has not been.
     silent: bool = False
+    #: Killed: if it was being started all the same, it is stopped at once.
+    killed: bool = False
     ended: bool = False
     #: An INTENT without a process (a crash around the spawn): decided at this time.
     recheck_at: float | None = None

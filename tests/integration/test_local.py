@@ -148,8 +148,9 @@ async def test_resubmit_clears_the_previous_output(tmp_path: Path) -> None:
 
 async def test_a_run_makes_its_dirs_and_files_and_nothing_else(tmp_path: Path) -> None:
     """No file per run before it starts (its values go in its environment), and the application does not see the
-    wrapper's own variables; what the run leaves is the documented workspace."""
-    script = 'env > ../output/env.txt'
+    wrapper's own variables, nor this process's ignored SIGPIPE (``yes`` ends quietly when ``head`` is done); what
+    the run leaves is the documented workspace."""
+    script = 'env > ../output/env.txt; yes | head -1'
     async with Orchestrator(home=tmp_path / "home") as orch:
         j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", script]), backend="local",
                                     splitter=ArgSplitter([["-c", script]] * 2)))
@@ -163,6 +164,7 @@ async def test_a_run_makes_its_dirs_and_files_and_nothing_else(tmp_path: Path) -
         seen = dict(line.split("=", 1) for line in (sub.outputdir / "env.txt").read_text().splitlines() if "=" in line)
         assert seen["ORCH_FQID"] == sub.fqid and seen["ORCH_ATTEMPT"] == "1" and "ORCH_LOG" in seen
         assert not {"ORCH_KEY", "ORCH_OUTDIR", "ORCH_NOTIFY", "ORCH_BIN", "ORCH_OUTPUTFILES"} & seen.keys()
+        assert (sub.outputdir / "stdout").read_text() == "y\n" and (sub.outputdir / "stderr").read_text() == ""
         metrics = (await orch.metrics())["backends"]["local"]
         assert metrics["ticks"] == 0  # the driver reports its runs' news: it was never polled
         assert metrics["driver"]["launched"] == 2 and metrics["driver"]["reports"] >= 1
