@@ -30,7 +30,7 @@ from ..core.runlog import parse_log
 from ..core.statuses import JobStatus
 from .contract import RunHandle, RunSpec, StatusUpdate
 
-SCRIPTS = ("wrapper.sh", "orch-log", "orch-state")
+SCRIPTS = ("wrapper.sh", "orch-log", "orch-state", "orch-finish")
 RUNFILE = "run.env"
 
 
