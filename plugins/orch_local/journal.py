@@ -58,10 +58,13 @@ class Journal:
         #: Every run the events file names, by key.
         self.records: dict[str, Record] = {}
         self._unwritten: list[str] = []
+        self._closed = False
 
     # ------------------------------------------------------------ events.log
     def write(self, events: Iterable[tuple[str, str, object]]) -> None:
-        """Append ``KEY WORD DATA TIME`` lines, in one write."""
+        """Append ``KEY WORD DATA TIME`` lines, in one write (none once closed: the next process reads what is)."""
+        if self._closed:
+            return
         now = f"{time.time():.3f}"
         _append(self._events_fd, (f"{key} {word} {data} {now}\n" for key, word, data in events))
 
@@ -93,7 +96,7 @@ class Journal:
         self._unwritten.append(f"{run.key} {json.dumps(spec_data(run), separators=(',', ':'))}\n")
 
     def flush_accepted(self) -> None:
-        if self._unwritten:
+        if self._unwritten and not self._closed:
             lines, self._unwritten = self._unwritten, []
             _append(self._submitted_fd, lines)
 
@@ -112,8 +115,10 @@ class Journal:
         return {key: spec_from_data(json.loads(data)) for key, data in found.items()}
 
     def close(self) -> None:
-        for fd in (self._events_fd, self._submitted_fd):
-            os.close(fd)
+        if not self._closed:
+            self._closed = True
+            for fd in (self._events_fd, self._submitted_fd):
+                os.close(fd)
 
 
 _PATHS = ("jobdir", "inputdir", "outputdir", "workdir")
