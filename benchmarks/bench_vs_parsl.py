@@ -12,7 +12,8 @@ the first submission to the last completion:
   (``max_threads`` 64, as raw's limit), loaded once; ``f.result()`` for all.
 
 Reports the median of each over the rounds, ours/raw (target at most 2.0)
-and Parsl/ours (target at least 2.0). Parsl comes from the ``bench`` extra
+and Parsl/ours (target at least 2.0), and the median CPU seconds of each
+side (this process, Parsl's threads included, and its children). Parsl comes from the ``bench`` extra
 (``pip install -e ".[bench]"``).
 
     python benchmarks/bench_vs_parsl.py [--n 1000] [--rounds 5]
@@ -24,24 +25,23 @@ import argparse
 import asyncio
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from _common import peak_rss_mib, record
-from bench_local_spawn import ours, raw
+from bench_local_spawn import Meter, ours, raw
 
 TARGET_RAW = 2.0
 TARGET_PARSL = 2.0
 
 
-def parsl_round(n: int, bash_app: Any) -> float:
-    t0 = time.perf_counter()
-    futures = [bash_app() for _ in range(n)]
-    for f in futures:
-        if f.result() != 0:
-            raise SystemExit("FAILED: a Parsl app did not exit 0")
-    return time.perf_counter() - t0
+def parsl_round(n: int, bash_app: Any) -> dict[str, float]:
+    with Meter() as m:
+        futures = [bash_app() for _ in range(n)]
+        for f in futures:
+            if f.result() != 0:
+                raise SystemExit("FAILED: a Parsl app did not exit 0")
+    return {"total_s": m.wall, "cpu_self_s": m.cpu_self, "cpu_children_s": m.cpu_children}
 
 
 def main() -> None:
@@ -71,23 +71,32 @@ def main() -> None:
     asyncio.run(raw(50, 64))  # warm the page cache
     parsl_round(50, true_app)
     times: dict[str, list[float]] = {"raw": [], "ours": [], "parsl": []}
+    cpu: dict[str, list[tuple[float, float]]] = {"raw": [], "ours": [], "parsl": []}
     for r in range(a.rounds):
-        times["raw"].append(asyncio.run(raw(a.n, 64))["total_s"])
-        times["ours"].append(asyncio.run(ours(a.n, config, None))["total_s"])
-        times["parsl"].append(parsl_round(a.n, true_app))
+        for side, result in (("raw", lambda: asyncio.run(raw(a.n, 64))),
+                             ("ours", lambda: asyncio.run(ours(a.n, config, None))),
+                             ("parsl", lambda: parsl_round(a.n, true_app))):
+            got = result()
+            times[side].append(got["total_s"])
+            cpu[side].append((got["cpu_self_s"], got["cpu_children_s"]))
         print(f"  round {r + 1}: raw {times['raw'][-1]:.2f} s, ours {times['ours'][-1]:.2f} s, "
               f"parsl {times['parsl'][-1]:.2f} s", flush=True)
     parsl.dfk().cleanup()
     med = {k: statistics.median(v) for k, v in times.items()}
+    # CPU seconds per round (this process, with Parsl's threads; its children), medians over the rounds
+    cpu_med = {k: {"self": round(statistics.median(c[0] for c in v), 3),
+                   "children": round(statistics.median(c[1] for c in v), 3)} for k, v in cpu.items()}
     ours_raw, parsl_ours = med["ours"] / med["raw"], med["parsl"] / med["ours"]
     ok = ours_raw <= TARGET_RAW and parsl_ours >= TARGET_PARSL
     line = (f"bench_vs_parsl: n={a.n} x{a.rounds} medians raw={med['raw']:.2f}s ours={med['ours']:.2f}s "
             f"parsl={med['parsl']:.2f}s ours/raw={ours_raw:.2f} (target <={TARGET_RAW}) parsl/ours={parsl_ours:.2f} "
-            f"(target >={TARGET_PARSL}): {'MET' if ok else 'MISSED'}")
+            f"(target >={TARGET_PARSL}): {'MET' if ok else 'MISSED'}; cpu self+children "
+            + ", ".join(f"{k} {v['self']:.2f}+{v['children']:.2f}s" for k, v in cpu_med.items()))
     rounded = {k: [round(x, 3) for x in v] for k, v in times.items()}
     record("bench_vs_parsl", line, n=a.n, rounds=a.rounds, times=rounded,
            medians={k: round(v, 3) for k, v in med.items()}, ours_over_raw=round(ours_raw, 3),
-           parsl_over_ours=round(parsl_ours, 3), parsl_version=parsl.__version__, threads=a.threads,
+           parsl_over_ours=round(parsl_ours, 3), cpu_medians=cpu_med, parsl_version=parsl.__version__,
+           threads=a.threads,
            home_root=tempfile.gettempdir(), peak_rss_mib=round(peak_rss_mib(), 1), met=ok, label=a.label)
 
 

@@ -10,10 +10,15 @@ wrappers' ``ORCH_NOTIFY`` lines) shares :class:`EventLines`.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import platform
 import shlex
 import shutil
-from collections.abc import Sequence
+import struct
+from array import array
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -25,7 +30,7 @@ from ..core.runlog import parse_log
 from ..core.statuses import JobStatus
 from .contract import RunHandle, RunSpec, StatusUpdate
 
-SCRIPTS = ("wrapper.sh", "orch-log", "orch-state")
+SCRIPTS = ("wrapper.sh", "orch-log", "orch-state", "orch-finish")
 RUNFILE = "run.env"
 
 
@@ -60,12 +65,11 @@ def script_text(name: str) -> str:
     return (resources.files("orchestrator") / "scripts" / name).read_text()
 
 
-def render_runfile(run: RunSpec, *, bindir: str, notify: str | None = None, boot: int | None = None,
-                   paths: dict[str, str] | None = None) -> str:
-    """The run file's text. ``paths`` overrides directories (a remote worker's)."""
+def run_values(run: RunSpec, *, bindir: str, notify: str | None = None, boot: int | None = None,
+               paths: dict[str, str] | None = None) -> dict[str, str]:
+    """The ``ORCH_*`` values the wrapper reads for ``run``. ``paths`` overrides directories (a remote worker's)."""
     p = paths or {}
-    q = shlex.quote
-    values = {
+    return {
         "ORCH_FQID": run.fqid,
         "ORCH_KEY": run.key,
         "ORCH_OUTDIR": p.get("outputdir", str(run.outputdir)),
@@ -78,6 +82,13 @@ def render_runfile(run: RunSpec, *, bindir: str, notify: str | None = None, boot
         "ORCH_NOTIFY": notify or "",
         "ORCH_BOOT": str(boot) if boot else "",
     }
+
+
+def render_runfile(run: RunSpec, *, bindir: str, notify: str | None = None, boot: int | None = None,
+                   paths: dict[str, str] | None = None) -> str:
+    """The run file's text. ``paths`` overrides directories (a remote worker's)."""
+    q = shlex.quote
+    values = run_values(run, bindir=bindir, notify=notify, boot=boot, paths=paths)
     lines = [f"{k}={q(v)}" for k, v in values.items()]
     for i, arg in enumerate(run.retry_args, 1):
         lines.append(f"ORCH_RETRY_ARG_{i}={q(arg)}; export ORCH_RETRY_ARG_{i}")
@@ -85,6 +96,96 @@ def render_runfile(run: RunSpec, *, bindir: str, notify: str | None = None, boot
         lines.append(f"{k}={q(v)}; export {k}")
     lines.append("set -- " + " ".join(q(a) for a in (run.executable, *run.args)))
     return "\n".join(lines) + "\n"
+
+
+def base_environ() -> dict[str, str]:
+    """This process's environment without ``ORCH_*`` variables: the base of a run's own (an outer job's values,
+    when the orchestrator itself runs inside one, never leak into a run)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
+
+
+def wrapper_env(run: RunSpec, base: Mapping[str, str], *, bindir: str, notify: str | None = None,
+                boot: int | None = None) -> dict[str, str]:
+    """The environment of ``sh wrapper.sh --env KEY COMMAND...``: what a run file would set, without the file.
+
+    ``base`` (see :func:`base_environ`), then the run's ``ORCH_*`` values and retry arguments, then the
+    user's environment, in the order a run file exports them.
+    """
+    env = dict(base)
+    env.update(run_values(run, bindir=bindir, notify=notify, boot=boot))
+    for i, arg in enumerate(run.retry_args, 1):
+        env[f"ORCH_RETRY_ARG_{i}"] = arg
+    env.update(run.env)
+    return env
+
+
+def wrapper_argv(shell: str, wrapper: Path | str, run: RunSpec) -> list[str]:
+    """``shell wrapper --env KEY COMMAND...``: the run's key is in its command line, for ``ps`` and for a
+    driver that looks for its wrapper after a crash (:func:`~orchestrator.plugin.processes.find_process`)."""
+    return [shell, str(wrapper), "--env", run.key, run.executable, *run.args]
+
+
+#: ext2/3/4's "top of directory hierarchies" flag (``chattr +T``), and the ioctls that read and set a file's flags
+#: (``_IOR('f', 1, long)``, ``_IOW('f', 2, long)``, in the generic encoding of the architectures named).
+FS_TOPDIR_FL = 0x00020000
+_LONG = struct.calcsize("l")
+_FLAGS_IOCTLS = ((2 << 30 | _LONG << 16 | 0x6601, 1 << 30 | _LONG << 16 | 0x6602)
+                 if platform.machine() in ("x86_64", "aarch64", "i386", "i686", "armv7l", "riscv64") else None)
+_top_dirs: set[Path] = set()
+
+
+def mark_top_dir(path: Path) -> bool:
+    """Tell the filesystem that ``path``'s subdirectories are unrelated (a master's subjob dirs, the workspace's job
+    dirs), where it has the notion: ext2/3/4's ``chattr +T``, which makes the Orlov allocator spread them over the
+    disk's block groups instead of packing them into one. On an ext4 without a journal that matters a great deal:
+    a new inode is taken only after every inode deleted in the last minutes of its block group has been passed
+    over, so a group that held a thousand runs just removed makes each of the next thousand runs' files cost half a
+    millisecond of kernel time; spread over the groups they cost 30 microseconds (benchmarks/README.md). Best
+    effort: ``False`` where the flag cannot be set (another filesystem, another owner)."""
+    if _FLAGS_IOCTLS is None:
+        return False
+    get, put = _FLAGS_IOCTLS
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        flags = array("i", [0])
+        fcntl.ioctl(fd, get, flags, True)
+        if not flags[0] & FS_TOPDIR_FL:
+            flags[0] |= FS_TOPDIR_FL
+            fcntl.ioctl(fd, put, flags, True)
+        return True
+    except OSError:  # no such flags here (ENOTTY, EOPNOTSUPP), or not ours to change (EPERM)
+        return False
+    finally:
+        os.close(fd)
+
+
+def make_run_dirs(run: RunSpec) -> None:
+    """Make what a run needs on this machine to start, and nothing more: its job dir, its output dir (emptied
+    of an earlier attempt's files) and its work dir (three ``mkdir`` calls for a first attempt), and links to
+    its input files. The wrapper makes the files (``orch.<attempt>.log``, ``stdout``, ``stderr``,
+    ``orch.usage``) itself, in the run's own process. The directory that holds the job dirs is marked once as
+    the top of unrelated hierarchies (:func:`mark_top_dir`)."""
+    parent = run.jobdir.parent
+    if parent not in _top_dirs:
+        parent.mkdir(parents=True, exist_ok=True)
+        mark_top_dir(parent)
+        _top_dirs.add(parent)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(run.jobdir)
+    try:
+        os.mkdir(run.outputdir)
+    except FileExistsError:  # an earlier attempt's
+        clear_outputs(run.outputdir)
+    with contextlib.suppress(FileExistsError):  # an earlier attempt's, or the one its checkpoint state went into
+        os.mkdir(run.workdir)
+    for src in run.inputs:
+        link = run.workdir / src.name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(src)
 
 
 def prepare_local(run: RunSpec, *, bindir: Path, notify: Path | None = None) -> Path:

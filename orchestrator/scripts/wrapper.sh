@@ -1,41 +1,47 @@
 #!/bin/sh
 # orchestrator job wrapper: runs one job on a worker, with nothing but POSIX sh.
 #
-# Usage: sh wrapper.sh RUNFILE
-# RUNFILE is a shell fragment written by the orchestrator (every value quoted)
-# that sets ORCH_* variables, exports the user's environment and sets "$@" to
-# the user's command. The wrapper writes the job log of this attempt,
-# $ORCH_OUTDIR/orch.$ORCH_ATTEMPT.log (renamed orch.log by the orchestrator
-# once it has read it, after the run ended; a late line of an earlier attempt
-# whose process outlived it lands in that attempt's own file, never in this
-# one's):
+# Usage: sh wrapper.sh RUNFILE  |  sh wrapper.sh --env KEY COMMAND [ARGS...]
+# RUNFILE is a shell fragment written by the orchestrator (every value quoted) that sets ORCH_* variables,
+# exports the user's environment and sets "$@" to the user's command. With --env (local runs: no file per
+# run) the same values come in the environment and the command in the arguments; KEY, the run's key, is
+# there for ps and for a driver that looks for its wrapper after a crash.
+# The log of this attempt is $ORCH_OUTDIR/orch.$ORCH_ATTEMPT.log (the orchestrator renames it orch.log once
+# it has read it; a late line of an earlier attempt lands in that attempt's own file):
 #   <time> START <pid>         the wrapper began
 #   <time> <KEYWORD> <data>    written by the application through $ORCH_LOG
 #   <time> EXIT <code>         the application's exit code
 #   <time> NOMATCH <pattern>   a declared output file pattern that matched no file
 #   <time> END <code>          the wrapper finished
-# and, when ORCH_NOTIFY names a file, one line "<key> START|END ..." there at
-# start and end, so that a driver watches one file instead of every job's log.
-# Each attempt also appends its own CPU record to $ORCH_OUTDIR/orch.usage (GBS's
-# useful and wasted CPU), when its application ends or when it is stopped by
-# SIGTERM: "<attempt> <state it started from> <newest state> <start> <end> <code>"
-# then the output of the shell's built-in `times` (two lines: the wrapper's and
-# its children's user and system time).
+# When ORCH_NOTIFY names a file, "<key> START|END ..." lines go there too, so that a driver follows one file.
+# Each attempt appends its CPU record to $ORCH_OUTDIR/orch.usage (GBS's useful and wasted CPU) when its
+# application ends or when SIGTERM stops it: "<attempt> <state started from> <newest state> <start> <end>
+# <code>", then the shell's `times` (the wrapper's and its children's user and system time).
+# The hot path starts one process, the application: the clock, the records and the checks are built-ins;
+# output files and returned files are handled by orch-finish, read only when there are some.
 
-. "$1" || exit 97
+if [ "${1:-}" = --env ]; then
+    shift 2
+    # The wrapper's own values came in the environment: the application sees them no more (as with a run file).
+    _k=$ORCH_KEY _o=$ORCH_OUTDIR _b=$ORCH_BIN _f=${ORCH_OUTPUTFILES:-} _n=${ORCH_NOTIFY:-}
+    unset ORCH_KEY ORCH_OUTDIR ORCH_BIN ORCH_OUTPUTFILES ORCH_NOTIFY
+    ORCH_KEY=$_k ORCH_OUTDIR=$_o ORCH_BIN=$_b ORCH_OUTPUTFILES=$_f ORCH_NOTIFY=$_n
+else
+    . "$1" || exit 97
+fi
 
 orch_ts() {
-    # Sets $_ts to wall-clock seconds. /proc/uptime plus the boot time costs
+    # Sets $_ts to wall-clock seconds. /proc/uptime plus the boot time (set where /proc has both) costs
     # neither a process nor a subshell; `date` is the portable fallback.
-    if [ -n "${ORCH_BOOT:-}" ] && IFS=" " read -r _up _idle < /proc/uptime 2>/dev/null; then
+    if [ -n "${ORCH_BOOT:-}" ] && IFS=" " read -r _up _idle < /proc/uptime; then
         _ts="$((ORCH_BOOT + ${_up%.*})).${_up#*.}"
     else
         _ts=$(date +%s)
     fi
 }
 orch_notify() {
+    # At the time the clock was read last ($_ts).
     if [ -n "${ORCH_NOTIFY:-}" ]; then
-        orch_ts
         printf '%s %s %s\n' "$ORCH_KEY" "$*" "$_ts" >> "$ORCH_NOTIFY"
     fi
 }
@@ -73,53 +79,11 @@ else
     rc=96
 fi
 
-orch_inside() {
-    # True when $1 (relative to the work dir) is a file of the job's own directory: its directory,
-    # resolved through every symbolic link on the way, is the work dir or below, and it is no link itself.
-    if [ -L "$1" ]; then return 1; fi
-    case "$1" in */*) _d=${1%/*} ;; *) return 0 ;; esac
-    _d=$(cd -P -- "$_d" 2>/dev/null && pwd -P) || return 1
-    case "$_d/" in "$_home"/*) return 0 ;; esac
-    return 1
-}
 trap - TERM
 orch_usage "$rc"
-orch_ts; echo "$_ts EXIT $rc" >> "$ORCH_JOBLOG"
+echo "$_ts EXIT $rc" >> "$ORCH_JOBLOG"
 
-# Keep the declared output files: move them from the work dir to the output dir.
-if [ -n "${ORCH_OUTPUTFILES:-}" ]; then
-    # One pattern per line; split on newlines only, glob each pattern on its own.
-    _ifs=$IFS
-    IFS='
-'
-    set -f
-    for _pattern in $ORCH_OUTPUTFILES; do
-        set +f
-        _hit=
-        for _f in $_pattern; do
-            case "$_f" in
-                /*|..|../*|*/../*|*/..) _hit=1; orch_ts; echo "$_ts REFUSED $_f (outside the job directory)" >> "$ORCH_JOBLOG" ;;
-                *) if [ -f "$_f" ] || [ -L "$_f" ]; then
-                       _hit=1
-                       if orch_inside "$_f"; then
-                           mv -f -- "$_f" "$ORCH_OUTDIR/"
-                       else
-                           orch_ts; echo "$_ts REFUSED $_f (leaves the job directory)" >> "$ORCH_JOBLOG"
-                       fi
-                   fi ;;
-            esac
-        done
-        # Nothing matched: said in the log, for the orchestrator to judge (fail_on_missing_output).
-        if [ -z "$_hit" ]; then orch_ts; echo "$_ts NOMATCH $_pattern" >> "$ORCH_JOBLOG"; fi
-        set -f
-    done
-    set +f
-    IFS=$_ifs
-fi
-
-# Files the application named with "$ORCH_LOG RETURN_FILE name": into the output
-# dir, unless the name leaves the job's working directory (through "..", an
-# absolute path, or a symbolic link anywhere on the way) or is a link itself.
+# The RETURN_FILE lines of the application's log ("$ORCH_LOG RETURN_FILE name").
 _returns=
 while IFS=" " read -r _t _w _d; do
     if [ "$_w" = RETURN_FILE ]; then
@@ -127,29 +91,13 @@ while IFS=" " read -r _t _w _d; do
 "
     fi
 done < "$ORCH_JOBLOG"
-if [ -n "$_returns" ]; then
-    _ifs=$IFS
-    IFS='
-'
-    for _f in $_returns; do
-        case "$_f" in
-            "$ORCH_HOME"/*) _rel=${_f#"$ORCH_HOME"/} ;;
-            *) _rel=$_f ;;
-        esac
-        case "$_rel" in
-            ''|/*|..|../*|*/../*|*/..) orch_ts; echo "$_ts REFUSED $_f (outside the job directory)" >> "$ORCH_JOBLOG" ;;
-            *) if ! orch_inside "$_rel"; then
-                   orch_ts; echo "$_ts REFUSED $_f (leaves the job directory)" >> "$ORCH_JOBLOG"
-               elif [ -f "$_rel" ]; then
-                   mv -f -- "$_rel" "$ORCH_OUTDIR/"
-               else
-                   orch_ts; echo "$_ts INFO RETURN_FILE $_f not found" >> "$ORCH_JOBLOG"
-               fi ;;
-        esac
-    done
-    IFS=$_ifs
+# Declared output files and returned files go into the output dir: the rare part, in a file of its own that
+# the shell reads only then.
+if [ -n "${ORCH_OUTPUTFILES:-}" ] || [ -n "$_returns" ]; then
+    . "$ORCH_BIN/orch-finish"
+    orch_ts
 fi
 
-orch_ts; echo "$_ts END $rc" >> "$ORCH_JOBLOG"
+echo "$_ts END $rc" >> "$ORCH_JOBLOG"
 orch_notify END "$rc"
 exit "$rc"

@@ -1,28 +1,34 @@
 """``local``: run jobs as processes on this machine, through the job wrapper.
 
-Each run is ``sh wrapper.sh RUNFILE``, started with ``posix_spawn`` in a new
-session, so that killing its process group ends the application and all
-its children, and so that it outlives the orchestrator. At most
-``max_running`` run at once (``[backends.local]`` in the config); the rest
-wait in a queue, ``submitted``.
+Each run is ``sh wrapper.sh --env KEY COMMAND...``: one ``posix_spawn`` in a
+session of its own (killing its process group ends the application and all
+its children, and it outlives the orchestrator), its values in its
+environment, no file written for it beforehand. The driver makes the run's
+directories when it starts it (:func:`make_run_dirs`: the job dir, ``output``
+and ``work``); the wrapper makes the run's files. At most ``max_running`` run
+at once (``[backends.local]`` in the config); the rest wait in a queue,
+``submitted``.
 
-Monitoring reads one append-only events file that every wrapper writes a
-line to when it starts and ends (``ORCH_NOTIFY``), so a tick costs the new
-bytes of one file, not a look at every job. A reopened home finds what its
-runs did in that file; before each spawn the driver writes an ``INTENT``
-line, so a run is never started twice after a crash. Written against the
-public driver API only.
+The driver reports (``Capabilities(reports=True)``): it learns of a run's end
+when it happens (a pidfd per process, in one epoll the event loop waits on),
+reads the wrappers' ``START`` and ``END`` lines from one append-only events
+file then, and hands what changed to the runtime in one report. Nothing is
+polled, so a thousand running runs cost nothing while nothing changes. Before
+each batch of spawns the driver writes their ``INTENT`` lines, so that a run
+is never started twice after a crash, and it notes every run it accepts, so
+that one accepted but not yet started when the process died is started by the
+next (:mod:`.journal`). Written against the public driver API only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,78 +45,61 @@ from orchestrator.plugin import (
     StatusUpdate,
     SubmitError,
 )
-from orchestrator.plugin.wrapper import (
-    RUNFILE,
-    EventLines,
-    SpawnError,
-    clear_outputs,
-    install_scripts,
-    pid_alive,
-    prepare_local,
-    read_log,
-    reap_children,
-    spawn_wrapper,
-)
+from orchestrator.plugin.processes import ExitWatcher, find_process, process_args, reap
+from orchestrator.plugin.wrapper import RUNFILE, boot_time, install_scripts, pid_alive
 
-#: Seconds between two liveness checks of running wrappers.
+from .journal import Journal, Record
+from .runs import Run, start_all, starts_of
+
+#: Seconds between two looks at running wrappers no pidfd watches (no pidfds here, or none left).
 LIVENESS_EVERY = 1.0
-#: Seconds between two collections of exited wrappers when nothing else is to do (no zombie stays longer).
-CHILD_REAP_EVERY = 0.5
-
-
-@dataclass
-class _Run:
-    key: str
-    runfile: Path
-    shell: str
-    pid: int | None = None
-    intent_at: float | None = None
-    started: bool = False
-    end_code: int | None = None
-    ended: bool = False
-    reason: str | None = None
-
-
-def _wrapper_pid(runfile: Path) -> int | None:
-    """The pid of a live wrapper started on ``runfile`` (its command line names the file), if any."""
-    needle = os.fsencode(runfile)
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                    argv = f.read().split(b"\0")
-            except OSError:  # gone meanwhile, or not ours to read
-                continue
-            if needle in argv and pid_alive(int(entry.name)):
-                return int(entry.name)
-    return None
+#: Most runs started in one go by one worker thread (their INTENT lines in one write, then their LAUNCH lines).
+LAUNCH_BATCH = 16
+#: Batches started at once, each in a worker thread (each start waits for its process to exec: a millisecond or
+#: more on a busy machine, during which the other workers go on).
+SPAWNERS = 4
+S = JobStatus
 
 
 class LocalDriver(Driver):
     name = "local"
-    capabilities = Capabilities(bulk_status=True, runs_wrapper=True, lookup=True)
+    capabilities = Capabilities(runs_wrapper=True, lookup=True, reports=True)
 
     def __init__(self, context: DriverContext) -> None:
         super().__init__(context)
         self.bindir = context.home / "bin"
         self.wrapper = install_scripts(self.bindir)
-        self.events = context.statedir / "events.log"
-        self.events.touch(exist_ok=True)
         self.max_running = int(context.config.get("max_running", 64))
         self.kill_grace = float(context.config.get("kill_grace", 2.0))
-        #: Seconds a run may sit between INTENT and its wrapper's START before it counts as lost.
+        #: Seconds after an INTENT line without a process (the orchestrator died around the spawn) before the
+        #: run is judged: started again if its wrapper never wrote START, else lost.
         self.start_timeout = float(context.config.get("start_timeout", 15.0))
-        self._runs: dict[str, _Run] = {}
-        self._queue: deque[_Run] = deque()
-        self._children: set[int] = set()
-        self._event_lines = EventLines()
+        self.journal = Journal(context.statedir)
+        self.events = self.journal.events
+        #: The wrappers' own stdout and stderr (all runs: a wrapper writes there only when it fails before its log).
+        self._out = os.open(context.statedir / "wrapper.out", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._boot = boot_time()
+        self._watcher = ExitWatcher()
+        self._active: dict[str, Run] = {}
+        self._by_pid: dict[int, Run] = {}
+        #: Pids of running wrappers no pidfd watches: looked at every LIVENESS_EVERY.
+        self._unwatched: set[int] = set()
+        self._rechecks: list[Run] = []
+        self._restarts: list[Run] = []
+        self._queue: deque[Run] = deque()
+        self._occupied = 0
         self._kills: list[tuple[float, int]] = []
+        self._pending: dict[str, tuple[Run, StatusUpdate]] = {}
         self._wake = anyio.Event()
-        self._last_liveness = 0.0
-        #: Runs with a line in the events file since the last status query: between liveness checks, only
-        #: these are judged again (a tick over a thousand quiet runs costs a look-up each, nothing more).
-        self._news: set[str] = set()
-        self._read_events()
+        self._report_wake = anyio.Event()
+        self._last_look = 0.0
+        self._closed = False
+        #: Launch batches under way in worker threads (close waits for them: they use the driver's files).
+        self._inflight = 0
+        self._idle = anyio.Event()
+        self._idle.set()
+        self._counts = {"launched": 0, "reports": 0, "batches": 0}
+        self.journal.read()
 
     @classmethod
     def validate_settings(cls, settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -122,28 +111,6 @@ class LocalDriver(Driver):
                 raise SettingsError("shell", "shell must be the path of a POSIX sh")
         return out
 
-    # -------------------------------------------------------------- events
-    def _append(self, key: str, word: str, data: object) -> None:
-        with open(self.events, "a", encoding="utf-8") as f:
-            f.write(f"{key} {word} {data} {time.time():.3f}\n")
-
-    def _read_events(self) -> None:
-        for parts in self._event_lines.read(self.events):
-            key, word, value = parts[0], parts[1], parts[2]
-            self._news.add(key)
-            run = self._runs.get(key)
-            if run is None:
-                run = self._runs[key] = _Run(key, Path(), "")
-            if word == "INTENT":
-                run.intent_at = float(parts[3]) if len(parts) > 3 else time.time()
-            elif word in ("LAUNCH", "START"):
-                run.pid = int(value) if value.isdigit() else run.pid
-                run.started = run.started or word == "START"
-            elif word == "END":
-                run.ended, run.end_code = True, int(value) if value.lstrip("-").isdigit() else None
-            elif word == "LOST":
-                run.ended, run.reason = True, " ".join(parts[2:-1])
-
     @classmethod
     def check_executable(cls, executable: str, settings: Mapping[str, Any]) -> str | None:
         """Runs start here: an absolute executable must exist and be executable now (a relative one is
@@ -152,183 +119,366 @@ class LocalDriver(Driver):
             return f"{executable} does not exist or is not executable"
         return None
 
+    def metrics(self) -> dict[str, Any]:
+        return {**self._counts, "queued": len(self._queue), "running": self._occupied, "watched": len(self._watcher),
+                "polled": len(self._unwatched)}
+
     # -------------------------------------------------------------- submit
     async def submit(self, run: RunSpec) -> str:
-        shell = str(run.settings.get("shell", "/bin/sh"))
         problem = self.check_executable(run.executable, run.settings)
         if problem is not None:  # checked at add(); the file may have gone since
             raise SubmitError(f"executable {problem}")
-        clear_outputs(run.outputdir)
-        runfile = prepare_local(run, bindir=self.bindir, notify=self.events)
-        entry = _Run(run.key, runfile, shell)
-        self._runs[run.key] = entry
+        entry = Run(run.key, run.fqid, str(run.settings.get("shell", "/bin/sh")), run.jobdir, self._record(run.key),
+                     spec=run)
+        self._active[run.key] = entry
+        self.journal.accepted(run)
         self._queue.append(entry)
         self._wake.set()
-        await anyio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()  # the other submissions of this tick note theirs meanwhile
+        self.journal.flush_accepted()  # one write for all of them (nothing left to write for the ones after)
         return run.key
 
+    def _record(self, key: str) -> Record:
+        rec = self.journal.records.get(key)
+        if rec is None:
+            rec = self.journal.records[key] = Record()
+        return rec
+
     async def lookup(self, runs: Sequence[RunSpec]) -> list[str | None]:
-        """A run was got if its launch began (an INTENT line); one only queued in a dead process never ran."""
+        """A run was got if its launch began (an INTENT line); one only queued in a dead process never ran. Those
+        got are followed from here on."""
         self._read_events()
+        out: list[str | None] = []
+        for r in runs:
+            rec = self.journal.records.get(r.key)
+            if rec is None or rec.intent_at is None:
+                out.append(None)
+                continue
+            out.append(r.key)
+            self._follow(r.key, r.fqid, str(r.settings.get("shell", "/bin/sh")), r.jobdir, spec=r)
+        self._restart()
         await anyio.lowlevel.checkpoint()
-        return [r.key if (got := self._runs.get(r.key)) is not None and got.intent_at is not None else None
-                for r in runs]
+        return out
 
-    def _running(self) -> int:
-        return sum(1 for r in self._runs.values() if r.pid is not None and not r.ended)
-
-    def _launch(self, run: _Run) -> None:
-        self._append(run.key, "INTENT", "-")
-        run.intent_at = time.time()
-        try:
-            pid = spawn_wrapper(run.shell, self.wrapper, run.runfile)
-        except SpawnError as exc:
-            run.ended, run.reason = True, str(exc)
-            self._append(run.key, "LOST", run.reason)
-            return
-        run.pid = pid
-        self._children.add(pid)
-        self._append(run.key, "LAUNCH", pid)
-
-    async def serve(self) -> None:
-        """Start queued runs as slots free up; end killed process groups that linger."""
-        while True:
-            reap_children(self._children)
-            free = self.max_running - self._running()
-            launched = 0
-            while self._queue and free > 0:
-                run = self._queue.popleft()
-                if run.ended or run.pid is not None:
-                    continue
-                self._launch(run)
-                free -= 1
-                launched += 1
-                if launched % 64 == 0:
-                    await anyio.sleep(0)
-            self._finish_kills()
-            if self._queue or self._kills or self._children:
-                if not launched or not self._queue:
-                    await anyio.sleep(0.02)
-                if self._queue and free <= 0:
-                    self._read_events()
-            else:
-                self._wake = anyio.Event()
-                await self._wake.wait()
-            if not self._queue and not self._kills and self._children:
-                # only children to reap (their ends are read from the events file): not 50 times a second
-                self._wake = anyio.Event()
-                with anyio.move_on_after(CHILD_REAP_EVERY):
-                    await self._wake.wait()
-
-    # -------------------------------------------------------------- status
-    async def status_bulk(self, handles: Sequence[RunHandle]) -> list[StatusUpdate]:
-        reap_children(self._children)
+    async def track(self, handles: Sequence[RunHandle]) -> None:
+        """Runs an earlier process accepted: ended meanwhile, running (watched again), or never started (started
+        now, from what ``submitted.log`` says of them)."""
         self._read_events()
-        now = time.time()
-        check_alive = now - self._last_liveness >= LIVENESS_EVERY
-        if check_alive:
-            self._last_liveness = now
-        news, self._news = self._news, set()
-        updates = []
         for h in handles:
-            if not check_alive and h.backend_id not in news:
-                run = self._runs.get(h.backend_id)
-                if run is not None and not run.ended:
-                    continue  # nothing new since it was last judged
-            update = self._status_of(h, now, check_alive)
-            if update is not None and update.status != h.status:
-                updates.append(update)
+            self._follow(h.backend_id, h.fqid, str(h.settings.get("shell", "/bin/sh")), h.jobdir,
+                         running=h.status != S.SUBMITTED)
+        self._restart()
         await anyio.lowlevel.checkpoint()
-        return updates
 
-    def _status_of(self, h: RunHandle, now: float, check_alive: bool) -> StatusUpdate | None:
-        run = self._runs.get(h.backend_id)
-        if run is None:
-            return self._adopt(h)
+    def _follow(self, key: str, fqid: str, shell: str, jobdir: Path, *, spec: RunSpec | None = None,
+                running: bool = False) -> None:
+        if key in self._active:
+            return
+        rec = self._record(key)
+        run = self._active[key] = Run(key, fqid, shell, jobdir, rec, spec=spec)
+        if rec.intent_at is None:  # accepted, never launched
+            self._start_again(run)
+        elif rec.ended:
+            self._end(run, self._ending(run))
+        elif rec.pid is not None:
+            if not self._adopt(run, rec.pid, running):
+                self._gone(run)
+        else:  # INTENT, no LAUNCH: the process that meant to start it died around the spawn
+            pid = find_process(key) or (find_process(str(jobdir / RUNFILE)) if jobdir.is_absolute() else None)
+            if pid is None or not self._adopt(run, pid, running):
+                run.recheck_at = rec.intent_at + self.start_timeout
+                self._rechecks.append(run)
+
+    def _adopt(self, run: Run, pid: int, running: bool) -> bool:
+        """Watch ``pid`` as ``run``'s wrapper if it is that (its key, or its old run file, in its arguments)."""
+        args = process_args(pid)
+        old = run.jobdir.is_absolute() and os.fsencode(run.jobdir / RUNFILE) in args
+        if not (os.fsencode(run.key) in args or old) or not pid_alive(pid):
+            return False
+        run.pid, run.occupies, run.spec = pid, True, None
+        self._occupied += 1
+        self._by_pid[pid] = run
+        if not self._watcher.watch(pid):
+            self._unwatched.add(pid)
+        if not running:
+            self._queue_report(run, StatusUpdate(run.fqid, S.RUNNING))
+        return True
+
+    def _start_again(self, run: Run) -> None:
+        """Start a run that never ran (with the others of the moment: :meth:`_restart`)."""
+        run.record.intent_at = None
+        self._restarts.append(run)
+
+    def _restart(self) -> None:
+        """Queue the runs to start again: from what each was accepted with (one pass over ``submitted.log`` for
+        all of them), or from an earlier version's run file."""
+        runs, self._restarts = self._restarts, []
+        wanted = {run.key for run in runs if run.spec is None}
+        specs = self.journal.accepted_specs(wanted) if wanted else {}
+        for run in runs:
+            run.spec = run.spec or specs.get(run.key)
+            if run.spec is None:
+                runfile = run.jobdir / RUNFILE
+                with contextlib.suppress(OSError):
+                    text = runfile.read_text()
+                    if f"ORCH_KEY={run.key}\n" in text or f"ORCH_KEY='{run.key}'\n" in text:
+                        run.runfile = runfile
+                if run.runfile is None:
+                    self._end(run, StatusUpdate(run.fqid, S.FAILED, reason="lost: no record of the run and no launch"))
+                    continue
+            self._queue.append(run)
+        self._wake.set()
+
+    # -------------------------------------------------------------- ends
+    def _read_events(self) -> None:
+        for key, word, _ in self.journal.read():
+            if word in ("END", "LOST"):
+                run = self._active.get(key)
+                if run is not None:
+                    self._end(run, self._ending(run))
+
+    def _ending(self, run: Run) -> StatusUpdate:
+        rec = run.record
+        if rec.reason is not None:
+            return StatusUpdate(run.fqid, S.FAILED, reason=rec.reason)
+        if rec.end_code == 0:
+            return StatusUpdate(run.fqid, S.COMPLETED, exit_code=0)
+        return StatusUpdate(run.fqid, S.FAILED, exit_code=rec.end_code, reason=f"exit code {rec.end_code}")
+
+    def _gone(self, run: Run) -> None:
+        """The run's wrapper is gone, and the events file (read last) has no END for it."""
         if run.ended:
-            if run.reason is not None:
-                return StatusUpdate(h.fqid, JobStatus.FAILED, reason=run.reason)
-            log = read_log(h.outputdir, h.attempt)
-            code = run.end_code if run.end_code is not None else log.exit_code
-            if code == 0:
-                return StatusUpdate(h.fqid, JobStatus.COMPLETED, exit_code=0)
-            return StatusUpdate(h.fqid, JobStatus.FAILED, exit_code=code, reason=f"exit code {code}")
-        if run.pid is None and run.intent_at is None:
-            return None  # queued
-        alive = run.pid is not None and (run.pid in self._children or not check_alive or pid_alive(run.pid))
-        if run.started:
-            if alive:
-                return StatusUpdate(h.fqid, JobStatus.RUNNING)
-            return self._lost(run, h, "the wrapper ended without an END line (killed or crashed)")
-        if run.intent_at is not None and now - run.intent_at > self.start_timeout and not alive:
-            if run.pid is None:  # the process that meant to launch it died around the spawn
-                return self._after_interrupted_launch(run, h)
-            return self._lost(run, h, "the wrapper never started")
-        return None
+            return
+        reason = ("the wrapper ended without an END line (killed or crashed)" if run.record.started
+                  else "the wrapper never started")
+        self.journal.write([(run.key, "LOST", reason)])
+        run.record.ended, run.record.reason = True, reason
+        self._end(run, StatusUpdate(run.fqid, S.FAILED, reason=reason))
 
-    def _after_interrupted_launch(self, run: _Run, h: RunHandle) -> StatusUpdate | None:
-        """INTENT but no LAUNCH: find the wrapper by its run file, or, if there is none and it never wrote
-        START, launch it now: it never ran, so this is its first start, not a second one."""
-        runfile = h.outputdir.parent / RUNFILE
-        pid = _wrapper_pid(runfile)
-        if pid is not None:
-            run.pid = pid
-            self._append(run.key, "LAUNCH", pid)
-            return None
-        if not run.runfile.name:
-            run.runfile, run.shell = runfile, str(h.settings.get("shell", "/bin/sh"))
-        run.intent_at = None
-        self._queue.append(run)
-        self._wake.set()
-        return None
+    def _end(self, run: Run, update: StatusUpdate) -> None:
+        if run.ended:
+            return
+        run.ended = True
+        if self._active.get(run.key) is run:
+            del self._active[run.key]
+        if run.occupies:
+            run.occupies = False
+            self._occupied -= 1
+            self._wake.set()
+        self._queue_report(run, update)
 
-    def _lost(self, run: _Run, h: RunHandle, reason: str) -> StatusUpdate:
-        run.ended, run.reason = True, reason
-        self._append(run.key, "LOST", reason)
-        return StatusUpdate(h.fqid, JobStatus.FAILED, reason=reason)
+    def _queue_report(self, run: Run, update: StatusUpdate) -> None:
+        if update.status == S.RUNNING and run.ended:
+            return  # its end was read first (a short run, ended while its batch was still being started)
+        self._pending[run.key] = (run, update)  # an end replaces a running not yet reported
+        self._report_wake.set()
 
-    def _adopt(self, h: RunHandle) -> StatusUpdate | None:
-        """A run submitted by an earlier orchestrator that never got to launch it: queue it now."""
-        runfile = h.outputdir.parent / RUNFILE
+    def _exited(self, pids: Sequence[int]) -> None:
+        for pid in pids:
+            reap(pid)
+            self._unwatched.discard(pid)
+        self._read_events()  # the END lines of these (a wrapper writes its END before it exits)
+        for pid in pids:
+            run = self._by_pid.pop(pid, None)
+            if run is not None:
+                self._gone(run)
+
+    # -------------------------------------------------------------- the loops
+    async def serve(self) -> None:
+        """Start queued runs as slots free up, learn of ends as they happen, report them, end lingering kills."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch_exits)
+            tg.start_soon(self._report_loop)
+            while not self._closed:
+                self._wake = anyio.Event()
+                now = time.time()
+                self._finish_kills(now)
+                self._look_around(now)
+                while self._inflight < SPAWNERS and (batch := self._take()):
+                    self._inflight += 1  # counted at once: _take sees the batch's slots taken
+                    self._idle = anyio.Event() if self._idle.is_set() else self._idle
+                    tg.start_soon(self._launch, batch)
+                with anyio.move_on_after(self._next_deadline(now)):
+                    await self._wake.wait()
+            tg.cancel_scope.cancel()
+
+    async def _watch_exits(self) -> None:
+        while True:
+            try:
+                pids = await self._watcher.ended()
+            except anyio.ClosedResourceError:
+                return
+            self._exited(pids)
+
+    async def _report_loop(self) -> None:
+        """What changed since the last report, in one report (while one is being taken in, the next gathers)."""
+        while not self._closed:
+            await self._report_wake.wait()
+            self._report_wake = anyio.Event()
+            pending, self._pending = self._pending, {}
+            updates = [u for run, u in pending.values() if not run.silent]
+            if updates and not self._closed:
+                self._counts["reports"] += 1
+                try:
+                    await self.context.report(updates)
+                except Exception as exc:  # the runtime's fault (closing): the ends are in the events file still
+                    self.context.log.warning("report failed", backend=self.name, error=repr(exc), runs=len(updates))
+
+    def _take(self) -> list[Run]:
+        """The next batch to start; its runs take their slots now."""
+        free = min(self.max_running - self._occupied, LAUNCH_BATCH)
+        batch: list[Run] = []
+        while self._queue and len(batch) < free:
+            run = self._queue.popleft()
+            if not run.ended and run.pid is None and not run.launching and self._active.get(run.key) is run:
+                run.launching = run.occupies = True
+                batch.append(run)
+        self._occupied += len(batch)
+        return batch
+
+    async def _launch(self, batch: list[Run]) -> None:
+        """INTENT lines (one write); the directories and the spawns, in a worker thread; LAUNCH lines (one write)."""
+        self._counts["batches"] += 1
         try:
-            text = runfile.read_text()
-        except FileNotFoundError:
-            return StatusUpdate(h.fqid, JobStatus.FAILED, reason="lost: no run file and no record of a launch")
-        if f"ORCH_KEY={h.backend_id}\n" not in text and f"ORCH_KEY='{h.backend_id}'\n" not in text:
-            return StatusUpdate(h.fqid, JobStatus.FAILED, reason="lost: the run file belongs to another run")
-        entry = _Run(h.backend_id, runfile, str(h.settings.get("shell", "/bin/sh")))
-        self._runs[h.backend_id] = entry
-        self._queue.append(entry)
-        self._wake.set()
-        return None
+            self.journal.write((run.key, "INTENT", "-") for run in batch)
+            now = time.time()
+            for run in batch:
+                run.record.intent_at = now
+            starts = starts_of(batch, self.wrapper, notify=str(self.journal.events), boot=self._boot)
+            await anyio.to_thread.run_sync(start_all, starts, self._out)
+        except OSError as exc:  # no INTENT line could be written (a full disk...): nothing of the batch starts
+            for run in batch:
+                run.launching = False
+                self._end(run, StatusUpdate(run.fqid, S.FAILED, reason=f"could not record its start: {exc}"))
+            return
+        finally:
+            self._inflight -= 1
+            if not self._inflight:
+                self._idle.set()
+            self._wake.set()  # another batch may start
+        lines: list[tuple[str, str, object]] = []
+        for start in starts:
+            run = start.run
+            run.launching = False
+            if start.pid is None and start.problem is None:  # killed before its turn: it never started
+                reason = "killed before it started"
+                lines.append((run.key, "LOST", reason))
+                run.record.ended, run.record.reason = True, reason
+                self._end(run, StatusUpdate(run.fqid, S.KILLED, reason=reason))
+                continue
+            if start.problem is not None:
+                lines.append((run.key, "LOST", start.problem))
+                run.record.ended, run.record.reason = True, start.problem
+                self._end(run, StatusUpdate(run.fqid, S.FAILED, reason=start.problem))
+                continue
+            assert start.pid is not None
+            run.pid, run.spec = start.pid, None
+            run.record.pid = start.pid
+            self._by_pid[start.pid] = run
+            if not self._watcher.watch(start.pid):
+                self._unwatched.add(start.pid)
+            lines.append((run.key, "LAUNCH", start.pid))
+            self._counts["launched"] += 1
+            if run.killed:  # killed while it was being started: it is stopped like any other
+                self._signal(run.pid)
+            else:
+                self._queue_report(run, StatusUpdate(run.fqid, S.RUNNING))
+        if lines:
+            try:
+                self.journal.write(lines)
+            except OSError as exc:  # they run and are watched; a restart finds them by their key
+                self.context.log.warning("could not write LAUNCH lines", backend=self.name, error=repr(exc))
+
+    def _look_around(self, now: float) -> None:
+        """Runs nothing tells about: INTENTs without a process whose time came, wrappers no pidfd watches."""
+        if self._rechecks:
+            due = [r for r in self._rechecks if r.recheck_at is not None and r.recheck_at <= now]
+            self._rechecks = [r for r in self._rechecks if r not in due]
+            self._read_events()
+            for run in due:
+                if run.ended:
+                    continue
+                pid = run.record.pid or find_process(run.key)
+                if pid is not None and self._adopt(run, pid, False):
+                    continue
+                if run.record.started:
+                    self._gone(run)
+                else:  # it never ran: this is its first start, not a second one
+                    self._start_again(run)
+            self._restart()
+        if self._unwatched and now - self._last_look >= LIVENESS_EVERY:
+            self._last_look = now
+            gone = []
+            for pid in list(self._unwatched):
+                reap(pid)
+                if not pid_alive(pid):
+                    gone.append(pid)
+                elif self._watcher.watch(pid):  # a descriptor came free
+                    self._unwatched.discard(pid)
+            if gone:
+                self._exited(gone)
+
+    def _next_deadline(self, now: float) -> float:
+        times = [d for d, _ in self._kills]
+        times += [r.recheck_at for r in self._rechecks if r.recheck_at is not None]
+        if self._unwatched:
+            times.append(self._last_look + LIVENESS_EVERY)
+        return max(0.0, min(times) - now) if times else math.inf
 
     # ---------------------------------------------------------------- kill
     async def kill(self, handle: RunHandle) -> None:
-        run = self._runs.get(handle.backend_id)
+        run = self._active.get(handle.backend_id)
         if run is None or run.ended:
             return
+        run.silent = run.killed = True
         if run.pid is None:
-            run.ended, run.reason = True, "killed before it started"
-            self._append(run.key, "LOST", run.reason)
+            if not run.launching:  # queued: it never starts (one being launched is stopped by _launch)
+                reason = "killed before it started"
+                self.journal.write([(run.key, "LOST", reason)])
+                run.record.ended, run.record.reason = True, reason
+                self._end(run, StatusUpdate(run.fqid, S.KILLED, reason=reason))
             return
-        try:
-            os.killpg(run.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        self._kills.append((time.time() + self.kill_grace, run.pid))
-        self._wake.set()
+        self._signal(run.pid)
         await anyio.lowlevel.checkpoint()
 
-    def _finish_kills(self) -> None:
-        now = time.time()
+    def _signal(self, pid: int) -> None:
+        """SIGTERM to the run's process group now, SIGKILL after ``kill_grace``."""
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        self._kills.append((time.time() + self.kill_grace, pid))
+        self._wake.set()
+
+    def _finish_kills(self, now: float) -> None:
         keep = []
         for deadline, pid in self._kills:
             if now < deadline:
                 keep.append((deadline, pid))
                 continue
-            with contextlib.suppress(ProcessLookupError):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
         self._kills = keep
 
+    async def forget(self, handles: Sequence[RunHandle]) -> None:
+        """No more interest in these runs: their ends are not reported, and one still queued never starts."""
+        for h in handles:
+            run = self._active.get(h.backend_id)
+            if run is not None:
+                run.silent = True
+                if run.pid is None and not run.launching:
+                    self._end(run, StatusUpdate(run.fqid, S.KILLED))
+
     async def aclose(self) -> None:
-        reap_children(self._children)
+        if self._closed:
+            return
+        self._closed = True
+        self._wake.set()
+        self._report_wake.set()
+        with anyio.move_on_after(10):  # starts under way in worker threads finish with the files still open
+            await self._idle.wait()
+        self._watcher.close()
+        for pid in list(self._by_pid):
+            reap(pid)
+        self.journal.close()
+        os.close(self._out)

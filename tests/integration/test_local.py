@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -10,6 +13,8 @@ import anyio
 import pytest
 
 from orchestrator import ArgSplitter, Backend, Executable, Job, JobError, Orchestrator, RetryPolicy
+from orchestrator.plugin.processes import ExitWatcher, reap, spawn_detached
+from orchestrator.plugin.wrapper import SpawnError
 
 pytestmark = pytest.mark.anyio
 
@@ -139,3 +144,86 @@ async def test_resubmit_clears_the_previous_output(tmp_path: Path) -> None:
         await j.wait(timeout=30)
         assert j.status == "completed" and (j.outputdir / "stdout").read_text() == "second\n"
         assert os.path.exists(j.outputdir / "orch.log")
+
+
+async def test_a_run_makes_its_dirs_and_files_and_nothing_else(tmp_path: Path) -> None:
+    """No file per run before it starts (its values go in its environment), and the application does not see the
+    wrapper's own variables, nor this process's ignored SIGPIPE (``yes`` ends quietly when ``head`` is done); what
+    the run leaves is the documented workspace."""
+    script = 'env > ../output/env.txt; yes | head -1'
+    async with Orchestrator(home=tmp_path / "home") as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", script]), backend="local",
+                                    splitter=ArgSplitter([["-c", script]] * 2)))
+        await j.submit()
+        await j.wait(timeout=30)
+        assert j.status == "completed"
+        sub = j.subjobs[1]
+        assert sorted(p.name for p in sub.workspace.iterdir()) == ["output", "work"]
+        assert sorted(p.name for p in sub.outputdir.iterdir()) == ["env.txt", "orch.log", "orch.usage", "stderr",
+                                                                 "stdout"]
+        seen = dict(line.split("=", 1) for line in (sub.outputdir / "env.txt").read_text().splitlines() if "=" in line)
+        assert seen["ORCH_FQID"] == sub.fqid and seen["ORCH_ATTEMPT"] == "1" and "ORCH_LOG" in seen
+        assert not {"ORCH_KEY", "ORCH_OUTDIR", "ORCH_NOTIFY", "ORCH_BIN", "ORCH_OUTPUTFILES"} & seen.keys()
+        assert (sub.outputdir / "stdout").read_text() == "y\n" and (sub.outputdir / "stderr").read_text() == ""
+        metrics = (await orch.metrics())["backends"]["local"]
+        assert metrics["ticks"] == 0  # the driver reports its runs' news: it was never polled
+        assert metrics["driver"]["launched"] == 2 and metrics["driver"]["reports"] >= 1
+
+
+CRASH_AFTER_SUBMIT = '''
+import anyio, os, signal, sys
+from orchestrator import ArgSplitter, Executable, Job, Orchestrator
+
+async def main(home, side):
+    script = 'echo "$1" >> "$2"; sleep 0.5'
+    args = [["-c", script, "sh", str(i), side] for i in range(8)]
+    async with Orchestrator(home=home, config={"backends": {"local": {"max_running": 2}}}) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh"), splitter=ArgSplitter(args), backend="local"))
+        await j.submit()
+        with anyio.fail_after(20):
+            while not os.path.exists(side):
+                await anyio.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGKILL)  # two running, six accepted and queued
+
+anyio.run(main, sys.argv[1], sys.argv[2])
+'''
+
+
+async def test_runs_queued_or_running_in_a_killed_process_are_run_once_by_the_next(tmp_path: Path) -> None:
+    """SIGKILL with two runs running and six queued: the next process watches the two (not its children: a pidfd
+    tells their end) and starts the six from what the first noted when it accepted them; each runs once."""
+    home, side = tmp_path / "home", tmp_path / "ran"
+    proc = subprocess.run([sys.executable, "-c", CRASH_AFTER_SUBMIT, str(home), str(side)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    async with Orchestrator(home=home, config={"backends": {"local": {"max_running": 2}}}) as orch:
+        j = orch.jobs[0]
+        await j.wait(timeout=30)
+        assert j.status == "completed" and {s.info.submit_counter for s in j.subjobs} == {1}
+    assert sorted(side.read_text().split()) == [str(i) for i in range(8)]
+
+
+async def test_exit_watcher_tells_an_end_when_it_happens(tmp_path: Path) -> None:
+    """The SDK's pieces: a detached start leads its own session; its end is told by its pidfd, the same for a
+    process this one did not start; past the watcher's limit, watch() says no."""
+    out = os.open(tmp_path / "out", os.O_WRONLY | os.O_CREAT)
+    try:
+        pid = spawn_detached(["/bin/sh", "-c", "sleep 0.3"], dict(os.environ), out=out)
+        other = subprocess.Popen(["/bin/sh", "-c", "sleep 0.2"])
+    finally:
+        os.close(out)
+    assert os.getpgid(pid) == pid and os.getsid(pid) == pid
+    watcher = ExitWatcher()
+    assert watcher.watch(pid) and watcher.watch(other.pid) and len(watcher) == 2
+    ended: list[int] = []
+    with anyio.fail_after(10):
+        while len(ended) < 2:
+            ended += await watcher.ended()
+    assert sorted(ended) == sorted([pid, other.pid]) and len(watcher) == 0
+    assert reap(pid) == 0 and other.wait() == 0
+    assert not ExitWatcher(limit=0).watch(os.getpid())
+    watcher.close()
+    with pytest.raises(anyio.ClosedResourceError):
+        await watcher.ended()
+    with pytest.raises(SpawnError, match="could not start the wrapper with /no/sh"):
+        spawn_detached(["/no/sh"], {}, out=1)

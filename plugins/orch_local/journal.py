@@ -1,0 +1,141 @@
+"""The ``local`` backend's two append-only files, in its state dir.
+
+``events.log``: one line per event of a run, ``KEY WORD VALUE... TIME``.
+The driver writes ``INTENT`` (a launch begins), ``LAUNCH pid`` (the wrapper
+was started) and ``LOST reason``; each wrapper writes ``START pid`` and
+``END code`` itself (``ORCH_NOTIFY``). The lines the driver writes at one
+moment (the INTENTs of a batch, then its LAUNCHes) go out in one write.
+
+``submitted.log``: one line per run accepted, ``KEY JSON``, with what
+starting it needs (its command, environment, directories): a run that a
+process accepted but died before starting is started by the next one from
+this line. The lines of the runs accepted in one tick go out in one write.
+
+Neither file is ever rewritten, only appended to, so a process that dies
+at any moment leaves them whole up to its last complete line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.plugin import RunSpec
+from orchestrator.plugin.wrapper import EventLines
+
+
+@dataclass(slots=True)
+class Record:
+    """What ``events.log`` says of one run (one key)."""
+
+    intent_at: float | None = None
+    pid: int | None = None
+    started: bool = False
+    ended: bool = False
+    end_code: int | None = None
+    reason: str | None = None
+
+
+def _append(fd: int, lines: Iterable[str]) -> None:
+    data = "".join(lines).encode()
+    while data:  # one write for a tick's lines; the loop only if the kernel took part of it
+        data = data[os.write(fd, data):]
+
+
+class Journal:
+    def __init__(self, statedir: Path) -> None:
+        self.events = statedir / "events.log"
+        self.submitted = statedir / "submitted.log"
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        self._events_fd = os.open(self.events, flags, 0o644)
+        self._submitted_fd = os.open(self.submitted, flags, 0o644)
+        self._lines = EventLines()
+        #: Every run the events file names, by key.
+        self.records: dict[str, Record] = {}
+        self._unwritten: list[str] = []
+        self._closed = False
+
+    # ------------------------------------------------------------ events.log
+    def write(self, events: Iterable[tuple[str, str, object]]) -> None:
+        """Append ``KEY WORD DATA TIME`` lines, in one write (none once closed: the next process reads what is)."""
+        if self._closed:
+            return
+        now = f"{time.time():.3f}"
+        _append(self._events_fd, (f"{key} {word} {data} {now}\n" for key, word, data in events))
+
+    def read(self) -> list[tuple[str, str, Record]]:
+        """The new lines of the events file, applied to :attr:`records`: ``(key, word, record)`` for each."""
+        out = []
+        for parts in self._lines.read(self.events):
+            key, word, value = parts[0], parts[1], parts[2]
+            rec = self.records.get(key)
+            if rec is None:
+                rec = self.records[key] = Record()
+            if word == "INTENT":
+                rec.intent_at = float(parts[3]) if len(parts) > 3 else time.time()
+            elif word in ("LAUNCH", "START"):
+                rec.pid = int(value) if value.isdigit() else rec.pid
+                rec.started = rec.started or word == "START"
+            elif word == "END":
+                rec.ended, rec.end_code = True, int(value) if value.lstrip("-").isdigit() else None
+            elif word == "LOST":
+                rec.ended, rec.reason = True, " ".join(parts[2:-1])
+            else:
+                continue
+            out.append((key, word, rec))
+        return out
+
+    # ------------------------------------------------------------ submitted.log
+    def accepted(self, run: RunSpec) -> None:
+        """Note what starting ``run`` needs; written with the others of this tick by :meth:`flush_accepted`."""
+        self._unwritten.append(f"{run.key} {json.dumps(spec_data(run), separators=(',', ':'))}\n")
+
+    def flush_accepted(self) -> None:
+        if self._unwritten and not self._closed:
+            lines, self._unwritten = self._unwritten, []
+            _append(self._submitted_fd, lines)
+
+    def accepted_specs(self, keys: set[str]) -> dict[str, RunSpec]:
+        """The last run accepted under each of ``keys``, as it was accepted (one pass over the file: read when a
+        restart needs it)."""
+        found: dict[str, bytes] = {}
+        try:
+            with open(self.submitted, "rb") as f:
+                for line in f:
+                    key, _, data = line.partition(b" ")
+                    if line.endswith(b"\n") and (name := key.decode(errors="replace")) in keys:
+                        found[name] = data
+        except FileNotFoundError:
+            return {}
+        return {key: spec_from_data(json.loads(data)) for key, data in found.items()}
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            for fd in (self._events_fd, self._submitted_fd):
+                os.close(fd)
+
+
+_PATHS = ("jobdir", "inputdir", "outputdir", "workdir")
+
+
+def spec_data(run: RunSpec) -> dict[str, Any]:
+    """``run`` as JSON data (paths as strings, tuples as lists)."""
+    return {"fqid": run.fqid, "index": run.index, "attempt": run.attempt, "key": run.key,
+            "executable": run.executable, "args": list(run.args), "env": dict(run.env),
+            "settings": dict(run.settings), "inputs": [str(p) for p in run.inputs],
+            "outputfiles": list(run.outputfiles), **{k: str(getattr(run, k)) for k in _PATHS},
+            "mode": run.mode, "retry_count": run.retry_count, "retry_args": list(run.retry_args)}
+
+
+def spec_from_data(data: dict[str, Any]) -> RunSpec:
+    return RunSpec(fqid=data["fqid"], index=data["index"], attempt=data["attempt"], key=data["key"],
+                   executable=data["executable"], args=tuple(data["args"]), env=data["env"],
+                   settings=data["settings"], inputs=tuple(Path(p) for p in data["inputs"]),
+                   outputfiles=tuple(data["outputfiles"]), **{k: Path(data[k]) for k in _PATHS},
+                   mode=data["mode"], retry_count=data["retry_count"], retry_args=tuple(data["retry_args"]))
