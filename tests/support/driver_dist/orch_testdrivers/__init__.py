@@ -10,7 +10,7 @@ distribution (``orch_testdrivers-0.1.dist-info`` beside this package, put on ``s
   declaring no bulk capability, so the runtime calls the single-run forms the SDK derives from them. A run
   whose first argument is ``hang`` runs until killed; any other completes at its first status query.
 - ``hollow``: implements neither form of submit nor of kill: refused when loaded.
-- ``limbo``: ``local``, whose status answers for a run's first attempt are nonsense: the runtime hears
+- ``limbo``: ``local``, whose word on a run's first attempt is nonsense: the runtime hears
   nothing intelligible of it, declares it lost after ``lost_after_seconds`` while its process still
   lives, and retries it; later attempts are answered as ``local`` answers them.
 """
@@ -124,10 +124,31 @@ class HollowDriver(Driver):
 
 
 class LimboDriver(LocalDriver):
+    """``local`` (a reporting driver) whose word on a run's first attempt is replaced by nonsense, said every
+    0.1 s: the runtime hears nothing intelligible of that attempt and declares it lost."""
+
     name = "limbo"
 
-    async def status_bulk(self, handles: Sequence[RunHandle]) -> list[StatusUpdate]:
-        first = [h for h in handles if h.attempt == 1]
-        later = [h for h in handles if h.attempt != 1]
-        answers = await super().status_bulk(later) if later else []
-        return [*answers, *(StatusUpdate(h.fqid, "in limbo") for h in first)]  # type: ignore[arg-type]
+    def __init__(self, context: DriverContext) -> None:
+        super().__init__(context)
+        self.first: set[str] = set()
+
+    async def submit(self, run: RunSpec) -> str:
+        (self.first.add if run.attempt == 1 else self.first.discard)(run.fqid)
+        return await super().submit(run)
+
+    async def serve(self) -> None:
+        said = self.context.report  # the runtime's, set before serve() starts
+
+        async def filtered(updates: Sequence[StatusUpdate]) -> None:
+            kept = [u for u in updates if u.fqid not in self.first]
+            if kept:
+                await said(kept)
+
+        self.context.report = filtered
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(super().serve)
+            while True:
+                await anyio.sleep(0.1)
+                if self.first:
+                    await said([StatusUpdate(f, "in limbo") for f in sorted(self.first)])  # type: ignore[arg-type]
