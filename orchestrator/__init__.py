@@ -3,7 +3,14 @@
 from .api.job import Job, SubjobList
 from .api.orchestrator import Orchestrator
 from .api.slices import JobSlice
-from .core.errors import ConfigError, HomeLockedError, JobError, OrchestratorError, RepositoryError
+from .core.errors import (
+    ConfigError,
+    HomeLockedError,
+    JobError,
+    OrchestratorError,
+    RepositoryError,
+    RepositoryHeldError,
+)
 from .core.model import Backend, Executable, JobInfo, RetryPolicy
 from .core.splitters import ArgSplitter, FileSplitter, GenericSplitter, Splitter
 from .core.statuses import JobStatus
@@ -18,6 +25,7 @@ __version__ = "0.2.0"
 __all__ = [
     "ArgSplitter", "Backend", "ConfigError", "CustomChecker", "CustomMerger", "Executable", "FileChecker",
     "FileSplitter", "GenericSplitter", "HomeLockedError", "Job", "JobError", "JobInfo", "JobSlice", "JobStatus",
-    "Merger", "Notifier", "Orchestrator", "OrchestratorError", "Postprocessor", "RepositoryError", "RetryPolicy",
+    "Merger", "Notifier", "Orchestrator", "OrchestratorError", "Postprocessor", "RepositoryError",
+    "RepositoryHeldError", "RetryPolicy",
     "plugins", "Splitter", "StepSplitter", "SubjobList", "TextMerger",
 ]

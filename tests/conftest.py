@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-#: Fixtures of the service tests (``services``, ``shared``), usable by name in any module.
-pytest_plugins = ("served", "transports")
+#: Fixtures of the service tests (``services``, ``shared``) and of PostgreSQL (``postgres_server``, ``pg_url``),
+#: usable by name in any module.
+pytest_plugins = ("postgres", "served", "transports")
 
 
 @pytest.fixture

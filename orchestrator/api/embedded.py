@@ -39,6 +39,7 @@ class Embedded:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.home: Path = runtime.home
+        self.workspace: Path = runtime.workspace.root
 
     # ------------------------------------------------------------ reads
     def job_ids(self) -> list[int]:
@@ -161,7 +162,7 @@ class Embedded:
         if not self.exists(fq):
             raise JobError("no such job", fqid=".".join(map(str, fq)))
         status = self.status(fq)
-        jobdir = self.home.joinpath("workspace", *map(str, fq))
+        jobdir = self.workspace.joinpath(*map(str, fq))
         return read_file(jobdir, name, tail, running=status in (JobStatus.RUNNING, JobStatus.COMPLETING),
                          fqid=".".join(map(str, fq)))
 

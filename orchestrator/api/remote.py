@@ -57,7 +57,10 @@ class Remote:
     def __init__(self, home: Path, client: ServiceClient) -> None:
         self.home = home
         self.client = client
-        self.socket = ServicePaths(home).socket
+        #: The service's socket: the home's own, or the active service's of a pair.
+        self.socket = client.socket or ServicePaths(home).socket
+        #: Told by the service at the first read (a shared repository keeps it in its shared directory).
+        self.workspace = home / "workspace"
         self._sync = SyncCaller(self.socket)
         self._tops: dict[int, Mirror] = {}
         self._stale: set[int] = set()
@@ -100,6 +103,8 @@ class Remote:
 
     def _take(self, answer: dict[str, Any], jobs: Sequence[int] | None) -> None:
         step = int(answer["step"])
+        if answer.get("workspace"):
+            self.workspace = Path(answer["workspace"])
         seen = set()
         for r in answer["jobs"]:
             codes = bytearray(r["codes"].encode().translate(_FROM_DIGITS)) if r.get("codes") is not None else None
@@ -279,7 +284,7 @@ class Remote:
         return list(await self.client.call("states", fqid=fqid_str(fq)))
 
     async def events(self) -> AsyncIterator[Any]:
-        async with ServiceClient.for_home(self.home) as client:
+        async with ServiceClient(socket=self.socket) as client:
             async for item in client.events():
                 if "type" in item:
                     yield codec.decode(item)
@@ -292,9 +297,10 @@ class Remote:
         return await self.client.call("metrics")  # type: ignore[no-any-return]
 
 
-async def connect_remote(home: Path, stack: AsyncExitStack, *, required: bool) -> Remote | None:
-    """The transport through the service on ``home``, or ``None`` when no service holds it."""
-    client = await connect(home)
+async def connect_remote(home: Path, stack: AsyncExitStack, *, required: bool,
+                         client: ServiceClient | None = None) -> Remote | None:
+    """The transport through the service on ``home`` (or ``client``'s), or ``None`` when no service holds it."""
+    client = client or await connect(home)
     if client is None:
         if required:
             raise ServiceUnavailable(f"no orchestrator service holds {home} "

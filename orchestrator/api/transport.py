@@ -45,6 +45,8 @@ class Transport(Protocol):
     """See the module docstring. Every ``fq`` is a fully qualified id as a tuple."""
 
     home: Path
+    #: The root of the job directories (``<home>/workspace``, or in a shared repository's shared directory).
+    workspace: Path
 
     # ------------------------------------------------------------ reads
     def job_ids(self) -> list[int]: ...

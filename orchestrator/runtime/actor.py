@@ -60,8 +60,12 @@ class Actor:
                  run_specs: Callable[[Runs, Sequence[int], dict[int, list[str]]], list[RunSpec]],
                  prepare: Callable[[Sequence[RunSpec], str, str | None],
                                    Awaitable[tuple[dict[str, str], dict[str, dict[str, Any]]]]],
-                 record_id: Callable[[RunKey, str | None], None], concurrency: int, log: Any) -> None:
+                 record_id: Callable[[RunKey, str | None], None], concurrency: int, log: Any,
+                 confirm: Callable[[], Awaitable[None]] | None = None) -> None:
         self.name = name
+        #: Awaited before a backend hears of runs: this process is still the repository's writer (a shared
+        #: repository's lease; it raises once another process took over, and nothing is sent).
+        self.confirm = confirm
         self.driver = driver
         self.post = post
         self.run_specs = run_specs
@@ -170,6 +174,8 @@ class Actor:
                 by_settings.setdefault(name, []).append((g, k))
         for members in by_settings.values():
             runs = [specs[g][k] for g, k in members]
+            if self.confirm is not None:
+                await self.confirm()
             outcomes, native = await bulk.submit(self.driver, runs, native=ins0.native,
                                                  stop_on_failure=ins0.stop_on_failure, concurrency=self.concurrency)
             for (g, k), outcome in zip(members, outcomes, strict=True):

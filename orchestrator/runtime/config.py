@@ -62,6 +62,9 @@ class Config:
         for key in ("poll_interval", "emulated_bulk_concurrency"):
             if not isinstance(core[key], (int, float)) or core[key] <= 0:
                 raise ConfigError(f"{where}: core.{key} must be a positive number")
+        from .repository import Storage  # the check of [repository], where its settings are read
+
+        Storage.of(Path(), self.section("repository"), where)
         try:
             parse_rules(self.data.get("actions", []))
         except ConfigError as exc:

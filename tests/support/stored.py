@@ -1,4 +1,8 @@
-"""What a stopped orchestrator left on disk, read with the runtime's own loader (nothing runs, nothing changes)."""
+"""What an orchestrator stored, read with the runtime's own loader (nothing runs, nothing changes).
+
+The home's settings say which repository: its SQLite file, or the PostgreSQL database of ``[repository]
+url``, which is read without taking its lease (a service may be writing it meanwhile).
+"""
 
 from __future__ import annotations
 
@@ -9,12 +13,14 @@ from typing import Any
 import anyio
 
 from orchestrator.core.statuses import JobStatus
-from orchestrator.runtime.repository import Loaded, Repository
+from orchestrator.runtime.config import Config
+from orchestrator.runtime.repository import Loaded, Storage
 
 
 async def load(home: Path) -> Loaded:
-    repo = Repository(home / "repository.sqlite")
-    await repo.open()
+    storage = Storage.of(home, Config.load(home).section("repository"))
+    repo = storage.repository()
+    await repo.open(readonly=storage.shared)
     try:
         return await repo.load()
     finally:
