@@ -249,16 +249,21 @@ class Actor:
                 self.log.warning("lookup of interrupted submissions failed; will ask again", backend=self.name,
                                  error=repr(exc), fqid=str(ins.runs.job))
                 await anyio.sleep(1.0)
-        have, absent = [], []
+        have, absent, adopted = [], [], []
         for k, (run, backend_id) in enumerate(zip(specs, found, strict=True)):
             if backend_id:
                 key: RunKey = (ins.runs.job, None if ins.runs.indexes is None else run.index)
                 self.record_id(key, backend_id)
-                self.hold(key, RunHandle(run.fqid, run.index, backend_id, run.settings, run.outputdir,
-                                         JobStatus.SUBMITTED, run.key, run.attempt, run.jobdir))
+                handle = RunHandle(run.fqid, run.index, backend_id, run.settings, run.outputdir,
+                                   JobStatus.SUBMITTED, run.key, run.attempt, run.jobdir)
+                self.hold(key, handle)
                 have.append(k)
+                if self.driver.capabilities_for(run.settings).reports:
+                    adopted.append(handle)
             else:
                 absent.append(k)
+        if adopted:  # a reporting driver hears of a run adopted after a restart as of one reattached
+            await self.driver.track(adopted)
         if have:
             self.log.info("interrupted submissions found at the backend: adopted", backend=self.name,
                           fqid=str(ins.runs.job), count=len(have))
