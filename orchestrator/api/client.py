@@ -145,6 +145,8 @@ def _answer(response: httpx.Response) -> Any:
         raise _job_error(message, error.get("fqid"), error.get("field"))
     if response.status_code == 503 and error.get("error") == "standby":
         raise StandbyService(message, error.get("leader"))
+    if response.status_code == 503:
+        raise ServiceUnavailable(f"service: {message}")
     raise OrchestratorError(f"service: {response.status_code} {message}")
 
 

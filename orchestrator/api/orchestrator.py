@@ -25,7 +25,7 @@ from ..core.errors import JobError, OrchestratorError
 from ..plugin.logs import configure as configure_logs
 from ..runtime.config import Config
 from ..runtime.homelock import SERVICE_ROLE, HomeLock
-from ..runtime.repository import Storage
+from ..runtime.storage import Storage
 from .registry import JobRegistry
 from .transport import Transport
 
@@ -184,7 +184,7 @@ class Orchestrator:
         storage = Storage.of(self.home, Config.load(self.home, self._overrides).section("repository"))
         if not storage.shared:
             return None
-        from ..runtime.postgres.repository import read_lease
+        from ..runtime.postgres.connect import read_lease
         from .client import follow
 
         view = await read_lease(storage.url)

@@ -62,7 +62,7 @@ class Config:
         for key in ("poll_interval", "emulated_bulk_concurrency"):
             if not isinstance(core[key], (int, float)) or core[key] <= 0:
                 raise ConfigError(f"{where}: core.{key} must be a positive number")
-        from .repository import Storage  # the check of [repository], where its settings are read
+        from .storage import Storage  # the check of [repository], where its settings are read
 
         Storage.of(Path(), self.section("repository"), where)
         try:

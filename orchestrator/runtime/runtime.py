@@ -56,8 +56,9 @@ from .limits import check_subjob
 from .monitor import Ending, Monitor
 from .postprocess import Postprocessing
 from .prepare import Preparer
-from .repository import RunsRow, StateRow, Storage, TopRow
+from .repository import RunsRow, StateRow, TopRow
 from .runs import read_ending
+from .storage import Storage
 from .workspace import Workspace
 from .writer import Writer, restore
 

@@ -78,16 +78,7 @@ class Api:
 
     # ------------------------------------------------------------ access
     def _refuse(self, req: Request) -> Response | None:
-        if req.via == "unix":
-            if req.peer_uid != self.owner_uid:
-                return _error(403, "forbidden", "only the service's owner may use its socket")
-            return None
-        shown = _bearer(req.headers.get("authorization", "")) or _cookie(req.headers.get("cookie", ""), COOKIE)
-        if self.token is None or shown is None or not secrets.compare_digest(shown.encode(), self.token.encode()):
-            response = _error(401, "unauthorized", "a bearer token is required (see the service's token file)")
-            response.headers.append(("www-authenticate", 'Bearer realm="orchestrator"'))
-            return response
-        return None
+        return refusal(req, self.token, self.owner_uid)
 
     def _login(self, shown: str) -> Response:
         """``/?token=...`` from a browser: keep the token in a cookie and drop it from the address bar."""
@@ -157,6 +148,20 @@ class Api:
                 if isinstance(event, Event):
                     data = json.dumps({"seq": seq, **codec.encode(event)}, separators=(",", ":"), default=str)
                     yield f"data: {data}\n\n".encode()
+
+
+def refusal(req: Request, token: str | None, owner_uid: int) -> Response | None:
+    """Who may call (the active service and a standby alike): the answer to one who may not, else ``None``."""
+    if req.via == "unix":
+        if req.peer_uid != owner_uid:
+            return _error(403, "forbidden", "only the service's owner may use its socket")
+        return None
+    shown = _bearer(req.headers.get("authorization", "")) or _cookie(req.headers.get("cookie", ""), COOKIE)
+    if token is None or shown is None or not secrets.compare_digest(shown.encode(), token.encode()):
+        response = _error(401, "unauthorized", "a bearer token is required (see the service's token file)")
+        response.headers.append(("www-authenticate", 'Bearer realm="orchestrator"'))
+        return response
+    return None
 
 
 def _page(name: str = "page.html") -> bytes:

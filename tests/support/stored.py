@@ -14,7 +14,8 @@ import anyio
 
 from orchestrator.core.statuses import JobStatus
 from orchestrator.runtime.config import Config
-from orchestrator.runtime.repository import Loaded, Storage
+from orchestrator.runtime.repository import Loaded
+from orchestrator.runtime.storage import Storage
 
 
 async def load(home: Path) -> Loaded:

@@ -22,8 +22,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -33,14 +33,13 @@ from ...core.errors import RepositoryError, RepositoryHeldError
 from ...core.splitters import DEFERRED, is_deferred
 from ..repository import TIME_KINDS, Loaded, RunsRow, Save, StateRow, TopRow, dumps, shown_url
 from . import schema
-from .lease import Lease, LeaseView, inspect
+from .connect import connect, unreachable
+from .lease import Lease, LeaseView
 from .side import SideLoop
 
 S = schema.SCHEMA
 #: Seconds a synchronous look-up may take before it is an error.
 LOOKUP_TIMEOUT = 60.0
-#: Seconds connecting may take.
-CONNECT_TIMEOUT = 10.0
 _RUNS_UPSERT = (f"INSERT INTO {S}.runs VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (job) DO UPDATE SET "
                 "status = EXCLUDED.status, attempt = EXCLUDED.attempt, t_submitting = EXCLUDED.t_submitting, "
                 "t_submitted = EXCLUDED.t_submitted, t_running = EXCLUDED.t_running, t_final = EXCLUDED.t_final")
@@ -408,30 +407,3 @@ class PgRepository:
             r = await self.db.fetchrow(f"SELECT job, seq, time, final, data FROM {S}.states WHERE job = $1 "
                                        "AND seq = $2", job, seq)
         return StateRow(r[0], r[1], r[2], r[3], r[4]) if r else None
-
-
-@contextmanager
-def unreachable(where: str) -> Iterator[None]:
-    """Around connecting: a database that cannot be reached is a :class:`RepositoryError` naming it."""
-    try:
-        yield
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
-        raise RepositoryError(f"cannot use the repository {where}: {type(exc).__name__}: {exc}; check "
-                              "[repository] url (or --repository) and that the database server runs",
-                              path=where) from exc
-
-
-async def connect(url: str) -> asyncpg.Connection:
-    return await asyncpg.connect(url, timeout=CONNECT_TIMEOUT, server_settings={"application_name": "orchestrator"})
-
-
-async def read_lease(url: str) -> LeaseView | None:
-    """Who writes the repository at ``url`` now, and where it answers; ``None`` when it has no schema yet."""
-    with unreachable(shown_url(url)):
-        conn = await connect(url)
-        try:
-            if await schema.version(conn) is None:
-                return None
-            return await inspect(conn)
-        finally:
-            await conn.close()
