@@ -229,5 +229,5 @@ def describe_address(address: Any) -> str:
     """Where a service answers, for a message."""
     if not isinstance(address, dict):
         return "none yet"
-    tcp = f", 127.0.0.1:{address['tcp_port']}" if address.get("tcp_port") is not None else ""
-    return f"pid {address.get('pid')} on {address.get('host')}, socket {address.get('socket')}{tcp}"
+    tcp = f", {address.get('host')}:{address['tcp_port']}" if address.get("tcp_port") is not None else ""
+    return f"pid {address.get('pid')} on {address.get('hostname')}, socket {address.get('socket')}{tcp}"

@@ -281,8 +281,8 @@ class Service:
 
     def _write_info(self, bound: int | None, role: str) -> dict[str, Any]:
         """``<home>/service/service.json``: where this service answers; also what the lease publishes."""
-        info = {"pid": os.getpid(), "socket": str(self.paths.socket), "tcp_port": bound, "host": socket.gethostname(),
-                "home": str(self.home), "started": self.started, "role": role}
+        info = {"pid": os.getpid(), "socket": str(self.paths.socket), "tcp_port": bound, "host": "127.0.0.1",
+                "hostname": socket.gethostname(), "home": str(self.home), "started": self.started, "role": role}
         tmp = self.paths.info.with_suffix(".tmp")
         tmp.write_text(json.dumps(info) + "\n")
         tmp.replace(self.paths.info)

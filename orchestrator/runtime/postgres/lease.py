@@ -3,7 +3,7 @@
 One row (``orchestrator.lease``): the fencing token, the holder (a
 description: role, PID, host, home), when the lease expires by the
 database's clock, and where the holder answers (``address``, JSON: its
-socket, TCP port, host, PID). Besides, the holder keeps a session-level
+socket, TCP port, host name, PID). Besides, the holder keeps a session-level
 advisory lock ``(LEASE_LOCK, token)`` on its lease connection: PostgreSQL
 drops it the moment that connection closes, which is how a standby tells a
 dead holder (its process gone, the lock free) from a live one at once,
@@ -66,7 +66,7 @@ class LeaseView:
         if self.address:
             where = f", answering on {self.address.get('socket')}"
             if self.address.get("tcp_port") is not None:
-                where += f" and 127.0.0.1:{self.address['tcp_port']} on {self.address.get('host')}"
+                where += f" and {self.address.get('host')}:{self.address['tcp_port']} on {self.address.get('hostname')}"
         state = "" if self.left is None else (f"; its lease runs {self.left:.1f} s more" if self.left > 0 else
                                               f"; its lease expired {-self.left:.1f} s ago")
         return f"{self.holder}{where}{state}"
