@@ -87,14 +87,17 @@ STEP_DOWN = 75
 
 
 class Front:
-    """What the listeners call: "starting" (or the standby's answers), then, once the home is open, the API."""
+    """What the listeners call: "starting" (or the standby's answers), then, once the home is open, the API;
+    "stopping" while the home closes."""
 
     def __init__(self) -> None:
         self.handler: Any = None
+        self.stopping = False
 
     async def __call__(self, req: Request) -> Response:
         if self.handler is None:
-            return Response.json({"error": "starting", "message": "the orchestrator service is starting",
+            state = "stopping" if self.stopping else "starting"
+            return Response.json({"error": state, "message": f"the orchestrator service is {state}",
                                   "fqid": None, "field": None}, 503)
         return await self.handler(req)  # type: ignore[no-any-return]
 
@@ -142,6 +145,7 @@ class Service:
         self.signalled = 0.0
 
     async def run(self, signals: Any, tcp_port: int | None, token_file: Path | None) -> int:
+        self.signals = signals
         section = self.settings.section("service")
         grace = float(section["stop_timeout"])
         port = tcp_port if tcp_port is not None else int(section["tcp_port"])
@@ -153,31 +157,46 @@ class Service:
             raise ConfigError("a token file is for the TCP listener: give --tcp-port (or [service] tcp_port) too")
         token = read_token(tokens or self.paths.dir / "token", create=True) if port >= 0 else None
         self.token_path = tokens or self.paths.dir / "token"
+        try:
+            return await self._serve(port, token, max_body, grace)
+        except BaseExceptionGroup as group:  # one error inside the task groups: the one the user reads
+            leaves = _leaves(group)
+            if len(leaves) == 1:
+                raise leaves[0] from None
+            raise
+        finally:
+            self.paths.info.unlink(missing_ok=True)
+            self.paths.socket.unlink(missing_ok=True)
+
+    async def _serve(self, port: int, token: str | None, max_body: int, grace: float) -> int:
+        """The listeners outside, the home inside: the home is closed (after the API stopped answering and the
+        workflows let go of it) before the sockets close."""
         code = 0
-        async with AsyncExitStack() as stack:
-            orch = None if self.storage.shared else await self._open(stack)
-            front = Front()
-            standby = Standby(self.home, self.storage.where, token)
-            if orch is None:
-                front.handler = standby
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._watch_signals, signals)
-                bound = await self._listen(tg, front, port, max_body)
-                if orch is None:
-                    self._write_info(bound, "standby")
-                    self.log.info("service standby", home=str(self.home), repository=self.storage.where,
-                                  socket=str(self.paths.socket), tcp_port=bound)
-                    orch = await self._wait_and_open(stack, standby)
-                if orch is not None:
-                    code = await self._active(orch, tg, front, token, bound, grace)
-                tg.cancel_scope.cancel()
+        front = Front()
+        async with anyio.create_task_group() as listeners:
+            listeners.start_soon(self._watch_signals, self.signals)
             try:
-                await stack.aclose()
+                async with AsyncExitStack() as stack:
+                    orch = None if self.storage.shared else await self._open(stack)
+                    bound = await self._listen(listeners, front, port, max_body)
+                    if orch is None:
+                        standby = front.handler = Standby(self.home, self.storage.where, token)
+                        self._write_info(bound, "standby")
+                        self.log.info("service standby", home=str(self.home), repository=self.storage.where,
+                                      socket=str(self.paths.socket), tcp_port=bound)
+                        orch = await self._wait_and_open(stack, standby)
+                    if orch is not None:
+                        async with anyio.create_task_group() as tg:
+                            # a damaged workflows.sqlite refuses the start, as the repository does
+                            await tg.start(_host_workflows, orch)
+                            code = await self._active(orch, front, token, bound, grace)
+                            tg.cancel_scope.cancel()
+                    front.handler = None
+                    front.stopping = True
             except RepositoryHeldError as exc:  # the last write of one that lost the lease: refused
                 self.log.error("the repository refused this service's last write", error=str(exc))
                 code = STEP_DOWN
-        self.paths.info.unlink(missing_ok=True)
-        self.paths.socket.unlink(missing_ok=True)
+            listeners.cancel_scope.cancel()
         return code
 
     async def _open(self, stack: AsyncExitStack) -> Orchestrator:
@@ -238,12 +257,11 @@ class Service:
             await watch.close()
         return None
 
-    async def _active(self, orch: Orchestrator, tg: TaskGroup, front: Front, token: str | None,
-                      bound: int | None, grace: float) -> int:
+    async def _active(self, orch: Orchestrator, front: Front, token: str | None, bound: int | None,
+                      grace: float) -> int:
         """Answer, monitor and write until a signal (exit 0) or the lease's loss (:data:`STEP_DOWN`)."""
         runtime = orch.runtime
         api = Api(Control(Embedded(runtime)), runtime.bus, token=token, metrics=runtime.enable_prometheus().render)
-        await tg.start(_host_workflows, orch)  # a damaged workflows.sqlite refuses the start, as the repository does
         front.handler = api
         address = self._write_info(bound, "active")
         await runtime.repo.announce(address)
@@ -304,3 +322,10 @@ async def _host_workflows(orch: Orchestrator, *, task_status: TaskStatus[None] =
     async with Workflows(orch):
         task_status.started()
         await anyio.sleep_forever()
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for e in group.exceptions:
+        out += _leaves(e) if isinstance(e, BaseExceptionGroup) else [e]
+    return out

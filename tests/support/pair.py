@@ -24,6 +24,12 @@ from supervised import Robust, Supervised
 from orchestrator.api.client import ServiceClient, ServiceUnavailable, connect
 
 
+def home_settings(url: str, shared: Path, *, lease_seconds: float = 5.0, core: str = "") -> str:
+    """A home's ``orchestrator.toml`` on the shared repository ``url`` (``core``: lines of ``[core]``)."""
+    return (f"[core]\n{core}\n[repository]\nurl = {url!r}\nshared_dir = {str(shared)!r}\n"
+            f"lease_seconds = {lease_seconds}\n")
+
+
 def pair_homes(root: Path, url: str, *, lease_seconds: float = 5.0, core: str = "") -> tuple[Path, Path, Path]:
     """Homes ``a`` and ``b`` on ``url``, sharing ``root/shared``; returns (a, b, shared)."""
     shared = root / "shared"
@@ -32,9 +38,7 @@ def pair_homes(root: Path, url: str, *, lease_seconds: float = 5.0, core: str = 
     for name in ("a", "b"):
         home = root / name
         home.mkdir(parents=True, exist_ok=True)
-        (home / "orchestrator.toml").write_text(
-            f"[core]\n{core}\n[repository]\nurl = {url!r}\nshared_dir = {str(shared)!r}\n"
-            f"lease_seconds = {lease_seconds}\n")
+        (home / "orchestrator.toml").write_text(home_settings(url, shared, lease_seconds=lease_seconds, core=core))
         homes.append(home)
     return homes[0], homes[1], shared
 

@@ -87,9 +87,12 @@ class WorkflowStore:
                 raise
 
     async def close(self) -> None:
+        """Shielded: closed as the service stops (a cancellation), the connection's thread must still end
+        before the loop does, or it calls back into a closed loop."""
         if self._db is not None:
             db, self._db = self._db, None
-            await db.close()
+            with anyio.CancelScope(shield=True):
+                await db.close()
 
     @property
     def db(self) -> aiosqlite.Connection:
