@@ -71,7 +71,6 @@ async def test_the_standby_points_to_the_active_service_and_clients_follow(
     seen = await health(b)
     assert seen is not None and seen["role"] == "standby", seen
     assert seen["leader"]["socket"] == str(active.socket) and seen["leader"]["pid"] == active.pid
-    assert "active service is the orchestrator service, pid" in cli(b, "show", "0").stderr or True
 
     # The CLI on the standby's home goes to the active service; so does a home with no service at all.
     job = cli_ok(b, "submit", str(sim_jobfile(tmp_path / "job.toml", 3, 0.5))).strip()

@@ -28,6 +28,17 @@ async def load(home: Path) -> Loaded:
         await repo.close()
 
 
+async def home_key(home: Path) -> str:
+    """The prefix of the home's idempotency keys (a shared repository's, for every home on it)."""
+    storage = Storage.of(home, Config.load(home).section("repository"))
+    repo = storage.repository()
+    await repo.open(readonly=storage.shared)
+    try:
+        return await repo.home_key()
+    finally:
+        await repo.close()
+
+
 def jobs_and_subjobs(home: Path) -> tuple[dict[int, str], dict[int, dict[int, tuple[str, dict[str, Any]]]]]:
     """job id -> status; master -> index -> (status, info with its submit_counter) (outside an event loop)."""
     return anyio.run(read_jobs_and_subjobs, home)
