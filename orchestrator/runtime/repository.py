@@ -134,9 +134,9 @@ class Repository(Protocol):
         """Before a backend hears of a run: returns once this process is known to be the repository's writer
         (a shared one's lease renewed recently); raises :class:`RepositoryHeldError` if it no longer is."""
 
-    async def lost(self) -> None:
-        """Returns when another process has taken the repository over (this one may no longer write);
-        never, for a repository only this home uses."""
+    async def lost(self) -> str:
+        """Returns (saying why) when this process may no longer write: another took the repository over, or
+        its standing could not be confirmed; never, for a repository only this home uses."""
 
     async def announce(self, address: Mapping[str, Any]) -> None:
         """Say where this process answers (its socket, its TCP port), for the clients of other homes on a

@@ -170,12 +170,12 @@ class Runtime:
 
     async def _watch_repository(self) -> None:
         """A shared repository taken over by another process: from then on nothing is written or sent."""
-        await self.repo.lost()
+        why = await self.repo.lost()
         self.lost = self.closing = True
         for monitor in self._monitors.values():
             monitor.stopped = True
-        self.log.error("another process took the repository over: this one writes nothing more and sends "
-                       "nothing more to the backends", repository=self.repo.where)
+        self.log.error("this process may no longer write the repository: it writes nothing more and sends "
+                       "nothing more to the backends", repository=self.repo.where, reason=why)
 
     async def _open_to_read(self) -> None:
         """Read the home as its writer last wrote it (statuses are written every ``flush_interval``)."""
@@ -296,8 +296,8 @@ class Runtime:
 
     async def post(self, event: Event) -> None:
         if self.lost:
-            raise RepositoryHeldError(f"another process took the repository {self.repo.where} over: this "
-                                      "orchestrator may no longer change anything (open it again)")
+            raise RepositoryHeldError(f"this orchestrator may no longer write the repository {self.repo.where} "
+                                      "(another took it over, or its lease could not be renewed): open it again")
         if self.readonly:
             raise HomeLockedError(f"orchestrator home {self.home} is in use by another process, so it is open "
                                   f"here to read only; to share a home between processes, run "

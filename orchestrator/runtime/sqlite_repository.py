@@ -114,9 +114,10 @@ class SqliteRepository:
     async def confirm_writer(self) -> None:
         """The home's lock, held since the home was opened, is this process's standing: nothing to check."""
 
-    async def lost(self) -> None:
+    async def lost(self) -> str:
         """Nobody takes a home's own file over while its lock is held."""
         await anyio.sleep_forever()
+        return ""
 
     async def announce(self, address: Mapping[str, Any]) -> None:
         """Clients find the service through the home (``<home>/service``): nothing to publish."""

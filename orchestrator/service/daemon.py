@@ -270,12 +270,11 @@ class Service:
         self.log.info("service ready", home=str(self.home), socket=str(self.paths.socket), tcp_port=bound,
                       repository=self.storage.where, jobs=len(runtime.sm.job_ids()),
                       start_seconds=round(time.time() - self.started, 3), status_page=page)
-        lost = False
+        lost = ""
         async with anyio.create_task_group() as until:
             async def on_lost() -> None:
                 nonlocal lost
-                await runtime.repo.lost()
-                lost = True
+                lost = await runtime.repo.lost() or "lost"
                 until.cancel_scope.cancel()
 
             async def on_stop() -> None:
@@ -285,8 +284,8 @@ class Service:
             until.start_soon(on_lost)
             until.start_soon(on_stop)
         if lost:
-            self.log.error("lost the repository's lease to another service: stepping down (exit "
-                           f"{STEP_DOWN}), nothing more is written or sent", repository=self.storage.where)
+            self.log.error(f"lost the repository's lease: stepping down (exit {STEP_DOWN}), nothing more is "
+                           "written or sent", repository=self.storage.where, reason=lost)
             orch.config.core["close_grace"] = 0.0
             return STEP_DOWN
         with anyio.move_on_after(grace):

@@ -73,8 +73,8 @@ async def test_a_writer_that_lost_the_lease_is_refused_by_the_database(pg_url: s
             assert await rows(pg_url) == before  # nothing of either write is there
 
             with anyio.fail_after(5):  # its next renewal finds another token: the lease is lost
-                await first.lost()
-            with pytest.raises(RepositoryHeldError, match="taken over"):
+                assert await first.lost() == "another orchestrator took its lease over"
+            with pytest.raises(RepositoryHeldError, match="another orchestrator took its lease over"):
                 await first.confirm_writer()  # nothing more goes to a backend
 
             await second.save(Save(tops=[top], runs=[runs]))  # the holder writes

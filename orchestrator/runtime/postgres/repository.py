@@ -82,6 +82,7 @@ class PgRepository:
         self._tx_lock = anyio.Lock()
         self._lost = anyio.Event()
         self._lost_flag = False
+        self._lost_why = ""
         #: Side-loop locks: one statement at a time on the lease's connection, and on the reader's.
         self._side_lock = asyncio.Lock()
         self._reader_lock = asyncio.Lock()
@@ -148,15 +149,17 @@ class PgRepository:
 
     async def _renew(self, lease: Lease) -> None:
         sent = time.monotonic()
+        why = "another orchestrator took its lease over"
         try:
             async with self._side_lock:
                 kept = await lease.renew()
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-            kept = False
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            kept, why = False, f"its lease could not be renewed ({type(exc).__name__}: {exc})"
         if kept:
             self._confirmed = max(self._confirmed, sent)
         elif not self._lost_flag:
             self._lost_flag = True
+            self._lost_why = why
             if self._main is not None and not self._main.is_closed():
                 self._main.call_soon_threadsafe(self._lost.set)
 
@@ -204,8 +207,8 @@ class PgRepository:
 
     # ------------------------------------------------------------ the writer's standing: the lease
     def _refused(self) -> RepositoryHeldError:
-        return RepositoryHeldError(f"the repository {self.where} was taken over by another orchestrator: this "
-                                   "one may no longer write to it (its lease is lost)")
+        return RepositoryHeldError(f"this orchestrator may no longer write to the repository {self.where}: "
+                                   f"{self._lost_why or 'it holds no lease'}")
 
     async def confirm_writer(self) -> None:
         if self._lost_flag or self._lease is None:
@@ -217,8 +220,9 @@ class PgRepository:
         if self._lost_flag:
             raise self._refused()
 
-    async def lost(self) -> None:
+    async def lost(self) -> str:
         await self._lost.wait()
+        return self._lost_why
 
     async def announce(self, address: Mapping[str, Any]) -> None:
         if self._lease is not None and self._side is not None:
