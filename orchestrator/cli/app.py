@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..api.orchestrator import Orchestrator, default_home
-from ..core.errors import HomeLockedError, OrchestratorError
+from ..core.errors import HomeLockedError, OrchestratorError, RepositoryHeldError
 from ..core.ids import fqid_str, parse_fqid
 from ..runtime.homelock import READER_ROLE
 
@@ -147,7 +147,10 @@ def run(home: Path | None, body: Callable[[Orchestrator], Awaitable[T]], *, refr
     try:
         return anyio.run(main, False)
     except HomeLockedError as exc:
-        if not read_only or "orchestrator service" in str(exc) or not _has_repository(path, url):
+        # a shared repository whose writer does not answer here (another host's service) is read as it is
+        readable = isinstance(exc, RepositoryHeldError) or ("orchestrator service" not in str(exc)
+                                                            and _has_repository(path, url))
+        if not read_only or not readable:
             raise CliError(f"{exc}; to share a home between processes, run 'orchestrator --home {path} serve': "
                            "every command then goes through it") from None
         return anyio.run(main, True)
