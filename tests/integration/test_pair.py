@@ -20,6 +20,7 @@ import anyio
 import asyncpg
 import pytest
 from pair import health, home_settings, pair_homes
+from postgres import PostgresServer, postgres_unavailable
 from served import Service, cli, cli_ok, start
 
 from orchestrator import Orchestrator
@@ -67,6 +68,7 @@ async def test_the_standby_points_to_the_active_service_and_clients_follow(
         pg_url: str, tmp_path: Path, services: list[Service]) -> None:
     a, b, shared = pair_homes(tmp_path, pg_url)
     active = start(services, a)
+    await until_active(a, 10)  # a holds the lease before b starts
     standby = start(services, b)
     seen = await health(b)
     assert seen is not None and seen["role"] == "standby", seen
@@ -102,6 +104,7 @@ async def test_a_frozen_leader_writes_nothing_and_steps_down(pg_url: str, tmp_pa
     # a writes statuses only every 30 s: when it is frozen it holds changes that it has not written
     (a / "orchestrator.toml").write_text(home_settings(pg_url, shared, lease_seconds=2, core="flush_interval = 30.0"))
     leader = start(services, a)
+    await until_active(a, 10)
     standby = start(services, b)
     assert cli_ok(a, "submit", str(sim_jobfile(tmp_path / "job.toml", 20, 4.0))).strip() == "0"
 
@@ -131,3 +134,21 @@ async def test_a_frozen_leader_writes_nothing_and_steps_down(pg_url: str, tmp_pa
     keys = ledger(shared)
     assert len(keys) == len(set(keys)) == 20
     assert len({k.split("-")[1] for k in keys}) == 1  # one key prefix, the repository's, for both homes
+
+
+async def test_an_active_service_cut_off_from_its_database_steps_down(tmp_path: Path, services: list[Service]) -> None:
+    """Its lease can no longer be renewed: it cannot know that it still holds it, so it stops (exit 75), and
+    says why; supervisord would start it again, to wait as a standby until the database answers."""
+    why = postgres_unavailable()
+    if why is not None:
+        pytest.skip(why)
+    server = PostgresServer().start()  # its own server: this one goes away
+    try:
+        a, _, _ = pair_homes(tmp_path, await server.create_database(), lease_seconds=2)
+        active = start(services, a)
+        await until_active(a, 10)
+    finally:
+        server.stop()
+    code = await anyio.to_thread.run_sync(lambda: active.proc_().wait(15))
+    assert code == STEP_DOWN, active.output()
+    assert "its lease could not be renewed" in active.output()

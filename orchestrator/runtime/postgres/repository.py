@@ -20,6 +20,7 @@ process frozen longer than that asks the database again first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -40,6 +41,8 @@ from .side import SideLoop
 S = schema.SCHEMA
 #: Seconds a synchronous look-up may take before it is an error.
 LOOKUP_TIMEOUT = 60.0
+#: Seconds closing a connection (and giving the lease back) may take: a database gone away is not waited for.
+CLOSE_TIMEOUT = 5.0
 _RUNS_UPSERT = (f"INSERT INTO {S}.runs VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (job) DO UPDATE SET "
                 "status = EXCLUDED.status, attempt = EXCLUDED.attempt, t_submitting = EXCLUDED.t_submitting, "
                 "t_submitted = EXCLUDED.t_submitted, t_running = EXCLUDED.t_running, t_final = EXCLUDED.t_final")
@@ -80,7 +83,8 @@ class PgRepository:
         self._keeper: asyncio.Future[None] | None = None
         self._readonly = False
         self._tx_lock = anyio.Lock()
-        self._lost = anyio.Event()
+        #: Set (from the side loop, through the main loop) when the lease is lost; made at open, on the main loop.
+        self._lost: anyio.Event | None = None
         self._lost_flag = False
         self._lost_why = ""
         #: Side-loop locks: one statement at a time on the lease's connection, and on the reader's.
@@ -98,6 +102,7 @@ class PgRepository:
         """Connect, make or check the schema, take the lease (unless ``readonly``), migrate forward."""
         self._readonly = readonly
         self._main = asyncio.get_running_loop()
+        self._lost = anyio.Event()
         self._side = SideLoop("orchestrator-repository")
         try:
             with unreachable(self.where):
@@ -160,7 +165,7 @@ class PgRepository:
         elif not self._lost_flag:
             self._lost_flag = True
             self._lost_why = why
-            if self._main is not None and not self._main.is_closed():
+            if self._main is not None and self._lost is not None and not self._main.is_closed():
                 self._main.call_soon_threadsafe(self._lost.set)
 
     async def close(self) -> None:
@@ -172,26 +177,27 @@ class PgRepository:
                 side.stop()
             if self._db is not None:
                 db, self._db = self._db, None
-                with anyio.move_on_after(5):
-                    await db.close()
+                await _close(db)
 
     async def _let_go(self) -> None:
         """(side loop) Stop renewing, release the lease unless it was lost, close the side connections."""
-        if self._keeper is not None:
-            self._keeper.cancel()
-            self._keeper = None
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
         lease, self._lease = self._lease, None
         if lease is not None:
             try:
                 if not self._lost_flag:
                     async with self._side_lock:
-                        await lease.release()
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                        await asyncio.wait_for(lease.release(), CLOSE_TIMEOUT)
+            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
                 pass  # the lease then expires by itself
-            await lease.conn.close()
+            await _close(lease.conn)
         if self._reader is not None:
             reader, self._reader = self._reader, None
-            await reader.close()
+            await _close(reader)
 
     @property
     def db(self) -> asyncpg.Connection:
@@ -221,6 +227,7 @@ class PgRepository:
             raise self._refused()
 
     async def lost(self) -> str:
+        assert self._lost is not None, "repository is not open"
         await self._lost.wait()
         return self._lost_why
 
@@ -411,3 +418,11 @@ class PgRepository:
             r = await self.db.fetchrow(f"SELECT job, seq, time, final, data FROM {S}.states WHERE job = $1 "
                                        "AND seq = $2", job, seq)
         return StateRow(r[0], r[1], r[2], r[3], r[4]) if r else None
+
+
+async def _close(conn: asyncpg.Connection) -> None:
+    """Close politely within :data:`CLOSE_TIMEOUT`, else drop the connection."""
+    try:
+        await conn.close(timeout=CLOSE_TIMEOUT)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        conn.terminate()
