@@ -136,7 +136,8 @@ class PgRepository:
         lease = Lease(conn, self.holder, self.lease_seconds)
         sent = time.monotonic()
         try:
-            view = await lease.take()
+            with unreachable(self.where):
+                view = await lease.take()
         except BaseException:
             await conn.close()
             raise
