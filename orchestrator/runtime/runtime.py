@@ -86,8 +86,7 @@ class Runtime:
         self.role = role
         self.log = get_logger(home=str(home))
         self.sm = StateMachine(config.core["master_status_order"])
-        #: Where the rows go (the home's SQLite file, or a shared PostgreSQL) and the files with them.
-        self.storage = Storage.of(home, config.section("repository"))
+        self.storage = Storage.of(home, config.section("repository"))  # SQLite file, or shared PostgreSQL
         self.workspace = Workspace(self.storage.data_dir / "workspace")
         self.repo = self.storage.repository(role)
         #: The home's lock; ``lock``: one this process holds already (a service that waited as a standby).
@@ -146,7 +145,7 @@ class Runtime:
         if self.readonly:
             await self._open_to_read()
             return
-        took_lock = not self._lock.held
+        took_lock = not self._lock.held  # a lock handed in stays its holder's to release
         self._lock.acquire()
         try:
             await self.repo.open()
@@ -171,11 +170,10 @@ class Runtime:
     async def _watch_repository(self) -> None:
         """A shared repository taken over by another process: from then on nothing is written or sent."""
         why = await self.repo.lost()
-        self.lost = self.closing = True
-        for monitor in self._monitors.values():
-            monitor.stopped = True
+        self.lost = True
         self.log.error("this process may no longer write the repository: it writes nothing more and sends "
                        "nothing more to the backends", repository=self.repo.where, reason=why)
+        await self.quiesce()
 
     async def _open_to_read(self) -> None:
         """Read the home as its writer last wrote it (statuses are written every ``flush_interval``)."""
