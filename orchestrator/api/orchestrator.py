@@ -162,11 +162,12 @@ class Orchestrator:
             return None
         from .remote import connect_remote
 
-        transport = await connect_remote(self.home, stack, required=False)
+        transport = await connect_remote(self.home, stack, required=False, relocate=self._find_service)
         if transport is None:
             leader = await self._active_service()
             if leader is not None:
-                transport = await connect_remote(self.home, stack, required=False, client=leader)
+                transport = await connect_remote(self.home, stack, required=False, client=leader,
+                                                 relocate=self._find_service)
         if transport is None and self._service:
             from .client import ServiceUnavailable
 
@@ -176,6 +177,17 @@ class Orchestrator:
             structlog.get_logger().warning("config overrides are ignored: the service's own settings apply",
                                            home=str(self.home))
         return transport
+
+    async def _find_service(self) -> ServiceClient | None:
+        """The service to talk to now: the home's own (a standby leads to the active one), else a shared
+        repository's active service."""
+        from .client import ServiceUnavailable, connect
+
+        try:
+            found = await connect(self.home, wait=2.0)
+        except ServiceUnavailable:
+            found = None
+        return found if found is not None else await self._active_service()
 
     async def _active_service(self) -> ServiceClient | None:
         """On a shared repository: a client of its active service, when that one answers on this machine."""

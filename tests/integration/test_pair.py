@@ -23,7 +23,8 @@ from pair import health, home_settings, pair_homes
 from postgres import PostgresServer, postgres_unavailable
 from served import Service, cli, cli_ok, start
 
-from orchestrator import Orchestrator
+from orchestrator import Executable, Job, Orchestrator
+from orchestrator.api.client import ServiceUnavailable
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -80,22 +81,33 @@ async def test_the_standby_points_to_the_active_service_and_clients_follow(
     bare = tmp_path / "c"
     bare.mkdir()
     (bare / "orchestrator.toml").write_text(home_settings(pg_url, shared))
+    elsewhere = tmp_path / "d"  # no settings at all: --repository names the database
+    assert "pair" in cli_ok(elsewhere, "--repository", pg_url, "jobs")
+    refused = cli(elsewhere, "--repository", pg_url, "backup", str(tmp_path / "copy"))
+    assert refused.returncode == 2 and "pg_dump" in refused.stderr
     async with Orchestrator(home=bare) as orch:
         assert orch.remote and orch.jobs[0].name == "pair"
         await orch.jobs[0].wait(timeout=30)
         assert orch.jobs[0].status == "completed"
         assert orch.jobs[0].outputdir == shared / "workspace" / "0" / "output"  # the shared directory's
-    elsewhere = tmp_path / "d"  # no settings at all: --repository names the database
-    assert "pair" in cli_ok(elsewhere, "--repository", pg_url, "jobs")
-    refused = cli(elsewhere, "--repository", pg_url, "backup", str(tmp_path / "copy"))
-    assert refused.returncode == 2 and "pg_dump" in refused.stderr
 
-    # SIGTERM: the active service gives the lease back, the standby takes over on its next look.
-    code, _ = active.terminate()
-    assert code == 0
-    assert await until_active(b, 5) < 3
+        # SIGTERM: the active service gives the lease back, the standby takes over on its next look...
+        code, _ = await anyio.to_thread.run_sync(active.terminate)
+        assert code == 0
+        assert await until_active(b, 5) < 3
+        # ... and this session follows it: an operation that failed while no service answered works again
+        with anyio.fail_after(20):
+            while True:
+                try:
+                    added = await orch.jobs.add(Job(name="after", application=Executable("/bin/true"),
+                                                    backend="sim"))
+                    break
+                except ServiceUnavailable:
+                    await anyio.sleep(0.2)
+        assert added.id == 1
+    seen = await health(b)
+    assert seen is not None and seen["pid"] == standby.pid and seen["jobs"] == 2
     assert json.loads(cli_ok(a, "jobs", "--json"))["jobs"][0]["status"] == "completed"  # a follows b now
-    assert (standby.home / "service" / "service.json").exists()
 
 
 async def test_a_frozen_leader_writes_nothing_and_steps_down(pg_url: str, tmp_path: Path,
