@@ -196,6 +196,10 @@ class Service:
             except RepositoryHeldError as exc:  # the last write of one that lost the lease: refused
                 self.log.error("the repository refused this service's last write", error=str(exc))
                 code = STEP_DOWN
+            except RepositoryError as exc:  # the database went away: the lease was lost that way
+                if code != STEP_DOWN:
+                    raise
+                self.log.error("the last write could not reach the repository", error=str(exc))
             listeners.cancel_scope.cancel()
         return code
 

@@ -156,9 +156,11 @@ async def test_an_active_service_cut_off_from_its_database_steps_down(tmp_path: 
         pytest.skip(why)
     server = PostgresServer().start()  # its own server: this one goes away
     try:
-        a, _, _ = pair_homes(tmp_path, await server.create_database(), lease_seconds=2)
+        a, _, _ = pair_homes(tmp_path, await server.create_database(), lease_seconds=2, core="flush_interval = 30.0")
         active = start(services, a)
         await until_active(a, 10)
+        await anyio.to_thread.run_sync(cli_ok, a, "submit", str(sim_jobfile(tmp_path / "job.toml", 5, 0.1)))
+        await anyio.sleep(0.5)  # the runs ended: changes it holds, to be written every 30 s
     finally:
         server.stop()
     code = await anyio.to_thread.run_sync(lambda: active.proc_().wait(15))
