@@ -11,6 +11,7 @@ from .core.errors import (
     NotOwnerError,
     OrchestratorError,
     RepositoryError,
+    RepositoryHeldError,
 )
 from .core.model import Backend, Executable, JobInfo, RetryPolicy
 from .core.splitters import ArgSplitter, FileSplitter, GenericSplitter, Splitter
@@ -27,5 +28,6 @@ __all__ = [
     "ArgSplitter", "Backend", "ConfigError", "CustomChecker", "CustomMerger", "Executable", "FileChecker",
     "FileSplitter", "GenericSplitter", "HomeLockedError", "Job", "JobError", "JobInfo", "JobSlice", "JobStatus",
     "Lagging", "Merger", "NotOwnerError", "Notifier", "Orchestrator", "OrchestratorError", "Postprocessor",
-    "RepositoryError", "RetryPolicy", "plugins", "Splitter", "StepSplitter", "SubjobList", "TextMerger",
+    "RepositoryError", "RepositoryHeldError", "RetryPolicy", "plugins", "Splitter", "StepSplitter", "SubjobList",
+    "TextMerger",
 ]

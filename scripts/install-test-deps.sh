@@ -15,9 +15,12 @@
 #                    (tests/integration/test_status_page.py drives it over the DevTools protocol)
 #   prometheus       a real Prometheus that scrapes the service's /metrics (tests/integration/test_metrics.py)
 #   tmux             a real terminal for the live displays' test (tests/integration/test_cli_screen.py)
+#   postgresql       a real PostgreSQL for the shared repository's tests (the API suite on PostgreSQL, the
+#                    active/standby pair); tests/support/postgres.py runs a private cluster of its own with
+#                    initdb and pg_ctl, and the server the package starts is left alone
 set -euo pipefail
 
-PACKAGES=(openssh-server slurmctld slurmd slurm-client munge chromium tmux prometheus)
+PACKAGES=(openssh-server slurmctld slurmd slurm-client munge chromium tmux prometheus postgresql)
 
 installed() {
     if command -v dpkg-query >/dev/null 2>&1; then

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-#: Fixtures of the service tests (``services``, ``shared``) and the test backends (``test_drivers``), usable
-#: by name in any module.
-pytest_plugins = ("served", "transports", "testdriver")
+#: Fixtures of the service tests (``services``, ``shared``), of PostgreSQL (``postgres_server``, ``pg_url``) and
+#: the test backends (``test_drivers``), usable by name in any module.
+pytest_plugins = ("postgres", "served", "transports", "testdriver")
 
 
 @pytest.fixture

@@ -33,6 +33,14 @@ class ServiceUnavailable(OrchestratorError):
     """No service answers on this home."""
 
 
+class StandbyService(ServiceUnavailable):
+    """The service asked is the standby of a pair; ``leader`` says where the active one answers (or ``None``)."""
+
+    def __init__(self, message: str, leader: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.leader = leader
+
+
 class ServiceClient:
     """``ServiceClient(socket=...)`` on this machine, or ``ServiceClient(url=..., token=...)`` over TCP."""
 
@@ -40,6 +48,8 @@ class ServiceClient:
                  token: str | None = None) -> None:
         if (socket is None) == (url is None):
             raise ValueError("give either socket= or url=")
+        #: The Unix socket this client speaks on (``None``: TCP).
+        self.socket = Path(socket) if socket is not None else None
         headers = {"authorization": f"Bearer {token}"} if token else {}
         # plain HTTP on a Unix socket: no TLS, so no certificate store to load (verify=False; ~20 ms each)
         transport = httpx.AsyncHTTPTransport(uds=os.fspath(socket), verify=False) if socket is not None else None
@@ -145,6 +155,10 @@ def _answer(response: httpx.Response) -> Any:
         raise NotOwnerError(error.get("fqid"), owner=str(error.get("owner")), user=str(error.get("user")))
     if response.status_code == 409:
         raise _job_error(message, error.get("fqid"), error.get("field"))
+    if response.status_code == 503 and error.get("error") == "standby":
+        raise StandbyService(message, error.get("leader"))
+    if response.status_code == 503:
+        raise ServiceUnavailable(f"service: {message}")
     raise OrchestratorError(f"service: {response.status_code} {message}")
 
 
@@ -193,18 +207,54 @@ async def connect(home: Path, *, wait: float = 30.0) -> ServiceClient | None:
     """A client (to open with ``async with``) of the service on ``home``, or ``None`` when no service holds it.
 
     A service that holds the home but does not answer yet (starting, or being
-    restarted by supervisord) is waited for, up to ``wait`` seconds.
+    restarted by supervisord) is waited for, up to ``wait`` seconds. The
+    standby of a pair (a shared repository) answers with where the active
+    service is: the client is then the active one's, once it answers (during
+    a failover, the standby's own, when it has taken over).
     """
     if not service_holds(home) and not socket_there(home):
         return None
+    seen: dict[str, Any] = {}
     with anyio.move_on_after(wait):
         while True:
             try:
                 async with ServiceClient.for_home(home) as probe:
-                    await probe.call("health")
-                return ServiceClient.for_home(home)
+                    seen = await probe.call("health")
+                if seen.get("role") != "standby":
+                    return ServiceClient.for_home(home)
+                leader = await follow(seen.get("leader"))
+                if leader is not None:
+                    return leader
             except ServiceUnavailable:
                 if not service_holds(home):
                     return None
             await anyio.sleep(0.1)
+    if seen.get("role") == "standby":
+        raise StandbyService(f"the orchestrator service on {home} is a standby, and the active service "
+                             f"({describe_address(seen.get('leader'))}) has not answered for {wait:g} s",
+                             seen.get("leader"))
     raise ServiceUnavailable(f"the orchestrator service holds {home} but has not answered for {wait:g} s")
+
+
+async def follow(address: Any) -> ServiceClient | None:
+    """A client of the active service at ``address`` (what a lease or a standby publishes), if it answers
+    here as the active one: its socket must be on this machine."""
+    if not isinstance(address, dict) or not address.get("socket"):
+        return None
+    where = Path(str(address["socket"]))
+    if not where.exists():
+        return None
+    try:
+        async with ServiceClient(socket=where) as probe:
+            health = await probe.call("health")
+    except ServiceUnavailable:
+        return None
+    return ServiceClient(socket=where) if health.get("role") != "standby" else None
+
+
+def describe_address(address: Any) -> str:
+    """Where a service answers, for a message."""
+    if not isinstance(address, dict):
+        return "none yet"
+    tcp = f", {address.get('host')}:{address['tcp_port']}" if address.get("tcp_port") is not None else ""
+    return f"pid {address.get('pid')} on {address.get('hostname')}, socket {address.get('socket')}{tcp}"

@@ -43,6 +43,7 @@ class Embedded:
     def __init__(self, runtime: Runtime, caller: Caller | None = None, owners: OwnerBook | None = None) -> None:
         self.runtime = runtime
         self.home: Path = runtime.home
+        self.workspace: Path = runtime.workspace.root
         self.caller = caller if caller is not None else Caller(current_user(), admin=True)
         self.owners = owners if owners is not None else OwnerBook(runtime.definitions.specs, home_owner(self.home))
 
@@ -201,7 +202,7 @@ class Embedded:
         if not self.exists(fq):
             raise JobError("no such job", fqid=fqid_str(fq))
         status = self.status(fq)
-        jobdir = self.home.joinpath("workspace", *map(str, fq))
+        jobdir = self.workspace.joinpath(*map(str, fq))
         return read_file(jobdir, name, tail, running=status in (JobStatus.RUNNING, JobStatus.COMPLETING),
                          fqid=".".join(map(str, fq)))
 

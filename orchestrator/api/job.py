@@ -148,8 +148,9 @@ class Job(Definition):
 
     @property
     def workspace(self) -> Path:
-        """This job's directory under the home: ``workspace/<id>`` or ``workspace/<id>/<i>``."""
-        return self.registry.transport.home.joinpath("workspace", *map(str, self.fqid_tuple))
+        """This job's directory: ``workspace/<id>`` or ``workspace/<id>/<i>`` under the home (or the shared
+        directory of a shared repository)."""
+        return self.registry.transport.workspace.joinpath(*map(str, self.fqid_tuple))
 
     @property
     def inputdir(self) -> Path:

@@ -24,12 +24,14 @@ import structlog
 from ..core.errors import JobError, OrchestratorError
 from ..plugin.logs import configure as configure_logs
 from ..runtime.config import Config
-from ..runtime.homelock import SERVICE_ROLE
+from ..runtime.homelock import SERVICE_ROLE, HomeLock
+from ..runtime.storage import Storage
 from .registry import JobRegistry
 from .transport import Transport
 
 if TYPE_CHECKING:
     from ..runtime.runtime import Runtime
+    from .client import ServiceClient
 
 
 def default_home() -> Path:
@@ -48,12 +50,25 @@ class Orchestrator:
     statuses and files as that process last wrote them; every request that
     would change something is refused, saying to share the home through
     ``orchestrator serve``.
+
+    ``repository``: a PostgreSQL URL, instead of the home's ``[repository]
+    url`` (``--repository`` on the command line). On a shared repository,
+    when this home has no service of its own but the repository's active
+    service answers on this machine, ``orch`` goes through that one.
+    ``lock``: the home's lock, held already by this process (the service,
+    which held it while it waited as a standby).
     """
 
     def __init__(self, home: str | os.PathLike[str] | None = None, config: dict[str, Any] | None = None, *,
-                 role: str = "", service: bool | None = None, readonly: bool = False) -> None:
+                 role: str = "", service: bool | None = None, readonly: bool = False,
+                 repository: str | None = None, lock: HomeLock | None = None) -> None:
         self.home = Path(home).expanduser().resolve() if home is not None else default_home()
+        self._given = config
         self._overrides = config
+        if repository is not None:
+            self._overrides = {**(config or {}), "repository": {**(config or {}).get("repository", {}),
+                                                                  "url": repository}}
+        self._lock = lock
         self._role = SERVICE_ROLE if role == "service" else role
         self._service = service
         self._readonly = readonly
@@ -138,7 +153,7 @@ class Orchestrator:
         from ..runtime.runtime import Runtime  # here: a client of a service never loads the runtime
         from .embedded import Embedded
 
-        runtime = Runtime(self.home, config, role=self._role, readonly=self._readonly)
+        runtime = Runtime(self.home, config, role=self._role, readonly=self._readonly, lock=self._lock)
         tg = await stack.enter_async_context(anyio.create_task_group())
         stack.callback(tg.cancel_scope.cancel)
         await runtime.open(tg)
@@ -152,11 +167,45 @@ class Orchestrator:
             return None
         from .remote import connect_remote
 
-        transport = await connect_remote(self.home, stack, required=bool(self._service))
-        if transport is not None and self._overrides:
+        transport = await connect_remote(self.home, stack, required=False, relocate=self._find_service)
+        if transport is None:
+            leader = await self._active_service()
+            if leader is not None:
+                transport = await connect_remote(self.home, stack, required=False, client=leader,
+                                                 relocate=self._find_service)
+        if transport is None and self._service:
+            from .client import ServiceUnavailable
+
+            raise ServiceUnavailable(f"no orchestrator service holds {self.home} "
+                                     f"(start one with 'orchestrator --home {self.home} serve')")
+        if transport is not None and self._given:
             structlog.get_logger().warning("config overrides are ignored: the service's own settings apply",
                                            home=str(self.home))
         return transport
+
+    async def _find_service(self) -> ServiceClient | None:
+        """The service to talk to now: the home's own (a standby leads to the active one), else a shared
+        repository's active service."""
+        from .client import ServiceUnavailable, connect
+
+        try:
+            found = await connect(self.home, wait=2.0)
+        except ServiceUnavailable:
+            found = None
+        return found if found is not None else await self._active_service()
+
+    async def _active_service(self) -> ServiceClient | None:
+        """On a shared repository: a client of its active service, when that one answers on this machine."""
+        if self._readonly:
+            return None
+        storage = Storage.of(self.home, Config.load(self.home, self._overrides).section("repository"))
+        if not storage.shared:
+            return None
+        from ..runtime.postgres.connect import read_lease
+        from .client import follow
+
+        view = await read_lease(storage.url)
+        return await follow(view.address) if view is not None and not view.free else None
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:

@@ -19,11 +19,16 @@ local socket, as the embedded transport reads SQLite.
 The service answers each client with its own jobs only (every job for an
 admin) and says who it takes the client to be (``caller``), so the mirror
 holds only what this client may see.
+
+On a shared repository the service may change under a long session (the
+active service of a pair died, and the standby took over): when the event
+stream breaks, ``relocate`` finds the service to talk to now, and the
+transport follows it (the mirror is read again from it).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,10 +64,15 @@ class Mirror:
 class Remote:
     """See the module docstring."""
 
-    def __init__(self, home: Path, client: ServiceClient) -> None:
+    def __init__(self, home: Path, client: ServiceClient,
+                 relocate: Callable[[], Awaitable[ServiceClient | None]] | None = None) -> None:
         self.home = home
         self.client = client
-        self.socket = ServicePaths(home).socket
+        self._relocate = relocate
+        #: The service's socket: the home's own, or the active service's of a pair.
+        self.socket = client.socket or ServicePaths(home).socket
+        #: Told by the service at the first read (a shared repository keeps it in its shared directory).
+        self.workspace = home / "workspace"
         self._sync = SyncCaller(self.socket)
         self._tops: dict[int, Mirror] = {}
         self._stale: set[int] = set()
@@ -85,7 +95,7 @@ class Remote:
             await self.client.aclose()
 
     async def open(self, stack: AsyncExitStack) -> None:
-        await stack.enter_async_context(self.client)
+        await self.client.__aenter__()  # closed by _stop (the client may be another by then: relocated)
         tg = await stack.enter_async_context(anyio.create_task_group())
         stack.callback(tg.cancel_scope.cancel)
         stack.push_async_callback(self._stop)
@@ -109,6 +119,8 @@ class Remote:
         step = int(answer["step"])
         if "caller" in answer:
             self.caller = Caller(str(answer["caller"]["name"]), bool(answer["caller"]["admin"]))
+        if answer.get("workspace"):
+            self.workspace = Path(answer["workspace"])
         seen = set()
         for r in answer["jobs"]:
             codes = bytearray(r["codes"].encode().translate(_FROM_DIGITS)) if r.get("codes") is not None else None
@@ -135,6 +147,26 @@ class Remote:
             self._wake.set()
             await anyio.sleep(delay)
             delay = min(delay * 2, 2.0)
+            await self._relocated()
+
+    async def _relocated(self) -> None:
+        """After the stream broke: if another service answers for the home now (a failover), follow it."""
+        if self._relocate is None or self._closing:
+            return
+        try:
+            found = await self._relocate()
+        except OrchestratorError:
+            return
+        if found is None or found.socket == self.socket:
+            if found is not None:
+                await found.aclose()
+            return
+        await found.__aenter__()
+        old, self.client, self.socket = self.client, found, found.socket or self.socket
+        self._sync.close()
+        self._sync = SyncCaller(self.socket)
+        await old.aclose()
+        log.info("following the active service", socket=str(self.socket))
 
     def _apply(self, item: dict[str, Any]) -> None:
         step = int(item.get("seq", 0))
@@ -294,7 +326,7 @@ class Remote:
         return list(await self.client.call("states", fqid=fqid_str(fq)))
 
     async def events(self) -> AsyncIterator[Any]:
-        async with ServiceClient.for_home(self.home) as client:
+        async with ServiceClient(socket=self.socket) as client:
             async for item in client.events():
                 if "type" in item:
                     yield codec.decode(item)
@@ -307,15 +339,17 @@ class Remote:
         return await self.client.call("metrics")  # type: ignore[no-any-return]
 
 
-async def connect_remote(home: Path, stack: AsyncExitStack, *, required: bool) -> Remote | None:
-    """The transport through the service on ``home``, or ``None`` when no service holds it."""
-    client = await connect(home)
+async def connect_remote(home: Path, stack: AsyncExitStack, *, required: bool, client: ServiceClient | None = None,
+                         relocate: Callable[[], Awaitable[ServiceClient | None]] | None = None) -> Remote | None:
+    """The transport through the service on ``home`` (or ``client``'s), or ``None`` when no service holds it;
+    ``relocate`` finds the service to follow when the stream breaks (see the module docstring)."""
+    client = client or await connect(home)
     if client is None:
         if required:
             raise ServiceUnavailable(f"no orchestrator service holds {home} "
                                      f"(start one with 'orchestrator --home {home} serve')")
         return None
-    remote = Remote(home, client)
+    remote = Remote(home, client, relocate)
     try:
         await remote.open(stack)
     except OrchestratorError:

@@ -54,6 +54,8 @@ class Transport(Protocol):
     home: Path
     #: Who this transport acts as (:mod:`.owners`).
     caller: Caller
+    #: The root of the job directories (``<home>/workspace``, or in a shared repository's shared directory).
+    workspace: Path
 
     # ------------------------------------------------------------ reads
     def job_ids(self) -> list[int]: ...

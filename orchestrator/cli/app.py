@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..api.orchestrator import Orchestrator, default_home
-from ..core.errors import HomeLockedError, OrchestratorError
+from ..core.errors import HomeLockedError, OrchestratorError, RepositoryHeldError
 from ..core.ids import fqid_str, parse_fqid
 from ..runtime.homelock import READER_ROLE
 
@@ -105,6 +105,18 @@ def home_option(f: Callable[..., Any]) -> Callable[..., Any]:
                         help="Orchestrator home (default: $ORCHESTRATOR_HOME or ~/.orchestrator).")(f)
 
 
+def repository_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--repository", metavar="URL", default=None,
+                        help="A PostgreSQL repository (postgresql://...) instead of the home's [repository] url.")(f)
+
+
+def repository_of(repository: str | None = None) -> str | None:
+    """``--repository`` of the command, else of ``orchestrator`` itself, else ``None`` (the home's settings)."""
+    if repository is None:
+        repository = click.get_current_context().find_root().params.get("repository")
+    return repository
+
+
 def home_of(home: Path | None) -> Path:
     if home is None:
         home = click.get_current_context().find_root().params.get("home")
@@ -120,11 +132,12 @@ def run(home: Path | None, body: Callable[[Orchestrator], Awaitable[T]], *, refr
     ``show``, ``peek``) reads a home another process holds, as SQLite's WAL lets it.
     """
     path = home_of(home)
+    url = repository_of()
 
     async def main(readonly: bool) -> T:
         role = READER_ROLE if read_only else ""  # a writer that comes meanwhile waits for us, not fails
         async with Orchestrator(home=path, readonly=readonly, service=False if readonly else None,
-                                role=role) as orch:
+                                role=role, repository=url) as orch:
             if refresh and not orch.remote and not readonly:
                 await orch.transport.refresh()
                 with anyio.move_on_after(30):  # what the news set going (a merge) finishes first
@@ -134,10 +147,22 @@ def run(home: Path | None, body: Callable[[Orchestrator], Awaitable[T]], *, refr
     try:
         return anyio.run(main, False)
     except HomeLockedError as exc:
-        if not read_only or "orchestrator service" in str(exc) or not (path / "repository.sqlite").exists():
+        # a shared repository whose writer does not answer here (another host's service) is read as it is
+        readable = isinstance(exc, RepositoryHeldError) or ("orchestrator service" not in str(exc)
+                                                            and _has_repository(path, url))
+        if not read_only or not readable:
             raise CliError(f"{exc}; to share a home between processes, run 'orchestrator --home {path} serve': "
                            "every command then goes through it") from None
         return anyio.run(main, True)
+
+
+def _has_repository(home: Path, url: str | None) -> bool:
+    """Whether there is something to read: the home's SQLite file, or a shared repository named."""
+    if url or (home / "repository.sqlite").exists():
+        return True
+    from ..runtime.config import Config
+
+    return bool(Config.load(home).section("repository").get("url"))
 
 
 def nothing_to_do(message: str) -> None:

@@ -27,7 +27,17 @@ from ..api.orchestrator import Orchestrator
 from ..core.statuses import ALL_STATUSES, FINAL, JobStatus
 from ..plugin.logs import configure as configure_logs
 from . import render
-from .app import CliError, Group, home_of, home_option, job_id_argument, nothing_to_do, run
+from .app import (
+    CliError,
+    Group,
+    home_of,
+    home_option,
+    job_id_argument,
+    nothing_to_do,
+    repository_of,
+    repository_option,
+    run,
+)
 from .jobfile import demo_job_text, load_job
 
 S = JobStatus
@@ -46,8 +56,9 @@ def _lookup(orch: Orchestrator, ident: str) -> Job:
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="orchestrator", prog_name="orchestrator")
 @home_option
+@repository_option
 @click.option("-v", "--verbose", is_flag=True, help="Log the orchestrator's work (INFO) on stderr.")
-def cli(home: Path | None, verbose: bool) -> None:
+def cli(home: Path | None, repository: str | None, verbose: bool) -> None:
     """An asynchronous job orchestrator for batch and grid computing.
 
     \b
@@ -378,11 +389,21 @@ def backup(path: Path, force: bool, home: Path | None) -> None:
     copied with SQLite's online backup API and checked with PRAGMA quick_check.
     An existing backup in PATH is refused without --force. To restore, stop
     what uses the home and copy the files back into it; `--home PATH` opens the
-    backup itself. Job directories and outputs are not copied.
+    backup itself. Job directories and outputs are not copied. A home whose
+    repository is PostgreSQL is refused: back its database up with pg_dump.
     """
     from ..runtime.backup import backup as backup_home
+    from ..runtime.config import Config
+    from ..runtime.storage import Storage
 
-    for copied in backup_home(home_of(home), path, force=force):
+    where = home_of(home)
+    storage = Storage.of(where, {**Config.load(where).section("repository"),
+                                 **({"url": url} if (url := repository_of()) else {})})
+    if storage.shared:
+        raise CliError(f"orchestrator backup copies a home's SQLite files; this home's repository is "
+                       f"{storage.where}: back it up with PostgreSQL's own tools (pg_dump), and the shared "
+                       f"directory {storage.data_dir} with the workspaces as any directory")
+    for copied in backup_home(where, path, force=force):
         jobs = f"{copied.jobs} job{'s' if copied.jobs != 1 else ''}, " if copied.jobs is not None else ""
         click.echo(f"{copied.source} -> {copied.target}: {jobs}{_size(copied.size)}, quick_check ok")
 

@@ -36,6 +36,16 @@ class HomeLockedError(OrchestratorError):
     """Another process holds this orchestrator home."""
 
 
+class RepositoryHeldError(HomeLockedError):
+    """Another process writes this home's repository (a shared one: it holds the lease), or took it over from
+    this one. ``leader`` says where that process answers (``socket``, ``tcp_port``, ``host``, ``pid``) when it
+    is a service that published it, else ``None``."""
+
+    def __init__(self, message: str, leader: dict[str, object] | None = None) -> None:
+        super().__init__(message)
+        self.leader = dict(leader) if leader else None
+
+
 class RepositoryError(OrchestratorError):
     """A home's database file cannot be used: damaged, or a write to it failed. The message names the file,
     says what SQLite said, and what to do; ``path`` is the file."""

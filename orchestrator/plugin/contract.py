@@ -153,10 +153,12 @@ async def _nowhere(updates: Sequence[StatusUpdate]) -> None:
 class DriverContext:
     """What the runtime hands a driver: where it may keep files, its settings, where to report."""
 
+    #: The home (on a shared repository, its shared directory: the job workspaces' root).
     home: Path
     #: ``[backends.<name>]`` of the configuration file.
     config: Mapping[str, Any] = field(default_factory=dict)
-    #: A directory private to this driver inside the home (created for it).
+    #: A directory private to this driver inside ``home`` (created for it; on a shared repository every home
+    #: on it sees the same one, so a standby's driver finds what the active one's wrote).
     statedir: Path = Path()
     log: Any = field(default_factory=structlog.get_logger)
     #: For drivers that declare ``Capabilities(reports=True)``: hand the runtime what changed.

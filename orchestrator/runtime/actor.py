@@ -70,8 +70,11 @@ class Actor:
                  prepare: Callable[[Sequence[RunSpec], str, str | None],
                                    Awaitable[tuple[dict[str, str], dict[str, dict[str, Any]]]]],
                  record_id: Callable[[RunKey, str | None], None], concurrency: int, log: Any,
-                 capacity: int = 1024) -> None:
+                 capacity: int = 1024, confirm: Callable[[], Awaitable[None]] | None = None) -> None:
         self.name = name
+        #: Awaited before a backend hears of runs: this process is still the repository's writer (a shared
+        #: repository's lease; it raises once another process took over, and nothing is sent).
+        self.confirm = confirm
         self.driver = driver
         self.post = post
         self.run_specs = run_specs
@@ -200,6 +203,8 @@ class Actor:
                 by_settings.setdefault(name, []).append((g, k))
         for members in by_settings.values():
             runs = [specs[g][k] for g, k in members]
+            if self.confirm is not None:
+                await self.confirm()
             outcomes, native = await bulk.submit(self.driver, runs, native=ins0.native,
                                                  stop_on_failure=ins0.stop_on_failure, concurrency=self.concurrency,
                                                  faults=self.faults)
@@ -275,16 +280,21 @@ class Actor:
                 self.log.warning("lookup of interrupted submissions failed; will ask again", backend=self.name,
                                  error=repr(exc), fqid=str(ins.runs.job))
                 await anyio.sleep(1.0)
-        have, absent = [], []
+        have, absent, adopted = [], [], []
         for k, (run, backend_id) in enumerate(zip(specs, found, strict=True)):
             if backend_id:
                 key: RunKey = (ins.runs.job, None if ins.runs.indexes is None else run.index)
                 self.record_id(key, backend_id)
-                self.hold(key, RunHandle(run.fqid, run.index, backend_id, run.settings, run.outputdir,
-                                         JobStatus.SUBMITTED, run.key, run.attempt, run.jobdir))
+                handle = RunHandle(run.fqid, run.index, backend_id, run.settings, run.outputdir,
+                                   JobStatus.SUBMITTED, run.key, run.attempt, run.jobdir)
+                self.hold(key, handle)
                 have.append(k)
+                if self.driver.capabilities_for(run.settings).reports:
+                    adopted.append(handle)
             else:
                 absent.append(k)
+        if adopted:  # a reporting driver hears of a run adopted after a restart as of one reattached
+            await self.driver.track(adopted)
         if have:
             self.log.info("interrupted submissions found at the backend: adopted", backend=self.name,
                           fqid=str(ins.runs.job), count=len(have))

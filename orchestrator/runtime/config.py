@@ -70,6 +70,9 @@ class Config:
         for key in ("actor_mailbox", "work_limit", "events_buffer"):
             if isinstance(core[key], bool) or not isinstance(core[key], int) or core[key] < 1:
                 raise ConfigError(f"{where}: core.{key} must be a whole number >= 1")
+        from .storage import Storage  # the check of [repository], where its settings are read
+
+        Storage.of(Path(), self.section("repository"), where)
         try:
             parse_rules(self.data.get("actions", []))
         except ConfigError as exc:

@@ -55,6 +55,8 @@ class Definitions:
         #: Definitions changed since the last write (``SetBackend``, a comment...), and subjob deltas.
         self.dirty: set[int] = set()
         self.dirty_deltas: dict[tuple[int, int], dict[str, Any]] = {}
+        #: The deltas of the flush under way, until it is committed.
+        self.writing_deltas: dict[tuple[int, int], dict[str, Any]] = {}
 
     # ------------------------------------------------------------ the store
     def add(self, job: int, name: str, spec: dict[str, Any]) -> None:
@@ -94,9 +96,10 @@ class Definitions:
             out = {i: json.loads(d) if (d := rows[i]) else {} for i in indexes}
         else:
             out = {i: json.loads(d) if d else {} for i, (_, d) in self.repo.subjob_rows(job, indexes).items()}
-        for (m, i), delta in self.dirty_deltas.items():
-            if m == job and i in out:
-                out[i] = delta
+        for pending in (self.writing_deltas, self.dirty_deltas):  # the newer last
+            for (m, i), delta in pending.items():
+                if m == job and i in out:
+                    out[i] = delta
         return out
 
     def splitter(self, job: int) -> dict[str, Any] | None:

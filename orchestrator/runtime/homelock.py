@@ -34,7 +34,14 @@ class HomeLock:
         self.role = role
         self._fd: int | None = None
 
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lock now."""
+        return self._fd is not None
+
     def acquire(self) -> None:
+        if self._fd is not None:
+            return
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         deadline = time.monotonic() + READER_WAIT
         while True:

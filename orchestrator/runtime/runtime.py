@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import secrets
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
@@ -27,7 +26,7 @@ import structlog
 from anyio.abc import TaskGroup
 
 from ..core.actions import scaled
-from ..core.errors import HomeLockedError, RepositoryError
+from ..core.errors import HomeLockedError, RepositoryError, RepositoryHeldError
 from ..core.events import AddRequested, Event, Request, Started
 from ..core.ids import FQID, Runs, fqid_str
 from ..core.instructions import (
@@ -57,8 +56,9 @@ from .limits import check_subjob
 from .monitor import Ending, Monitor
 from .postprocess import Postprocessing
 from .prepare import Preparer
-from .repository import Repository, RunsRow, StateRow, TopRow
+from .repository import RunsRow, StateRow, TopRow
 from .runs import read_ending
+from .storage import Storage
 from .workspace import Workspace
 from .writer import Writer, restore
 
@@ -74,21 +74,11 @@ async def _detached(loop: Callable[[], Awaitable[None]]) -> None:
     await loop()
 
 
-def home_key(home: Path) -> str:
-    """A short id of this home, stable across runs, used in idempotency keys."""
-    path = home / "home-id"
-    try:
-        return path.read_text().strip()
-    except FileNotFoundError:
-        key = secrets.token_hex(4)
-        path.write_text(key + "\n")
-        return key
-
-
 class Runtime:
     """One open home; see the module docstring."""
 
-    def __init__(self, home: Path, config: Config, *, role: str = "", readonly: bool = False) -> None:
+    def __init__(self, home: Path, config: Config, *, role: str = "", readonly: bool = False,
+                 lock: HomeLock | None = None) -> None:
         self.home = home
         #: A reader of a home another process holds: no lock, no monitoring, every request refused.
         self.readonly = readonly
@@ -96,9 +86,13 @@ class Runtime:
         self.role = role
         self.log = get_logger(home=str(home))
         self.sm = StateMachine(config.core["master_status_order"])
-        self.workspace = Workspace(home / "workspace")
-        self.repo = Repository(home / "repository.sqlite")
-        self._lock = HomeLock(home / "lock", role)
+        self.storage = Storage.of(home, config.section("repository"))  # SQLite file, or shared PostgreSQL
+        self.workspace = Workspace(self.storage.data_dir / "workspace")
+        self.repo = self.storage.repository(role)
+        #: The home's lock; ``lock``: one this process holds already (a service that waited as a standby).
+        self._lock = lock if lock is not None else HomeLock(home / "lock", role)
+        #: Set when another process took a shared repository over: nothing more is written or sent.
+        self.lost = False
         self._ids = itertools.count()
         self._next_job: int | None = None
         self._actors: dict[str, Actor] = {}
@@ -111,7 +105,7 @@ class Runtime:
         checkpoint = config.data.get("checkpoint", {})
         self.checkpoints = Checkpoints(checkpoint, self.repo, self._checkpoint_record, self._spec_of_fqid,
                                        self._store_state, self.log)
-        self.definitions = Definitions(self.repo, self.workspace, home_key(home), retry_defaults=config.retry,
+        self.definitions = Definitions(self.repo, self.workspace, "", retry_defaults=config.retry,
                                        max_restarts=self.checkpoints.max_restarts, extra_env=self.checkpoints.env,
                                        capabilities=self.capabilities, actions=config.actions,
                                        fail_on_missing_output=config.core["fail_on_missing_output"])
@@ -154,28 +148,41 @@ class Runtime:
         if self.readonly:
             await self._open_to_read()
             return
+        took_lock = not self._lock.held  # a lock handed in stays its holder's to release
         self._lock.acquire()
         try:
             await self.repo.open()
+            self.definitions.home_key = await self.repo.home_key()
             loaded = await self.repo.load()
             restore(self.sm, loaded, self.definitions)
             self._next_job = await self.repo.next_id()
         except BaseException:
             await self.repo.close()
-            self._lock.release()
+            if took_lock:
+                self._lock.release()
             raise
         self.tg = self.executor.tg = tg
         tg.start_soon(self.bus.run)
         tg.start_soon(self._flush_loop)
+        tg.start_soon(self._watch_repository)
         if self.prometheus is not None:
             tg.start_soon(self.prometheus.serve)
         await self._reattach()
         await self.post(Started(stimulus_id=self.sid("start"), time=time.time()))
 
+    async def _watch_repository(self) -> None:
+        """A shared repository taken over by another process: from then on nothing is written or sent."""
+        why = await self.repo.lost()
+        self.lost = True
+        self.log.error("this process may no longer write the repository: it writes nothing more and sends "
+                       "nothing more to the backends", repository=self.repo.where, reason=why)
+        await self.quiesce()
+
     async def _open_to_read(self) -> None:
         """Read the home as its writer last wrote it (statuses are written every ``flush_interval``)."""
         try:
             await self.repo.open(readonly=True)
+            self.definitions.home_key = await self.repo.home_key()
             restore(self.sm, await self.repo.load(), self.definitions)
             self._next_job = await self.repo.next_id()
         except BaseException:
@@ -223,18 +230,21 @@ class Runtime:
             await self.repo.close()
             return
         try:
-            with anyio.move_on_after(float(self.config.core["close_grace"])):
+            with anyio.move_on_after(0 if self.lost else float(self.config.core["close_grace"])):
                 await self.settle()
             with anyio.CancelScope(shield=True):
                 for monitor in self._monitors.values():
                     monitor.stopped = True
                 try:
                     await self.writer.flush()
-                except sqlite3.Error as exc:
+                except RepositoryHeldError:  # another process writes the repository now: it says so itself
+                    raise
+                except Exception as exc:
+                    says = "SQLite says" if isinstance(exc, sqlite3.Error) else "the database says"
                     raise RepositoryError(
-                        f"{self.repo.path}: the last write failed (SQLite says \"{exc}\"): what changed since the "
+                        f"{self.repo.where}: the last write failed ({says} \"{exc}\"): what changed since the "
                         "previous write is not stored; the next start asks the backends again",
-                        path=str(self.repo.path)) from exc
+                        path=self.repo.where) from exc
                 finally:  # whatever the last write did, the drivers and the file are closed
                     for driver in self._drivers.values():
                         try:
@@ -277,6 +287,8 @@ class Runtime:
             try:
                 await self.writer.flush()
             except Exception as exc:  # the repository's fault: logged, the changes stay to be written
+                if self.lost:
+                    return
                 self.log.error("could not write to the repository", error=repr(exc))
 
     # ------------------------------------------------------------ requests
@@ -296,6 +308,9 @@ class Runtime:
     async def answer(self, event: Event) -> None:
         """Post the outcome of an instruction (a driver's answer, prepared work, a timer): it never waits
         for room, since what it answers is what drains the backlog."""
+        if self.lost:
+            raise RepositoryHeldError(f"this orchestrator may no longer write the repository {self.repo.where} "
+                                      "(another took it over, or its lease could not be renewed): open it again")
         if self.readonly:
             raise HomeLockedError(f"orchestrator home {self.home} is in use by another process, so it is open "
                                   f"here to read only; to share a home between processes, run "
@@ -349,9 +364,9 @@ class Runtime:
         """The backend's driver, made on first need (its actor and loops start with the first instruction)."""
         driver = self._drivers.get(backend)
         if driver is None:
-            statedir = self.home / "backends" / backend
+            statedir = self.storage.data_dir / "backends" / backend
             statedir.mkdir(parents=True, exist_ok=True)
-            context = DriverContext(home=self.home, config=self.config.backend(backend), statedir=statedir,
+            context = DriverContext(home=self.storage.data_dir, config=self.config.backend(backend), statedir=statedir,
                                     log=get_logger(backend=backend))
             driver = self._drivers[backend] = registry.driver_class(backend)(context)
         return driver
@@ -367,7 +382,7 @@ class Runtime:
         concurrency = int(self.config.core["emulated_bulk_concurrency"])
         actor = Actor(backend, driver, post=self.answer, run_specs=self.definitions.run_specs,
                       prepare=self._prepare_runs, record_id=self._record_id, concurrency=concurrency, log=log,
-                      capacity=int(self.config.core["actor_mailbox"]))
+                      capacity=int(self.config.core["actor_mailbox"]), confirm=self.repo.confirm_writer)
         monitor = Monitor(actor, post=self.post, status_of=self._status_of, read_ending=self._read_ending,
                           harvest=self._harvest, harvestable=self._harvestable,
                           poll_interval=float(self.config.core["poll_interval"]),

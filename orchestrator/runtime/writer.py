@@ -36,6 +36,9 @@ class Writer:
         self.states_kept = states_kept
         #: Backend ids not written yet: (job, index or None) -> id.
         self.backend_ids: dict[tuple[int, int | None], str | None] = {}
+        #: Those of the flush under way, until its transaction is committed (a read meanwhile must not find
+        #: the id before them in the repository; the definitions keep the deltas under way likewise).
+        self._writing: dict[tuple[int, int | None], str | None] = {}
         self.states: list[StateRow] = []
         self._lock = anyio.Lock()
 
@@ -44,6 +47,8 @@ class Writer:
         key = (job, index)
         if key in self.backend_ids:
             return self.backend_ids[key]
+        if key in self._writing:
+            return self._writing[key]
         if index is None:
             return self.repo.top_backend_id(job)
         row = self.repo.subjob_rows(job, [index]).get(index)
@@ -60,6 +65,7 @@ class Writer:
             batch = self._batch(dirty, tops, ids, states, specs, deltas)
             if not batch:
                 return
+            self._writing, self.definitions.writing_deltas = ids, deltas
             try:
                 with anyio.CancelScope(shield=True):
                     await self.repo.save(batch)
@@ -73,6 +79,8 @@ class Writer:
                 self.definitions.dirty |= specs
                 self.definitions.dirty_deltas = {**deltas, **self.definitions.dirty_deltas}
                 raise
+            finally:
+                self._writing, self.definitions.writing_deltas = {}, {}
 
     def _batch(self, dirty: dict[int, set[int] | None], tops: set[int], ids: dict[tuple[int, int | None], str | None],
                states: list[StateRow], specs: set[int], deltas: dict[tuple[int, int], dict[str, Any]]) -> Save:

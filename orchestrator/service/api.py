@@ -86,21 +86,7 @@ class Api:
 
     # ------------------------------------------------------------ access
     def _caller(self, req: Request) -> Caller | Response:
-        """Who sent this request (checked on every one), or the answer that turns them away."""
-        if req.via == "unix":
-            caller = self.access.by_uid(req.peer_uid)
-            if caller is None:
-                log.warning("refused a client of the socket", uid=req.peer_uid, path=req.path)
-                return _error(403, "forbidden", self.access.refusal(req.peer_uid))
-            return caller
-        shown = _bearer(req.headers.get("authorization", "")) or _cookie(req.headers.get("cookie", ""), COOKIE)
-        caller = self.access.by_token(shown)
-        if caller is None:
-            response = _error(401, "unauthorized", "a bearer token is required (see the service's token file, "
-                                                   "or ask its owner for one: orchestrator token USER)")
-            response.headers.append(("www-authenticate", 'Bearer realm="orchestrator"'))
-            return response
-        return caller
+        return caller_of(req, self.access)
 
     def _login(self, shown: str) -> Response:
         """``/?token=...`` from a browser: keep the token in a cookie and drop it from the address bar."""
@@ -178,6 +164,25 @@ class Api:
                 if isinstance(event, Event) and visible(event):
                     data = json.dumps({"seq": seq, **codec.encode(event)}, separators=(",", ":"), default=str)
                     yield f"data: {data}\n\n".encode()
+
+
+def caller_of(req: Request, access: Access) -> Caller | Response:
+    """Who sent this request (checked on every one, by the active service and a standby alike), or the
+    answer that turns them away."""
+    if req.via == "unix":
+        caller = access.by_uid(req.peer_uid)
+        if caller is None:
+            log.warning("refused a client of the socket", uid=req.peer_uid, path=req.path)
+            return _error(403, "forbidden", access.refusal(req.peer_uid))
+        return caller
+    shown = _bearer(req.headers.get("authorization", "")) or _cookie(req.headers.get("cookie", ""), COOKIE)
+    caller = access.by_token(shown)
+    if caller is None:
+        response = _error(401, "unauthorized", "a bearer token is required (see the service's token file, "
+                                               "or ask its owner for one: orchestrator token USER)")
+        response.headers.append(("www-authenticate", 'Bearer realm="orchestrator"'))
+        return response
+    return caller
 
 
 def _page(name: str = "page.html") -> bytes:

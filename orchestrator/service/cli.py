@@ -9,7 +9,7 @@ import anyio
 import click
 
 from ..api.owners import current_user, home_owner
-from ..cli.app import CliError, home_of, home_option
+from ..cli.app import CliError, home_of, home_option, repository_of, repository_option
 from ..runtime.config import Config
 from .access import TokenStore, names, tokens_path
 from .daemon import run_service
@@ -21,11 +21,18 @@ from .daemon import run_service
 @click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The bearer token for TCP clients (created, mode 0600, if missing). "
                    "Default: [service] token_file, else <home>/service/token.")
+@repository_option
 @home_option
-def serve(tcp_port: int | None, token_file: Path | None, home: Path | None) -> None:
-    """Run the service on a home until SIGTERM: monitoring, control API on a Unix socket, status page."""
+def serve(tcp_port: int | None, token_file: Path | None, repository: str | None, home: Path | None) -> None:
+    """Run the service on a home until SIGTERM: monitoring, control API on a Unix socket, status page.
+
+    On a shared (PostgreSQL) repository, the service that holds its lease is active and the others wait as
+    standbys; one that loses the lease exits with code 75, for supervisord to start it again as a standby.
+    """
     path = home_of(home)
-    click.get_current_context().exit(anyio.run(lambda: run_service(path, tcp_port=tcp_port, token_file=token_file)))
+    url = repository_of(repository)
+    click.get_current_context().exit(anyio.run(lambda: run_service(path, tcp_port=tcp_port, token_file=token_file,
+                                                                   repository=url)))
 
 
 @click.command()

@@ -94,7 +94,8 @@ class Control:
 
     async def health(self) -> dict[str, Any]:
         rt = self.t.runtime
-        return {"ok": True, "pid": os.getpid(), "home": str(self.t.home), "jobs": len(self.t.job_ids()),
+        return {"ok": True, "role": "active", "pid": os.getpid(), "home": str(self.t.home),
+                "workspace": str(self.t.workspace), "jobs": len(self.t.job_ids()),
                 "monitored": sum(b["held"] for b in rt.metrics()["backends"].values()), "time": time.time()}
 
     async def describe(self, jobs: Sequence[int] | None = None) -> dict[str, Any]:
@@ -110,7 +111,7 @@ class Control:
             if sm.is_master(rec.id):
                 out["codes"] = sm.statuses(rec.id).translate(_DIGITS).decode()
             records.append(out)
-        return {"step": self.t.runtime.bus.handled, "jobs": records,
+        return {"step": self.t.runtime.bus.handled, "jobs": records, "workspace": str(self.t.workspace),
                 "gone": [j for j in (jobs or ()) if not self.t.exists((int(j),))],
                 "caller": {"name": self.t.caller.name, "admin": self.t.caller.admin}}
 

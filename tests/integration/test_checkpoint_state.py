@@ -16,7 +16,8 @@ import orchestrator.checkpoint as checkpoint_module
 from orchestrator import Executable, Job, StepSplitter
 from orchestrator.checkpoint import State, StateError, StateTooLarge, Steps, initial_text
 from orchestrator.core.splitters import partition_contiguous
-from orchestrator.runtime.repository import Repository, Save, StateRow
+from orchestrator.runtime.repository import Save, StateRow
+from orchestrator.runtime.sqlite_repository import SqliteRepository
 
 HELPER = Path(checkpoint_module.__file__).parent / "scripts" / "orch-state"
 WEIRD = "tab\there, back\\slash\\n, new\nline, cr\r, unicode é✓, 'quotes' \"and\" $dollars `ticks`"
@@ -151,7 +152,7 @@ async def test_a_version_1_repository_migrates_forward_and_keeps_the_newest_stat
                      "status TEXT NOT NULL, spec TEXT NOT NULL, backend_id TEXT, info TEXT NOT NULL, "
                      "PRIMARY KEY (master, idx)) WITHOUT ROWID;")
     db.close()
-    repo = Repository(path)
+    repo = SqliteRepository(path)
     await repo.open()
     try:
         assert await repo.schema_version() == 3

@@ -24,22 +24,23 @@ SUBMIT_AND_DIE = textwrap.dedent("""
     from pathlib import Path
     from orchestrator import ArgSplitter, Backend, Executable, Job, Orchestrator
 
-    async def main(home, n, crash_after):
+    async def main(home, n, crash_after, run_seconds):
         faults = Path(home) / "backends" / "sim" / "faults.json"
         faults.parent.mkdir(parents=True, exist_ok=True)
         faults.write_text(json.dumps({"crash_after": crash_after}))
         async with Orchestrator(home=home) as orch:
             split = ArgSplitter([[str(i)] for i in range(n)]) if n else None
             j = await orch.jobs.add(Job(name="m", application=Executable("/bin/true"), splitter=split,
-                                        backend=Backend("sim", run_seconds=0.5 if not n else 3600)))
+                                        backend=Backend("sim", run_seconds=run_seconds)))
             await j.submit()  # the sim kills this process in the middle of it
 
-    anyio.run(main, sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    anyio.run(main, sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]))
 """)
 
 
-def submit_and_die(home: Path, n: int, crash_after: int) -> None:
-    proc = subprocess.run([sys.executable, "-c", SUBMIT_AND_DIE, str(home), str(n), str(crash_after)],
+def submit_and_die(home: Path, n: int, crash_after: int, run_seconds: float | None = None) -> None:
+    seconds = run_seconds if run_seconds is not None else 0.5 if not n else 3600
+    proc = subprocess.run([sys.executable, "-c", SUBMIT_AND_DIE, str(home), str(n), str(crash_after), str(seconds)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     (home / "backends" / "sim" / "faults.json").write_text("{}")
@@ -79,3 +80,15 @@ async def test_single_job_lost_in_flight_is_sent_again(tmp_path: Path) -> None:
         assert j.status == "completed" and j.info.submit_counter == 1  # sent again under the same key
     assert len(ledger(tmp_path)) == 1
 
+
+
+async def test_adopted_runs_of_a_reporting_backend_are_watched_to_their_end(tmp_path: Path) -> None:
+    """sim reports its runs' ends itself (it is not polled): the runs found by key must be handed to it to watch,
+    as the runs reattached at a start are, or they would stay submitted forever."""
+    submit_and_die(tmp_path, 4, crash_after=2, run_seconds=0.3)
+    async with Orchestrator(home=tmp_path) as orch:
+        j = orch.jobs[0]
+        await j.wait(timeout=20)
+        assert j.status == "completed" and [s.info.submit_counter for s in j.subjobs] == [1, 1, 1, 1]
+    keys = ledger(tmp_path)
+    assert len(keys) == len(set(keys)) == 4

@@ -1,5 +1,6 @@
-"""What an orchestrator left on disk, read through the public API as a reader does
-(``Orchestrator(home, readonly=True)``: no lock, nothing runs, nothing changes, whoever holds the home)."""
+"""What an orchestrator left behind, read through the public API as a reader does
+(``Orchestrator(home, readonly=True)``: no lock, nothing runs, nothing changes, whoever holds the home; a
+shared repository's database is read without taking its lease)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,20 @@ from typing import Any
 import anyio
 
 from orchestrator import Orchestrator
+from orchestrator.runtime.config import Config
+from orchestrator.runtime.storage import Storage
+
+
+async def home_key(home: Path) -> str:
+    """The prefix of the home's idempotency keys (a shared repository's, for every home on it): no API says
+    it, so it is read where the runtime keeps it."""
+    storage = Storage.of(home, Config.load(home).section("repository"))
+    repo = storage.repository()
+    await repo.open(readonly=storage.shared)
+    try:
+        return await repo.home_key()
+    finally:
+        await repo.close()
 
 
 def jobs_and_subjobs(home: Path) -> tuple[dict[int, str], dict[int, dict[int, tuple[str, dict[str, Any]]]]]:

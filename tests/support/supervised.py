@@ -104,10 +104,14 @@ class Robust:
         self.home = home
         self.deadline = deadline
 
+    async def client(self) -> ServiceClient:
+        """A client of the service to ask (to open with ``async with``); ServiceUnavailable when none answers."""
+        return ServiceClient.for_home(self.home)
+
     async def read(self, method: str, **kwargs: Any) -> Any:
         while True:
             try:
-                async with ServiceClient.for_home(self.home) as client:
+                async with await self.client() as client:
                     return await client.call(method, **kwargs)
             except ServiceUnavailable:
                 if time.monotonic() > self.deadline:
@@ -120,7 +124,7 @@ class Robust:
             found = [j["fqid"] for j in await self.read("jobs", name=name)]
             if not found:
                 try:
-                    async with ServiceClient.for_home(self.home) as client:
+                    async with await self.client() as client:
                         await client.call("add", name=name, spec=spec)
                 except ServiceUnavailable:
                     pass
@@ -130,7 +134,7 @@ class Robust:
             if state["status"] != "new" or state["subjobs"]:
                 return fqid
             try:
-                async with ServiceClient.for_home(self.home) as client:
+                async with await self.client() as client:
                     await client.call("submit", fqid=fqid, keep_going=True)
             except ServiceUnavailable:
                 await anyio.sleep(0.1)

@@ -1,10 +1,13 @@
-"""One API, two transports: the ``api_home`` fixture runs a test once embedded and once through a service.
+"""One API, two transports, two repositories: the ``api_home`` fixture runs a test four ways.
 
 ``api_home`` is a home directory. Embedded, nothing holds it, and
 ``Orchestrator(home=api_home)`` opens it in the test's process. Through the
 service, a real ``orchestrator serve`` subprocess holds it, and the same
 ``Orchestrator(home=api_home)`` speaks to it over its socket (the remote
-transport). The test body is the same: the assertions hold for both.
+transport). Each way runs on the default repository (the home's SQLite
+file) and on PostgreSQL (``-pg``: a fresh database of the session's private
+server, named in the home's ``[repository] url``). The test body is the
+same: the assertions hold for all four.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 import anyio
 import pytest
+from postgres import PostgresServer, postgres_unavailable
 from served import Service
 
 #: Settings every API test runs with, written to the home's orchestrator.toml so that a service reads
@@ -23,12 +27,19 @@ from served import Service
 HOME_TOML = "[core]\n"
 
 
-@pytest.fixture(params=["embedded", "service"])
+@pytest.fixture(params=["embedded", "service", "embedded-pg", "service-pg"])
 def api_home(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
     home = tmp_path / "home"
     home.mkdir()
-    (home / "orchestrator.toml").write_text(HOME_TOML)
-    if request.param == "embedded":
+    settings = HOME_TOML
+    if request.param.endswith("-pg"):
+        why = postgres_unavailable()
+        if why is not None:
+            pytest.skip(why)
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        settings += f"[repository]\nurl = {server.database()!r}\n"
+    (home / "orchestrator.toml").write_text(settings)
+    if request.param.startswith("embedded"):
         yield home
         return
     service = Service(home).start()

@@ -87,12 +87,12 @@ class WorkflowStore:
                 raise
 
     async def close(self) -> None:
-        """Shielded: a close cancelled by the service's shutdown would leave the connection's thread running
-        after the event loop has closed (it then fails to hand back its last result, with a traceback)."""
+        """Shielded: closed as the service stops (a cancellation), the connection's thread must still end
+        before the loop does, or it calls back into a closed loop."""
         if self._db is not None:
             db, self._db = self._db, None
-            with anyio.CancelScope(shield=True):  # closed while the service is cancelled at its stop: a close cut
-                await db.close()  # short leaves its thread to answer a loop that is gone ("Event loop is closed")
+            with anyio.CancelScope(shield=True):
+                await db.close()
 
     @property
     def db(self) -> aiosqlite.Connection:
