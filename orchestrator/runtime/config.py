@@ -62,6 +62,9 @@ class Config:
         for key in ("poll_interval", "emulated_bulk_concurrency"):
             if not isinstance(core[key], (int, float)) or core[key] <= 0:
                 raise ConfigError(f"{where}: core.{key} must be a positive number")
+        chunk = core["submit_chunk"]
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ConfigError(f"{where}: core.submit_chunk must be an integer >= 1, not {chunk!r}")
         try:
             parse_rules(self.data.get("actions", []))
         except ConfigError as exc:

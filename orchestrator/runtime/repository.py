@@ -306,9 +306,13 @@ class Repository:
                 out[idx] = (backend_id, delta)
         return out
 
-    def all_deltas(self, master: int) -> list[str | None]:
-        """Every subjob's delta of a master, in index order (one query)."""
-        return [d for (d,) in self.reader.execute("SELECT delta FROM subjobs WHERE master=? ORDER BY idx", (master,))]
+    def all_deltas(self, master: int, *, start: int = 0, stop: int | None = None) -> list[str | None]:
+        """Every subjob's delta of a master, in index order (one query); or those of subjobs ``start:stop``."""
+        if start == 0 and stop is None:
+            return [d for (d,) in self.reader.execute("SELECT delta FROM subjobs WHERE master=? ORDER BY idx",
+                                                      (master,))]
+        return [d for (d,) in self.reader.execute("SELECT delta FROM subjobs WHERE master=? AND idx >= ? AND idx < ? "
+                                                  "ORDER BY idx", (master, start, 2**62 if stop is None else stop))]
 
     def stored_splitter(self, job: int) -> dict[str, Any] | None:
         """A job's splitter as stored (``load`` leaves its parameters out)."""

@@ -29,7 +29,7 @@ from anyio.abc import TaskGroup
 from ..core.actions import scaled
 from ..core.errors import HomeLockedError, RepositoryError
 from ..core.events import AddRequested, Event, Request, Started
-from ..core.ids import FQID, Runs, fqid_str
+from ..core.ids import FQID, Runs
 from ..core.instructions import (
     AdjustRun,
     CreateLinked,
@@ -46,12 +46,13 @@ from ..core.statuses import MONITORED, JobStatus
 from ..plugin.contract import Capabilities, Driver, DriverContext, RunHandle
 from ..plugin.logs import get_logger
 from . import registry
-from .actor import Actor, RunKey
+from .actor import Actor
 from .bus import Bus
 from .checkpoints import Checkpoints
 from .config import Config
 from .definitions import Definitions
 from .executor import Executor
+from .held import RunKey
 from .homelock import SERVICE_ROLE, HomeLock
 from .limits import check_subjob
 from .monitor import Ending, Monitor
@@ -156,6 +157,7 @@ class Runtime:
             await self.repo.open()
             loaded = await self.repo.load()
             restore(self.sm, loaded, self.definitions)
+            self.writer.loaded(loaded)
             self._next_job = await self.repo.next_id()
         except BaseException:
             await self.repo.close()
@@ -180,7 +182,8 @@ class Runtime:
             raise
 
     async def _reattach(self) -> None:
-        """Runs the backends had when the home was last closed go back to their actors."""
+        """Runs the backends had when the home was last closed go back to their actors (held compactly); a
+        reporting driver is handed them to ``track``, a chunk of handles at a time."""
         for job in self.sm.job_ids():
             js = self.sm.job_state(job)
             monitored = js.runs.indexes_in(MONITORED)
@@ -188,30 +191,27 @@ class Runtime:
                 continue
             backend = js.profile.backend
             actor = await self.actor(backend)
-            spec = self.definitions.spec(job)
+            common = self.definitions.spec(job)["backend"].get("settings", {})
+            found: list[tuple[int, str, str | None]] = []  # (index, backend id, delta)
             if js.is_master:
                 rows = self.repo.subjob_rows(job, monitored)
-                deltas = {i: d for i, (_, d) in rows.items()}
-                pairs = [(i, rows.get(i, (None, None))[0]) for i in monitored]
-            else:
-                deltas = {}
-                pairs = [(0, self.repo.top_backend_id(job))]
-            handles: list[RunHandle] = []
-            for i, backend_id in pairs:
-                if backend_id is None:
-                    continue
-                fq = (job, i) if js.is_master else (job,)
-                settings = spec["backend"].get("settings", {})
-                if deltas.get(i) and '"backend.' in (deltas[i] or ""):
-                    settings = self.definitions.subjob_spec(job, i)["backend"].get("settings", {})
-                attempt = js.runs.attempt[i]
-                handle = RunHandle(fqid_str(fq), i, backend_id, settings, self.workspace.outputdir(fq),
-                                   js.runs.get(i), f"orch-{self.definitions.home_key}-{fqid_str(fq)}-{attempt}",
-                                   attempt, self.workspace.jobdir(fq))
-                actor.hold((job, i if js.is_master else None), handle)
-                handles.append(handle)
-            if handles and self._drivers[backend].capabilities_for(handles[0].settings).reports:
-                await self._drivers[backend].track(handles)
+                found = [(i, b, d) for i in monitored if (b := rows.get(i, (None, None))[0]) is not None
+                         for d in [rows[i][1]]]
+            elif (backend_id := self.repo.top_backend_id(job)) is not None:
+                found = [(0, backend_id, None)]
+            if not found:
+                continue
+            indexes = [i for i, _, _ in found]
+            settings = [self.definitions.subjob_spec(job, i)["backend"].get("settings", {})
+                        if delta and '"backend.' in delta else common for i, _, delta in found]
+            actor.hold_stored(job, indexes if js.is_master else None, [b for _, b, _ in found],
+                              [js.runs.attempt[i] for i in indexes], settings, [js.runs.get(i) for i in indexes])
+            driver = self._drivers[backend]
+            if driver.capabilities_for(settings[0]).reports:
+                keys = [(job, i if js.is_master else None) for i in indexes]
+                for lo in range(0, len(keys), actor.chunk):
+                    await driver.track([h for k in keys[lo:lo + actor.chunk]
+                                        if (h := actor.held.handle(k)) is not None])
 
     async def close(self) -> None:
         """Let work under way finish (within ``close_grace``), write everything, let go of the home."""
@@ -351,7 +351,9 @@ class Runtime:
         log = context.log
         concurrency = int(self.config.core["emulated_bulk_concurrency"])
         actor = Actor(backend, driver, post=self.post, run_specs=self.definitions.run_specs,
-                      prepare=self._prepare_runs, record_id=self._record_id, concurrency=concurrency, log=log)
+                      prepare=self._prepare_runs, record_ids=self.writer.record_ids,
+                      make_handle=self.definitions.run_handle, concurrency=concurrency, log=log,
+                      chunk=int(self.config.core["submit_chunk"]))
         monitor = Monitor(actor, post=self.post, status_of=self._status_of, read_ending=self._read_ending,
                           harvest=self._harvest, harvestable=self._harvestable,
                           poll_interval=float(self.config.core["poll_interval"]),
@@ -387,11 +389,12 @@ class Runtime:
     def _status_of(self, key: RunKey) -> JobStatus | None:
         return self.sm.status_if_known((key[0],) if key[1] is None else (key[0], key[1]))
 
-    def _record_id(self, key: RunKey, backend_id: str | None) -> None:
-        self.writer.backend_ids[key] = backend_id
-
     async def _prepare_runs(self, runs: Sequence[Any], start: str, given: str | None
                             ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+        if start != "given":  # only runs of jobs with steps, or that saved a state, start from one
+            jobs = {run.fqid.partition(".")[0] for run in runs}
+            if all(self._harvestable(int(job)) == [] for job in jobs):
+                return {}, {}
         return await self.checkpoints.prepare(runs, start, given)
 
     def _read_ending(self, handle: RunHandle) -> Ending:
@@ -442,8 +445,7 @@ class Runtime:
         self.sm.forget(ins.job)
         self.definitions.forget(ins.job)
         for actor in self._actors.values():
-            for key in [k for k in actor.held if k[0] == ins.job]:
-                actor.release(key)
+            actor.release_job(ins.job)
         with anyio.CancelScope(shield=True):
             await self.repo.remove_job(ins.job)
         self.workspace.remove((ins.job,))
