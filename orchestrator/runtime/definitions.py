@@ -188,28 +188,24 @@ class Definitions:
         its arguments, where they are all its delta changes."""
         fqid = f"{fq[0]}.{fq[1]}" if len(fq) > 1 else f"{fq[0]}"
         top = self._top_dir(fq[0])
-        jobdir = _child(top, str(fq[1])) if len(fq) > 1 else top
+        child = _child
+        jobdir = child(top, str(fq[1])) if len(fq) > 1 else top
         app = spec["application"]
         return RunSpec(
             fqid=fqid, index=fq[-1] if len(fq) > 1 else 0, attempt=attempt,
             key=f"orch-{self.home_key}-{fqid}-{attempt}",
             executable=app["exe"], args=tuple(app.get("args", ()) if args is None else args), env=common["env"],
             settings=common["settings"], inputs=common["inputs"], outputfiles=common["outputfiles"],
-            jobdir=jobdir, inputdir=_child(jobdir, "input"), outputdir=_child(jobdir, "output"),
-            workdir=_child(jobdir, "work"),
+            jobdir=jobdir, inputdir=child(jobdir, "input"), outputdir=child(jobdir, "output"),
+            workdir=child(jobdir, "work"),
             mode=spec.get("mode", "production"), retry_count=max(attempt - 1, 0), retry_args=tuple(retry_args),
         )
 
 
-#: pathlib's own join of a parsed path and one plain name, where this Python has it (3.11 to 3.13).
-_JOIN_NAME: Callable[[Path, str], Path] | None = getattr(Path, "_make_child_relpath", None)
-
-
-def _child(parent: Path, name: str) -> Path:
-    """``parent / name`` for a name without separators. Python 3.11's ``/`` parses the name every time: four paths
-    a run, a microsecond each, were a tenth of a million-run submission; pathlib's own method for a child it
-    lists skips that. Where a Python lacks it (its ``/`` no longer parses eagerly), ``/`` it is."""
-    return _JOIN_NAME(parent, name) if _JOIN_NAME is not None else parent / name
+#: ``parent / name`` for a name without separators. Python 3.11's ``/`` parses the name every time: four paths a
+#: run, a microsecond each, were a tenth of a million-run submission. pathlib's own method for the children it
+#: lists skips that; where a Python lacks it (its ``/`` no longer parses eagerly), ``/`` it is.
+_child: Callable[[Path, str], Path] = getattr(Path, "_make_child_relpath", Path.__truediv__)
 
 
 def _changes_shared(key: str) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from itertools import accumulate
 from typing import Any
 
 from ..core.statuses import JobStatus
@@ -68,6 +69,19 @@ class PackedStrings:
         self._start[i] = len(self._data)
         self._size[i] = len(raw)
         self._data += raw
+        if self._waste > 1 << 20 and self._waste * 2 > len(self._data):
+            self._compact()
+
+    def set_slice(self, lo: int, values: Sequence[str]) -> None:
+        """:meth:`set` for indexes ``lo``, ``lo + 1``... in one go."""
+        hi = lo + len(values)
+        old = self._size[lo:hi]
+        self._waste += sum(old) - _ABSENT * old.count(_ABSENT)
+        raw = [v.encode() for v in values]
+        sizes = array("I", map(len, raw))
+        self._start[lo:hi] = array("Q", accumulate(sizes, initial=len(self._data)))[:-1]
+        self._size[lo:hi] = sizes
+        self._data += b"".join(raw)
         if self._waste > 1 << 20 and self._waste * 2 > len(self._data):
             self._compact()
 
@@ -155,18 +169,28 @@ class HeldRuns:
             runs = self._jobs[job] = _JobRuns(indexes is None, settings[0])
         if indexes is None:
             indexes = [0]
+        n = len(backend_ids)
+        codes = bytes([status.code]) * n if isinstance(status, JobStatus) else bytes(s.code for s in status)
+        lo, hi = indexes[0], indexes[-1] + 1
         runs.grow(max(indexes) + 1)
-        codes = bytes([status.code]) * len(backend_ids) if isinstance(status, JobStatus) else \
-            bytes(s.code for s in status)
+        if hi - lo == n and (isinstance(indexes, range) or array("q", indexes) == array("q", range(lo, hi))):
+            # one slice (a chunk submitted together): status, attempts and ids set in C
+            newly = runs.status.count(0, lo, hi)
+            runs.status[lo:hi] = codes
+            runs.attempt[lo:hi] = array("I", attempts)
+            runs.ids.set_slice(lo, backend_ids)
+        else:
+            newly = 0
+            for i, backend_id, attempt, code in zip(indexes, backend_ids, attempts, codes, strict=True):
+                newly += not runs.status[i]
+                runs.status[i] = code
+                runs.attempt[i] = attempt
+                runs.ids.set(i, backend_id)
+        runs.count += newly
+        self._count += newly
         same: dict[int, bool] = {}  # one comparison per settings object, not per run
         common = runs.settings
-        for i, backend_id, attempt, s, code in zip(indexes, backend_ids, attempts, settings, codes, strict=True):
-            if not runs.status[i]:
-                runs.count += 1
-                self._count += 1
-            runs.status[i] = code
-            runs.attempt[i] = attempt
-            runs.ids.set(i, backend_id)
+        for i, s in zip(indexes, settings, strict=True):
             shared = same.get(id(s))
             if shared is None:
                 shared = same[id(s)] = s is common or s == common

@@ -19,7 +19,6 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Any
 
 import anyio
@@ -185,6 +184,11 @@ class Monitor:
         good: list[tuple[RunKey, StatusUpdate]] = []
         garbage: list[RunKey] = []
         for u in updates:
+            if type(u) is StatusUpdate and type(u.status) is JobStatus:  # as a rule: one check of each
+                key = _key(u.fqid)
+                if key is not None and key in held:
+                    good.append((key, u))
+                    continue
             key = _key(getattr(u, "fqid", None))
             known = key is not None and key in held
             if not known or not isinstance(u, StatusUpdate) or not isinstance(u.status, JobStatus):
@@ -231,7 +235,9 @@ class Monitor:
                 going.setdefault((job, u.status, u.exit_code, u.reason), []).append(-1 if idx is None else idx)
         for grouped, held in ((going, True), (ended, False)):
             for (job, status, code, reason), idxs in grouped.items():
-                runs = Runs(job) if idxs == [-1] else Runs.of(job, idxs if _ascending(idxs) else sorted(idxs))
+                if idxs != [-1]:
+                    idxs.sort()  # (in order already, as a rule: a pass in C)
+                runs = Runs(job) if idxs == [-1] else Runs.of(job, idxs)
                 if held:
                     self.actor.set_statuses(job, runs.indexes, status)
                 else:
@@ -268,7 +274,3 @@ def _key(fqid: object) -> RunKey | None:
     if fq is None:
         return None
     return (fq[0], fq[1] if len(fq) > 1 else None)
-
-
-def _ascending(items: list[int]) -> bool:
-    return all(a < b for a, b in zip(items, islice(items, 1, None), strict=False))

@@ -37,7 +37,8 @@ class Writer:
         self.definitions = definitions
         self.states_kept = states_kept
         #: Backend ids not written yet: (job, index or None) -> id.
-        self.backend_ids: dict[tuple[int, int | None], str | None] = {}
+        #: Backend ids not written yet, by job: subjob index (``None``: the job itself) -> id.
+        self.backend_ids: dict[int, dict[int | None, str | None]] = {}
         self.states: list[StateRow] = []
         self._lock = anyio.Lock()
         #: Subjobs whose stored extras are not NULL, by master: a run that moves and has no extras (most of a
@@ -52,15 +53,15 @@ class Writer:
         """Backend ids a driver answered with, for runs ``indexes`` of ``job`` (``None``: the job itself)."""
         if indexes is None:
             if ids:
-                self.backend_ids[(job, None)] = ids[0]
+                self.backend_ids.setdefault(job, {})[None] = ids[0]
             return
-        self.backend_ids.update(zip([(job, i) for i in indexes], ids, strict=True))
+        self.backend_ids.setdefault(job, {}).update(zip(indexes, ids, strict=True))
 
     def backend_id(self, job: int, index: int | None) -> str | None:
         """A run's backend id: the newest one, written or not."""
-        key = (job, index)
-        if key in self.backend_ids:
-            return self.backend_ids[key]
+        pending = self.backend_ids.get(job, {})
+        if index in pending:
+            return pending[index]
         if index is None:
             return self.repo.top_backend_id(job)
         row = self.repo.subjob_rows(job, [index]).get(index)
@@ -97,13 +98,15 @@ class Writer:
                 self.sm.mark_dirty(job, indexes)
             for job in tops:
                 self.sm.mark_dirty(job, set())
-            self.backend_ids = {**ids, **self.backend_ids}
+            for job, pending in self.backend_ids.items():
+                ids.setdefault(job, {}).update(pending)
+            self.backend_ids = ids
             self.states[:0] = states
             self.definitions.dirty |= specs
             self.definitions.dirty_deltas = {**deltas, **self.definitions.dirty_deltas}
             raise
 
-    def _batch(self, dirty: dict[int, set[int] | None], tops: set[int], ids: dict[tuple[int, int | None], str | None],
+    def _batch(self, dirty: dict[int, set[int] | None], tops: set[int], ids: dict[int, dict[int | None, str | None]],
                states: list[StateRow], specs: set[int], deltas: dict[tuple[int, int], dict[str, Any]],
                written: dict[int, dict[int, bool]]) -> Save:
         """The rows to write; ``written`` gets, per master, the subjobs whose extras are written (True: some)."""
@@ -130,7 +133,8 @@ class Writer:
                         elif i in stored:
                             batch.infos.append((job, i, None))
                             rows[i] = False
-        batch.backend_ids = [(job, idx, b) for (job, idx), b in ids.items() if (job,) in self.sm]
+        batch.backend_ids = [(job, idx, b) for job, pending in ids.items() if (job,) in self.sm
+                             for idx, b in pending.items()]
         batch.deltas = [(job, idx, dumps(d)) for (job, idx), d in deltas.items() if (job,) in self.sm]
         return batch
 

@@ -40,6 +40,17 @@ def test_packed_strings_compact_what_was_overwritten() -> None:
     assert packed.nbytes < 1 << 21
 
 
+def test_packed_strings_set_a_slice_at_once() -> None:
+    packed = PackedStrings()
+    packed.grow(6)
+    packed.set(2, "old")
+    packed.set_slice(1, ["b", "", "dé"])
+    assert [packed.get(i) for i in range(6)] == [None, "b", "", "dé", None, None]
+    for _ in range(20_000):  # rewriting slices leaves dead bytes behind: compacted away
+        packed.set_slice(0, [f"{n:030d}" for n in range(6)])
+    assert packed.get(5) == f"{5:030d}" and packed.nbytes < 1 << 21
+
+
 def test_held_runs_of_a_master_and_of_a_job_that_runs_itself() -> None:
     held = HeldRuns(make)
     common = {"run_seconds": 1}
@@ -64,7 +75,10 @@ def test_held_runs_of_a_master_and_of_a_job_that_runs_itself() -> None:
 
 def test_held_runs_resubmitted_take_their_new_id_and_attempt() -> None:
     held = HeldRuns(make)
-    held.add_many(1, range(1000), [f"id-{i}" for i in range(1000)], [1] * 1000, [{}] * 1000)
+    held.add_many(1, list(range(1000)), [f"id-{i}" for i in range(1000)], [1] * 1000, [{}] * 1000)
+    held.add_many(1, [1003, 1001], ["x", "y"], [1, 1], [{}, {}])  # out of order, past the end: grown
+    assert held.handle((1, 1003)) is not None and held.status((1, 1002)) is None
+    held.discard_many(1, [1001, 1003])
     held.discard_many(1, range(0, 1000, 2))
     held.add((1, 10), "id-10-again", 2, {})
     assert len(held) == 501 and len(list(held.keys(1))) == 501
