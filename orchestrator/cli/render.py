@@ -79,22 +79,41 @@ def progress(summary: Mapping[str, Any]) -> tuple[int, int]:
 JOBS_COLUMNS = ("id", "name", "status", "backend", "subjobs", "submitted", "elapsed")
 
 
-def jobs_table(summaries: list[dict[str, Any]]) -> Table:
+def jobs_table(summaries: list[dict[str, Any]], width: int | None = None) -> Text:
+    """``orchestrator jobs``: a line per job in aligned columns, totals last, as one ``Text``. (A rich ``Table``
+    measures and renders every cell as an object of its own: 0.45 s for a thousand jobs, most of the command.)
+    ``width``: the console's; the name column is cut to fit it."""
     shown = [s for s in ALL_STATUSES if any(j["counts"].get(s.value) for j in summaries)]
-    table = Table(box=None, header_style="bold", show_footer=len(summaries) > 1, footer_style="bold")
-    totals = totals_of(summaries)
-    footers = {"id": "", "name": f"{len(summaries)} jobs", "subjobs": str(totals["subjobs"]),
-               **{s.value: str(totals["counts"].get(s.value, "")) for s in shown}}
-    for col in (*JOBS_COLUMNS[:5], *(s.value for s in shown), *JOBS_COLUMNS[5:]):
-        numeric = col in ("id", "subjobs", "elapsed") or col in {s.value for s in shown}
-        table.add_column(col, footer=footers.get(col, ""), justify="right" if numeric else "left",
-                         no_wrap=col != "name")
+    columns = (*JOBS_COLUMNS[:5], *(s.value for s in shown), *JOBS_COLUMNS[5:])
+    right = {"id", "subjobs", "elapsed", *(s.value for s in shown)}
+    rows: list[list[tuple[str, str | None]]] = []
     for j in summaries:
         c = j["counts"]
-        cells = [Text(str(c.get(s.value, "")), style=STYLES[s]) for s in shown]
-        table.add_row(j["fqid"], Text(j["name"]), status_text(j["status"]), Text(j["backend"]),
-                      str(j["subjobs"]) if c else "", *cells, when(j["submitted_at"]), duration(j["elapsed"]))
-    return table
+        rows.append([(j["fqid"], None), (j["name"], None), (j["status"], STYLES[JobStatus(j["status"])]),
+                     (j["backend"], None), (str(j["subjobs"]) if c else "", None),
+                     *((str(c.get(s.value, "")), STYLES[s]) for s in shown),
+                     (when(j["submitted_at"]), None), (duration(j["elapsed"]), None)])
+    if len(summaries) > 1:
+        totals = totals_of(summaries)
+        rows.append([("", "bold"), (f"{len(summaries)} jobs", "bold"), ("", "bold"), ("", "bold"),
+                     (str(totals["subjobs"]), "bold"),
+                     *((str(totals["counts"].get(s.value, "")), "bold") for s in shown), ("", "bold"), ("", "bold")])
+    widths = [max(len(col), *(len(row[k][0]) for row in rows)) for k, col in enumerate(columns)]
+    name = columns.index("name")
+    if width is not None and sum(w + 2 for w in widths) > width:
+        widths[name] = max(8, widths[name] - (sum(w + 2 for w in widths) - width))
+    text = Text(no_wrap=True, overflow="ignore")
+    header: list[tuple[str, str | None]] = [(col, "bold") for col in columns]
+    for row in [header, *rows]:
+        for k, (cell, style) in enumerate(row):
+            if k == name and len(cell) > widths[k]:
+                cell = cell[:widths[k] - 1] + "\u2026"
+            text.append(" ")
+            text.append(cell.rjust(widths[k]) if columns[k] in right else cell.ljust(widths[k]), style)
+            text.append(" ")
+        text.append("\n")
+    text.rstrip()
+    return text
 
 
 def totals_of(summaries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -124,8 +124,12 @@ class Actor:
                     statuses: Sequence[JobStatus]) -> None:
         """Runs the driver held when the home was last closed (``indexes`` ``None``: the job itself)."""
         self.held.add_many(job, indexes, backend_ids, attempts, settings, statuses)
+        reports: dict[int, bool] = {}
         for k, s in enumerate(settings):
-            if not self.driver.capabilities_for(s).reports:
+            reported = reports.get(id(s))
+            if reported is None:
+                reported = reports[id(s)] = self.driver.capabilities_for(s).reports
+            if not reported:
                 key: RunKey = (job, None if indexes is None else indexes[k])
                 handle = self.held.handle(key)
                 assert handle is not None

@@ -238,6 +238,22 @@ class HeldRuns:
         return self._make(key, backend_id, runs.own.get(i, runs.settings), JobStatus.from_code(runs.status[i]),
                           runs.attempt[i])
 
+    def handles(self, job: int, indexes: Sequence[int] | None) -> list[RunHandle]:
+        """The handles of these runs of ``job`` that are held (``None``: the job itself), made now."""
+        runs = self._jobs.get(job)
+        if runs is None or (indexes is None) != runs.whole:
+            return []
+        make, status, attempt, ids, own, common = (self._make, runs.status, runs.attempt, runs.ids, runs.own,
+                                                     runs.settings)
+        out = []
+        for i in indexes if indexes is not None else [0]:
+            if i < len(status) and status[i]:
+                backend_id = ids.get(i)
+                assert backend_id is not None
+                out.append(make((job, None if indexes is None else i), backend_id, own.get(i, common),
+                                JobStatus.from_code(status[i]), attempt[i]))
+        return out
+
     def jobs(self) -> list[int]:
         return list(self._jobs)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -295,7 +296,14 @@ class Repository:
         return Loaded(tops, runs, infos)
 
     def subjob_rows(self, master: int, indexes: Sequence[int]) -> dict[int, tuple[str | None, str | None]]:
-        """(backend id, delta JSON) of a master's subjobs, by index, in one query per 900."""
+        """(backend id, delta JSON) of a master's subjobs, by index, in one query per 900 (or one in all, when the
+        indexes are a run of consecutive ones: a million monitored subjobs after a restart)."""
+        n = len(indexes)
+        if n > 900 and indexes[-1] - indexes[0] + 1 == n and (
+                isinstance(indexes, range) or array("q", indexes) == array("q", range(indexes[0], indexes[-1] + 1))):
+            return {idx: (backend_id, delta) for idx, backend_id, delta in self.reader.execute(
+                "SELECT idx, backend_id, delta FROM subjobs WHERE master=? AND idx >= ? AND idx <= ?",
+                (master, indexes[0], indexes[-1]))}
         out: dict[int, tuple[str | None, str | None]] = {}
         for start in range(0, len(indexes), 900):
             chunk = list(indexes[start:start + 900])

@@ -45,7 +45,7 @@ from ..core.machine import StateMachine
 from ..core.statuses import MONITORED, JobStatus
 from ..plugin.contract import Capabilities, Driver, DriverContext, RunHandle
 from ..plugin.logs import get_logger
-from . import registry
+from . import gcpause, registry
 from .actor import Actor
 from .bus import Bus
 from .checkpoints import Checkpoints
@@ -184,6 +184,10 @@ class Runtime:
     async def _reattach(self) -> None:
         """Runs the backends had when the home was last closed go back to their actors (held compactly); a
         reporting driver is handed them to ``track``, a chunk of handles at a time."""
+        with gcpause.paused():  # a million handles, made and handed over a chunk at a time
+            await self._reattach_jobs()
+
+    async def _reattach_jobs(self) -> None:
         for job in self.sm.job_ids():
             js = self.sm.job_state(job)
             monitored = js.runs.indexes_in(MONITORED)
@@ -208,10 +212,9 @@ class Runtime:
                               [js.runs.attempt[i] for i in indexes], settings, [js.runs.get(i) for i in indexes])
             driver = self._drivers[backend]
             if driver.capabilities_for(settings[0]).reports:
-                keys = [(job, i if js.is_master else None) for i in indexes]
-                for lo in range(0, len(keys), actor.chunk):
-                    await driver.track([h for k in keys[lo:lo + actor.chunk]
-                                        if (h := actor.held.handle(k)) is not None])
+                for lo in range(0, len(indexes), actor.chunk):
+                    await driver.track(actor.held.handles(job, indexes[lo:lo + actor.chunk] if js.is_master
+                                                          else None))
 
     async def close(self) -> None:
         """Let work under way finish (within ``close_grace``), write everything, let go of the home."""
