@@ -62,12 +62,12 @@ def keys(runs: Runs) -> list[RunKey]:
 
 
 class Actor:
-    """One backend's actor; see the module docstring. ``prepare`` gets runs ready to start (their state);
+    """One backend's actor; see the module docstring. ``prepare`` gets runs of a job ready to start (their state);
     ``post`` puts an event on the bus."""
 
     def __init__(self, name: str, driver: Driver, *, post: Callable[[Event], Awaitable[None]],
                  run_specs: Callable[[Runs, Sequence[int], dict[int, list[str]]], list[RunSpec]],
-                 prepare: Callable[[Sequence[RunSpec], str, str | None],
+                 prepare: Callable[[int, Sequence[RunSpec], str, str | None],
                                    Awaitable[tuple[dict[str, str], dict[str, dict[str, Any]]]]],
                  record_ids: Callable[[int, Sequence[int] | None, Sequence[str]], None], make_handle: MakeHandle,
                  concurrency: int, log: Any, chunk: int = CHUNK) -> None:
@@ -250,7 +250,7 @@ class Actor:
             ins = piece.instruction
             batch = self.run_specs(piece.runs, piece.bound.attempts[piece.lo:piece.hi], piece.bound.retry_args)
             specs.append(batch)
-            refused, started = await self.prepare(batch, ins.start, piece.bound.state)
+            refused, started = await self.prepare(ins.runs.job, batch, ins.start, piece.bound.state)
             unready.append(refused)
             states.update(started)
         answers: list[list[Any]] = [[None] * len(s) for s in specs]

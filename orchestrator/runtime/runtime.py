@@ -392,12 +392,10 @@ class Runtime:
     def _status_of(self, key: RunKey) -> JobStatus | None:
         return self.sm.status_if_known((key[0],) if key[1] is None else (key[0], key[1]))
 
-    async def _prepare_runs(self, runs: Sequence[Any], start: str, given: str | None
+    async def _prepare_runs(self, job: int, runs: Sequence[Any], start: str, given: str | None
                             ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
-        if start != "given":  # only runs of jobs with steps, or that saved a state, start from one
-            jobs = {run.fqid.partition(".")[0] for run in runs}
-            if all(self._harvestable(int(job)) == [] for job in jobs):
-                return {}, {}
+        if start != "given" and self._harvestable(job) == []:  # no steps, no state saved: nothing to start from
+            return {}, {}
         return await self.checkpoints.prepare(runs, start, given)
 
     def _read_ending(self, handle: RunHandle) -> Ending:
