@@ -143,10 +143,12 @@ class HeldRuns:
         return self._count
 
     def __contains__(self, key: object) -> bool:
-        runs = self._jobs.get(key[0])  # type: ignore[index]
+        if not isinstance(key, tuple) or len(key) != 2:
+            return False
+        job, i = key
+        runs = self._jobs.get(job)
         if runs is None:
             return False
-        i = key[1]  # type: ignore[index]
         if i is None:
             return runs.whole and bool(runs.status) and runs.status[0] != 0
         return not runs.whole and i < len(runs.status) and runs.status[i] != 0

@@ -76,7 +76,7 @@ class Preparer:
                 runs = RunsRow(job, bytes([code]) * n, attempts, times)
                 row = top_row(self.sm.job_state(job), self.definitions, with_spec=False)
                 row.n_subjobs = n
-                dumps = json.JSONEncoder(separators=(",", ":")).encode
+                dumps = json.JSONEncoder(separators=(",", ":")).encode  # one encoder for a million deltas
                 with anyio.CancelScope(shield=True):  # stored whole, or not at all
                     await self.repo.store_split(row, runs, (dumps(d) if d else None for d in deltas))
                 del deltas
