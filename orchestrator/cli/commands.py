@@ -130,7 +130,7 @@ def jobs(statuses: tuple[str, ...], name: str | None, backend: str | None, owner
         if not selected:
             console.print("no jobs")
             return
-        console.print(render.jobs_table(selected))
+        console.print(render.jobs_table(selected, console.width), soft_wrap=True)
 
     run(home, body, refresh=True, read_only=True)
 

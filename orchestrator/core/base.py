@@ -10,9 +10,11 @@ construction. ``rederive`` recomputes a master's status from its counters.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from .errors import JobError
 from .events import Event, Request
@@ -27,6 +29,8 @@ S = JobStatus
 _TIMED_CODES = {JobStatus(k).code: k for k in TIMED}
 _FINAL_CODES = frozenset(s.code for s in FINAL)
 _SPARSE_CODES = {s.code: s.value for s in SPARSE_TIMED}
+#: Batches this large are tried whole (:meth:`Core._move_uniform`) before run by run.
+_BULK = 256
 
 
 @dataclass(slots=True)
@@ -61,6 +65,8 @@ class Sending:
     request: str | None
     #: Runs that were ``new`` before a resubmission: rejected, they stay ``new``.
     was_new: frozenset[int] = frozenset()
+    #: (fqid, why) of the runs rejected by the parts answered so far (a submission answered in parts).
+    failures: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -145,7 +151,7 @@ class Core:
 
     # ------------------------------------------------------------ moves
     def move(self, js: JobState, indexes: Sequence[int], new: JobStatus, sid: str, *,
-             forced: bool = False, report: bool = False) -> list[int]:
+             forced: bool = False, report: bool = False) -> Sequence[int]:
         """Move runs ``indexes`` of ``js`` to ``new`` where the table allows; return those moved.
 
         ``forced``: a user's ``force_status``, outside the table. ``report``:
@@ -153,6 +159,10 @@ class Core:
         ``refused`` record. A master's status is re-derived by the caller.
         """
         runs = js.runs
+        if not forced and len(indexes) >= _BULK:
+            whole = self._move_uniform(js, indexes, new, sid)
+            if whole is not None:
+                return whole
         status, attempt, counts = runs.status, runs.attempt, runs.counts
         code_new = new.code
         groups: dict[int, list[int]] = {}
@@ -192,6 +202,58 @@ class Core:
         if moved:
             self.mark(js.id, moved if len(moved) < len(runs) else None)
         return moved
+
+    def _move_uniform(self, js: JobState, indexes: Sequence[int], new: JobStatus, sid: str) -> Sequence[int] | None:
+        """:meth:`move` for a large batch whose runs are all in one status the table lets go to ``new`` (a
+        chunk submitted, started or ended together): whole slices at once. ``None``: not such a batch."""
+        runs = js.runs
+        status = runs.status
+        contiguous = isinstance(indexes, range) and indexes.step == 1
+        if contiguous:
+            assert isinstance(indexes, range)
+            lo, hi = indexes.start, indexes.stop
+            code_old = status[lo]
+            if status.count(code_old, lo, hi) != hi - lo:
+                return None
+        else:
+            codes = itemgetter(*indexes)(status)
+            code_old = codes[0]
+            if codes.count(code_old) != len(codes) or len(set(indexes)) != len(codes):
+                return None  # mixed statuses, or a run named twice
+        old = JobStatus.from_code(code_old)
+        if code_old == new.code:
+            return []
+        if not allowed(old, new):
+            return None  # refused run by run, each on record
+        n = len(indexes)
+        now = self.now
+        timed = runs.times.get(_TIMED_CODES.get(new.code, ""))
+        stamps = [t for t in (timed, runs.times["final"] if new.code in _FINAL_CODES else None) if t is not None]
+        if contiguous:
+            status[lo:hi] = bytes([new.code]) * n
+            for times in stamps:
+                times[lo:hi] = array("d", [now]) * n
+        else:
+            for i in indexes:
+                status[i] = new.code
+            for times in stamps:
+                for i in indexes:
+                    times[i] = now
+        if new == S.SUBMITTING or (old == S.SUBMITTING and new == S.NEW):
+            attempt, step = runs.attempt, 1 if new == S.SUBMITTING else -1
+            for i in indexes:
+                attempt[i] = max(attempt[i] + step, 0)
+        sparse = _SPARSE_CODES.get(new.code)
+        if sparse is not None:
+            for i in indexes:
+                runs.extra(i).timestamps[sparse] = now
+        runs.counts[code_old] -= n
+        runs.counts[new.code] += n
+        self.step.changes.append(Change(js.id, indexes if js.is_master else None, old, new, now, sid))
+        if js.is_master:
+            js.note_master_times(new, now)
+        self.mark(js.id, indexes if n < len(runs) else None)
+        return indexes
 
     def _refused(self, js: JobState, i: int, old: JobStatus, new: JobStatus, sid: str, report: bool) -> None:
         fq = (js.id, i) if js.is_master else (js.id,)

@@ -192,6 +192,9 @@ class SubmitOutcomes(Event):
     ``native``: the submission went out as one bulk call (rejections are
     failures), not emulated run by run (rejections are left unsubmitted).
     The backend ids of accepted runs went to the runtime's store directly.
+    A large submission is answered in parts, one per chunk the driver was
+    sent: ``runs`` is then the chunk's runs, and ``more`` says that other
+    parts follow (the request is answered with the last).
     """
 
     runs: Runs
@@ -202,6 +205,10 @@ class SubmitOutcomes(Event):
     #: The checkpoint state each accepted run (by position) starts from, when it has one that is new
     #: (``seq``, ``label``, ``final``, ``time``): the run's newest state from now on.
     states: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    more: bool = False
+    #: Of a part: the first run of the instruction it answers (with the stimulus id, that instruction's key:
+    #: two instructions of one step for one job differ by it); ``None``: the first of ``runs``.
+    first: int | None = None
 
     @property
     def ids(self) -> tuple[FQID, ...]:

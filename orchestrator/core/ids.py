@@ -66,8 +66,8 @@ class Runs:
         if indexes is None or isinstance(indexes, range):
             return cls(job, indexes)
         items = indexes if isinstance(indexes, array) else array("q", indexes)
-        if items and items[-1] - items[0] + 1 == len(items) and _ascending(items):
-            return cls(job, range(items[0], items[-1] + 1))
+        if items and items[-1] - items[0] + 1 == len(items) and items == array("q", range(items[0], items[-1] + 1)):
+            return cls(job, range(items[0], items[-1] + 1))  # (compared in C: a million runs are one range)
         return cls(job, items)
 
     @property
@@ -109,7 +109,3 @@ class Runs:
 
     def fqids(self) -> tuple[FQID, ...]:
         return tuple(self)
-
-
-def _ascending(items: Sequence[int]) -> bool:
-    return all(b == a + 1 for a, b in zip(items, items[1:], strict=False))

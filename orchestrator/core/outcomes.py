@@ -103,7 +103,9 @@ def _roll_back(core: Core, js: JobState, sid: str, *, undo: bool = True) -> None
 def handle_submit_outcomes(core: Core, event: SubmitOutcomes) -> None:
     sid = event.stimulus_id
     js = core.jobs.get(event.runs.job)
-    sending = core.sending.pop(send_key(sid, event.runs), None)
+    # a part names its instruction by that instruction's first run (its own runs are the part's)
+    key = send_key(sid, event.runs) if event.first is None else (sid, event.runs.job, event.first)
+    sending = core.sending.get(key) if event.more else core.sending.pop(key, None)
     if js is None or sending is None:
         return
     idx = positions(js, event.runs)
@@ -125,7 +127,12 @@ def handle_submit_outcomes(core: Core, event: SubmitOutcomes) -> None:
         (to_new if _rejected_to(js, i, sending, event.native) == S.NEW else to_failed).append(i)
     core.move(js, to_new, S.NEW, sid)
     core.move(js, to_failed, S.FAILED, sid)
-    errors = _submit_errors(core, js, sending, failures, sid)
+    sending.failures += failures
+    if event.more:  # a part: the request is answered with the last one
+        settle(core, js, sid)
+        _kill_if_asked(core, js, accepted, sid)
+        return
+    errors = _submit_errors(core, js, sending, sending.failures, sid)
     settle(core, js, sid)
     _kill_if_asked(core, js, accepted, sid)
     if js.link is not None and sending.kind in ("submit", "relink"):

@@ -56,6 +56,11 @@ def is_deferred(splitter: Any) -> bool:
     return isinstance(splitter, dict) and bool(splitter.get(DEFERRED))
 
 
+def deferred(splitter: Mapping[str, Any]) -> dict[str, Any]:
+    """A splitter's stored definition with its parameters left out (:data:`DEFERRED`)."""
+    return {"plugin": splitter.get("plugin"), DEFERRED: True}
+
+
 def as_master(master: Master | Unsubmitted) -> Master:
     """What a splitter sees, from a :class:`Master` or from an unsubmitted job (``split(job)`` works too)."""
     if isinstance(master, Master):

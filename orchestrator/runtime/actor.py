@@ -1,4 +1,4 @@
-"""A driver actor: the one task that calls one backend's driver.
+r"""A driver actor: the one task that calls one backend's driver.
 
 It takes the instructions meant for its backend in the order the state
 machine gave them, and carries each out: submissions that arrive within a
@@ -15,9 +15,16 @@ answers: a cycle of two bounded waits could stop both), so one step's
 instructions always go in, and the mailbox holds at most ``capacity`` plus
 what the steps under way when it filled asked for.
 
-It holds the runs its driver answered for (their handles) until they end:
-a status query that does not mention a run, or a slow host elsewhere, is no
-reason to let go of one. Monitoring them is :mod:`.monitor`'s part.
+A submission goes out in chunks of at most ``core.submit_chunk`` runs: each
+chunk's ``RunSpec``\ s are made, sent, registered and answered (a
+``SubmitOutcomes`` with ``more`` set until the last) before the next is
+made, so a master of a million subjobs never has a million specs at once,
+and its first runs are watched while the last are being sent.
+
+It holds the runs its driver answered for (:mod:`.held`: a few bytes each)
+until they end: a status query that does not mention a run, or a slow host
+elsewhere, is no reason to let go of one. Monitoring them is
+:mod:`.monitor`'s part.
 
 An instruction is bound, when the runtime takes it, to the attempt each of
 its runs was at: a kill issued before a retry's submission in the same
@@ -28,7 +35,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,10 +47,12 @@ from ..core.ids import Runs
 from ..core.instructions import Instruction, Lookup, SendKill, SendSubmit, Unwatch
 from ..core.statuses import JobStatus
 from ..plugin.contract import Driver, RunHandle, RunSpec
-from . import bulk
+from . import bulk, gcpause
+from .held import HeldRuns, MakeHandle, RunKey
 
-#: A run as an actor holds it: (job, subjob index or None for a job that runs itself).
-RunKey = tuple[int, int | None]
+#: Runs per chunk of a submission (``core.submit_chunk``): its specs are made, sent and answered before the next
+#: chunk's are made.
+CHUNK = 10_000
 
 
 @dataclass(slots=True)
@@ -62,15 +71,16 @@ def keys(runs: Runs) -> list[RunKey]:
 
 
 class Actor:
-    """One backend's actor; see the module docstring. ``prepare`` gets runs ready to start (their state);
+    """One backend's actor; see the module docstring. ``prepare`` gets runs of a job ready to start (their state);
     ``post`` puts an event on the bus."""
 
     def __init__(self, name: str, driver: Driver, *, post: Callable[[Event], Awaitable[None]],
                  run_specs: Callable[[Runs, Sequence[int], dict[int, list[str]]], list[RunSpec]],
-                 prepare: Callable[[Sequence[RunSpec], str, str | None],
+                 prepare: Callable[[int, Sequence[RunSpec], str, str | None],
                                    Awaitable[tuple[dict[str, str], dict[str, dict[str, Any]]]]],
-                 record_id: Callable[[RunKey, str | None], None], concurrency: int, log: Any,
-                 capacity: int = 1024, confirm: Callable[[], Awaitable[None]] | None = None) -> None:
+                 record_ids: Callable[[int, Sequence[int] | None, Sequence[str]], None], make_handle: MakeHandle,
+                 concurrency: int, log: Any, chunk: int = CHUNK, capacity: int = 1024,
+                 confirm: Callable[[], Awaitable[None]] | None = None) -> None:
         self.name = name
         #: Awaited before a backend hears of runs: this process is still the repository's writer (a shared
         #: repository's lease; it raises once another process took over, and nothing is sent).
@@ -79,17 +89,19 @@ class Actor:
         self.post = post
         self.run_specs = run_specs
         self.prepare = prepare
-        self.record_id = record_id
+        self.record_ids = record_ids
         self.concurrency = concurrency
         self.log = log
+        self.chunk = max(1, chunk)
         #: The runs this driver holds, until they end.
-        self.held: dict[RunKey, RunHandle] = {}
+        self.held = HeldRuns(make_handle)
         #: Failed calls to the driver (and, counted by the monitor, failed or garbled status queries).
         self.faults = bulk.Faults()
         #: Runs declared lost: no longer watched, kept for the kill the state machine sends after them.
         self.lost: dict[RunKey, RunHandle] = {}
-        #: Of the runs held, those the driver must be polled about (its mode for their settings is not reporting).
-        self.polled: set[RunKey] = set()
+        #: Of the runs held, those the driver must be polled about (its mode for their settings is not
+        #: reporting), with their handles: a poll hands them all to the driver every tick.
+        self.polled: dict[RunKey, RunHandle] = {}
         #: Held while a driver call's answers are being registered: a reporting driver's word on a run it
         #: just accepted waits until the run is held (its report may come before the call returns).
         self.registering = anyio.Lock()
@@ -105,14 +117,81 @@ class Actor:
     # ------------------------------------------------------------ the runs held
     def hold(self, key: RunKey, handle: RunHandle) -> None:
         """The driver answered for this run: it is held until it ends."""
-        self.held[key] = handle
+        self.held.add(key, handle.backend_id, handle.attempt, handle.settings, handle.status)
         if not self.driver.capabilities_for(handle.settings).reports:
-            self.polled.add(key)
+            self.polled[key] = handle
+
+    def hold_runs(self, job: int, runs: Sequence[RunSpec], backend_ids: Sequence[str], whole: bool) -> None:
+        """The driver answered for these runs of ``job`` (``whole``: the job itself, without subjobs)."""
+        if not runs:
+            return
+        self.held.add_many(job, None if whole else [r.index for r in runs], backend_ids, [r.attempt for r in runs],
+                           [r.settings for r in runs])
+        reports: dict[int, bool] = {}
+        for run in runs:
+            reported = reports.get(id(run.settings))
+            if reported is None:
+                reported = reports[id(run.settings)] = self.driver.capabilities_for(run.settings).reports
+            if not reported:
+                key: RunKey = (job, None if whole else run.index)
+                handle = self.held.handle(key)
+                assert handle is not None
+                self.polled[key] = handle
+
+    def hold_stored(self, job: int, indexes: Sequence[int] | None, backend_ids: Sequence[str],
+                    attempts: Sequence[int], settings: Sequence[Mapping[str, Any]],
+                    statuses: Sequence[JobStatus]) -> None:
+        """Runs the driver held when the home was last closed (``indexes`` ``None``: the job itself)."""
+        self.held.add_many(job, indexes, backend_ids, attempts, settings, statuses)
+        reports: dict[int, bool] = {}
+        for k, s in enumerate(settings):
+            reported = reports.get(id(s))
+            if reported is None:
+                reported = reports[id(s)] = self.driver.capabilities_for(s).reports
+            if not reported:
+                key: RunKey = (job, None if indexes is None else indexes[k])
+                handle = self.held.handle(key)
+                assert handle is not None
+                self.polled[key] = handle
+
+    def set_status(self, key: RunKey, status: JobStatus) -> None:
+        """The status the core recorded for a held run (a polled driver answers only what differs from it)."""
+        self.held.set_status(key, status)
+        handle = self.polled.get(key)
+        if handle is not None and handle.status != status:
+            self.polled[key] = _with_status(handle, status)
+
+    def set_statuses(self, job: int, indexes: Sequence[int] | None, status: JobStatus) -> None:
+        """:meth:`set_status` for many runs of one job (``None``: the job itself)."""
+        if self.polled:
+            for i in indexes if indexes is not None else [None]:
+                self.set_status((job, i), status)
+            return
+        self.held.set_statuses(job, indexes if indexes is not None else [0], status)
+
+    def let_go_many(self, job: int, indexes: Sequence[int] | None) -> None:
+        """:meth:`let_go` for many runs of one job (``None``: the job itself)."""
+        if self.polled:
+            for i in indexes if indexes is not None else [None]:
+                self.polled.pop((job, i), None)
+        self.held.discard_many(job, indexes if indexes is not None else [0])
 
     def release(self, key: RunKey) -> RunHandle | None:
-        """The run ended (or is of no more interest): let go of it."""
-        self.polled.discard(key)
-        return self.held.pop(key, None)
+        """The run ended (or is of no more interest): let go of it; its handle, if it was held."""
+        self.polled.pop(key, None)
+        return self.held.pop(key)
+
+    def let_go(self, key: RunKey) -> bool:
+        """:meth:`release` without making the handle; whether the run was held."""
+        self.polled.pop(key, None)
+        return self.held.discard(key)
+
+    def release_job(self, job: int) -> None:
+        """Every run of a job that is forgotten."""
+        for key in list(self.held.keys(job)):
+            self.let_go(key)
+        for key in [k for k in self.lost if k[0] == job]:
+            del self.lost[key]
 
     # ------------------------------------------------------------ intake
     def put(self, bound: Bound) -> None:
@@ -150,16 +229,16 @@ class Actor:
                 # every line of the work, the driver's own included, names the request(s) it serves
                 with structlog.contextvars.bound_contextvars(stimulus_id=_stimuli(group)):
                     try:
-                        async with self.registering:
-                            await self._carry_out(group)
+                        if isinstance(group[0].instruction, SendSubmit):
+                            await self._submit(group)  # registers chunk by chunk
+                        else:
+                            async with self.registering:
+                                await self._carry_out(group)
                     except Exception as exc:  # a bug here must not stop the backend's actor: log and go on
                         self.log.exception("instruction failed", backend=self.name, error=repr(exc))
 
     async def _carry_out(self, group: list[Bound]) -> None:
         first = group[0].instruction
-        if isinstance(first, SendSubmit):
-            await self._submit(group)
-            return
         for bound in group:  # one at a time: each under its own stimulus id
             with structlog.contextvars.bound_contextvars(stimulus_id=bound.instruction.stimulus_id):
                 if isinstance(first, SendKill):
@@ -168,27 +247,47 @@ class Actor:
                     await self._lookup(bound)
                 elif isinstance(bound.instruction, Unwatch):
                     gone = [h for k in keys(bound.instruction.runs) if (h := self.release(k)) is not None]
+                    for key in keys(bound.instruction.runs):
+                        self.lost.pop(key, None)
                     if gone:
                         await self.driver.forget(gone)
 
     # ------------------------------------------------------------ submit
     async def _submit(self, group: list[Bound]) -> None:
-        """Every SendSubmit of the group, as few driver calls as the settings and the rules allow."""
+        """Every SendSubmit of the group, chunk by chunk (``chunk`` runs at most, taken in order across the
+        group's instructions); each chunk as few driver calls as the settings allow."""
+        pieces = [_Piece(b, lo, min(lo + self.chunk, len(_runs(b))), lo + self.chunk >= len(_runs(b)))
+                  for b in group for lo in range(0, len(_runs(b)), self.chunk)]
+        chunk: list[_Piece] = []
+        size = 0
+        stopped: set[int] = set()  # instructions that stopped at a failure (keep_going=False)
+        for piece in pieces:
+            if chunk and size + len(piece) > self.chunk:
+                with gcpause.paused():
+                    await self._submit_chunk(chunk, stopped)
+                chunk, size = [], 0
+            if id(piece.bound) not in stopped:
+                chunk.append(piece)
+                size += len(piece)
+        if chunk:
+            with gcpause.paused():
+                await self._submit_chunk(chunk, stopped)
+
+    async def _submit_chunk(self, chunk: list[_Piece], stopped: set[int]) -> None:
+        """One chunk: its specs made, its runs readied and sent, the accepted held, each piece answered."""
         specs: list[list[RunSpec]] = []
         unready: list[dict[str, str]] = []
         states: dict[str, dict[str, Any]] = {}
-        for bound in group:
-            ins = bound.instruction
-            assert isinstance(ins, SendSubmit)
-            batch = self.run_specs(ins.runs, bound.attempts, bound.retry_args)
+        for piece in chunk:
+            ins = piece.instruction
+            batch = self.run_specs(piece.runs, piece.bound.attempts[piece.lo:piece.hi], piece.bound.retry_args)
             specs.append(batch)
-            refused, started = await self.prepare(batch, ins.start, bound.state)
+            refused, started = await self.prepare(ins.runs.job, batch, ins.start, piece.bound.state)
             unready.append(refused)
             states.update(started)
         answers: list[list[Any]] = [[None] * len(s) for s in specs]
-        native_of: list[bool] = [True] * len(group)
-        ins0 = group[0].instruction
-        assert isinstance(ins0, SendSubmit)
+        native_of: list[bool] = [True] * len(chunk)
+        ins0 = chunk[0].instruction
         # One call per settings (a bulk call carries runs of one kind); a stop-at-first-failure series alone.
         by_settings: dict[str, list[tuple[int, int]]] = {}
         named: dict[int, str] = {}  # runs of one batch share their settings object: each is written out once
@@ -201,40 +300,54 @@ class Actor:
                 if name is None:
                     name = named[id(run.settings)] = json.dumps(run.settings, sort_keys=True, default=str)
                 by_settings.setdefault(name, []).append((g, k))
-        for members in by_settings.values():
-            runs = [specs[g][k] for g, k in members]
-            if self.confirm is not None:
-                await self.confirm()
-            outcomes, native = await bulk.submit(self.driver, runs, native=ins0.native,
-                                                 stop_on_failure=ins0.stop_on_failure, concurrency=self.concurrency,
-                                                 faults=self.faults)
-            for (g, k), outcome in zip(members, outcomes, strict=True):
-                native_of[g] = native_of[g] and native
-                answers[g][k] = outcome
-        for g, bound in enumerate(group):
-            await self._answer_submit(bound, specs[g], answers[g], native_of[g], states)
+        async with self.registering:
+            for members in by_settings.values():
+                runs = [specs[g][k] for g, k in members]
+                if self.confirm is not None:
+                    await self.confirm()
+                outcomes, native = await bulk.submit(self.driver, runs, native=ins0.native,
+                                                     stop_on_failure=ins0.stop_on_failure,
+                                                     concurrency=self.concurrency, faults=self.faults)
+                for (g, k), outcome in zip(members, outcomes, strict=True):
+                    native_of[g] = native_of[g] and native
+                    answers[g][k] = outcome
+            for g, piece in enumerate(chunk):
+                failed = await self._answer_submit(piece, specs[g], answers[g], native_of[g], states)
+                # keep_going=False: an emulated series stops at its first failure, a native one when a call failed
+                # as a whole (a run the backend refused is that run's failure; its siblings were attempted)
+                whole = not piece.instruction.native or not native_of[g]
+                if failed and whole and piece.instruction.stop_on_failure and not piece.last:
+                    stopped.add(id(piece.bound))  # the rest of the series is not attempted
+                    rest = _Piece(piece.bound, piece.hi, len(_runs(piece.bound)), True)
+                    await self._answer_submit(rest, [], [None] * len(rest), native_of[g], {})
 
-    async def _answer_submit(self, bound: Bound, specs: list[RunSpec], answers: list[Any], native: bool,
-                             states: dict[str, dict[str, Any]]) -> None:
-        ins = bound.instruction
-        assert isinstance(ins, SendSubmit)
+    async def _answer_submit(self, piece: _Piece, specs: list[RunSpec], answers: list[Any], native: bool,
+                             states: dict[str, dict[str, Any]]) -> bool:
+        """Hold the accepted runs and post the piece's outcome; whether any run failed or was not attempted."""
+        ins = piece.instruction
         accepted, rejected, not_attempted = [], [], []
-        for k, (run, answer) in enumerate(zip(specs, answers, strict=True)):
+        taken: list[RunSpec] = []
+        ids: list[str] = []
+        for k, answer in enumerate(answers):
             if answer is None:
                 not_attempted.append(k)
             elif isinstance(answer, tuple):
                 rejected.append((k, answer[1]))
             elif answer.ok:
                 accepted.append(k)
-                key: RunKey = (ins.runs.job, None if ins.runs.indexes is None else run.index)
-                self.record_id(key, answer.backend_id)
-                self.hold(key, RunHandle(run.fqid, run.index, answer.backend_id, run.settings, run.outputdir,
-                                         JobStatus.SUBMITTED, run.key, run.attempt, run.jobdir))
+                taken.append(specs[k])
+                ids.append(answer.backend_id)
             else:
                 rejected.append((k, answer.error or "submission refused"))
+        whole = ins.runs.indexes is None
+        self.record_ids(ins.runs.job, None if whole else [r.index for r in taken], ids)
+        self.hold_runs(ins.runs.job, taken, ids, whole)
         started = {k: states[specs[k].fqid] for k in accepted if specs[k].fqid in states}
-        await self.post(SubmitOutcomes(stimulus_id=ins.stimulus_id, time=_now(), runs=ins.runs, accepted=accepted,
-                                       rejected=rejected, not_attempted=not_attempted, native=native, states=started))
+        await self.post(SubmitOutcomes(stimulus_id=ins.stimulus_id, time=_now(), runs=piece.runs,
+                                       accepted=range(len(answers)) if len(accepted) == len(answers) else accepted,
+                                       rejected=rejected, not_attempted=not_attempted, native=native, states=started,
+                                       more=not piece.last, first=None if piece.lo == 0 else _first(ins.runs)))
+        return bool(rejected or not_attempted)
 
     # ------------------------------------------------------------ kill
     async def _kill(self, bound: Bound) -> None:
@@ -242,7 +355,7 @@ class Actor:
         assert isinstance(ins, SendKill)
         positions, handles, gone = [], [], []
         for k, key in enumerate(keys(ins.runs)):
-            handle = self.lost.pop(key, None) or self.held.get(key)
+            handle = self.lost.pop(key, None) or self.held.handle(key)
             attempt = bound.attempts[k] if k < len(bound.attempts) else 0
             if handle is None or (attempt and handle.attempt and handle.attempt != attempt):
                 gone.append(k)  # it ended, or that attempt is no longer the one held: nothing runs to kill
@@ -255,7 +368,7 @@ class Actor:
         for k, handle, result in zip(positions, handles, results, strict=True):
             if result is None:
                 killed.append(k)
-                self.release(keys(ins.runs)[k])
+                self.let_go(keys(ins.runs)[k])
             elif result is False:
                 not_attempted.append(k)
             else:
@@ -284,10 +397,11 @@ class Actor:
         for k, (run, backend_id) in enumerate(zip(specs, found, strict=True)):
             if backend_id:
                 key: RunKey = (ins.runs.job, None if ins.runs.indexes is None else run.index)
-                self.record_id(key, backend_id)
-                handle = RunHandle(run.fqid, run.index, backend_id, run.settings, run.outputdir,
-                                   JobStatus.SUBMITTED, run.key, run.attempt, run.jobdir)
-                self.hold(key, handle)
+                whole = ins.runs.indexes is None
+                self.record_ids(ins.runs.job, None if whole else [run.index], [backend_id])
+                self.hold_runs(ins.runs.job, [run], [backend_id], whole)
+                handle = self.held.handle(key)
+                assert handle is not None
                 have.append(k)
                 if self.driver.capabilities_for(run.settings).reports:
                     adopted.append(handle)
@@ -308,6 +422,48 @@ class Actor:
 def _stimuli(group: list[Bound]) -> str:
     """The stimulus id of a group's instructions; several, comma-separated, when one bulk call serves them."""
     return ",".join(dict.fromkeys(b.instruction.stimulus_id for b in group))
+
+
+@dataclass(slots=True)
+class _Piece:
+    """Positions ``lo:hi`` of one instruction's runs, sent in one chunk; ``last``: the instruction's last piece."""
+
+    bound: Bound
+    lo: int
+    hi: int
+    last: bool
+
+    @property
+    def instruction(self) -> SendSubmit:
+        ins = self.bound.instruction
+        assert isinstance(ins, SendSubmit)
+        return ins
+
+    @property
+    def runs(self) -> Runs:
+        runs = self.instruction.runs
+        if runs.indexes is None or (self.lo == 0 and self.hi == len(runs.indexes)):
+            return runs
+        return Runs(runs.job, runs.indexes[self.lo:self.hi])
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+
+def _first(runs: Runs) -> int:
+    """The first run of an instruction's (what its parts name it by: :attr:`SubmitOutcomes.first`)."""
+    assert runs.indexes is not None and len(runs.indexes)
+    return runs.indexes[0]
+
+
+def _runs(bound: Bound) -> Runs:
+    assert isinstance(bound.instruction, SendSubmit)
+    return bound.instruction.runs
+
+
+def _with_status(handle: RunHandle, status: JobStatus) -> RunHandle:
+    return RunHandle(handle.fqid, handle.index, handle.backend_id, handle.settings, handle.outputdir, status,
+                     handle.key, handle.attempt, handle.jobdir)
 
 
 def _coalesce(taken: list[Bound]) -> list[list[Bound]]:

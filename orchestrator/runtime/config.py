@@ -73,6 +73,9 @@ class Config:
         from .storage import Storage  # the check of [repository], where its settings are read
 
         Storage.of(Path(), self.section("repository"), where)
+        chunk = core["submit_chunk"]
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ConfigError(f"{where}: core.submit_chunk must be an integer >= 1, not {chunk!r}")
         try:
             parse_rules(self.data.get("actions", []))
         except ConfigError as exc:

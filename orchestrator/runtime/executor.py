@@ -25,7 +25,7 @@ from anyio.abc import TaskGroup
 
 from ..core.errors import JobError
 from ..core.events import Event, RetryDue
-from ..core.ids import FQID
+from ..core.ids import FQID, Runs
 from ..core.instructions import (
     AdjustRun,
     CreateLinked,
@@ -155,28 +155,41 @@ class Executor:
         those submissions), never the retry."""
         if isinstance(ins, Unwatch):
             return Bound(ins)
-        fqs = list(ins.runs)
-        attempts = [self.sm.attempt(fq) for fq in fqs] if len(fqs) < 4096 else self._attempts_fast(ins)
+        runs = ins.runs
+        attempts = [self.sm.attempt(fq) for fq in runs] if len(runs) < 4096 else self._attempts_fast(runs)
         if later:
-            attempts = [a - later[fq] for a, fq in zip(attempts, fqs, strict=True)]
+            attempts = [a - later[fq] for a, fq in zip(attempts, runs, strict=True)]
         retry_args: dict[int, list[str]] = {}
         state = None
         if isinstance(ins, SendSubmit):
-            for fq in fqs:
-                args = self.sm.retry_args(fq) if self._may_have_args(fq) else []
+            for i in self._with_extras(runs):  # only a run with extras may have retry arguments
+                args = self.sm.retry_args((runs.job,) if runs.indexes is None else (runs.job, i))
                 if args:
-                    retry_args[fq[1] if len(fq) == 2 else 0] = args
+                    retry_args[i] = args
             if ins.start == "given":
                 state = self._given_state(ins.stimulus_id)
         return Bound(ins, attempts, retry_args, state)
 
-    def _attempts_fast(self, ins: SendSubmit | SendKill | Lookup) -> list[int]:
-        table = self.sm.job_state(ins.runs.job).runs.attempt
-        return [table[i] for i in (ins.runs.indexes or [0])]
+    def _attempts_fast(self, runs: Runs) -> Sequence[int]:
+        """Each run's attempt, read from the job's array (a slice of it for a range: a million, in C)."""
+        table = self.sm.job_state(runs.job).runs.attempt
+        idx = runs.indexes
+        if isinstance(idx, range) and idx.step == 1:
+            return table[idx.start:idx.stop]
+        return [table[i] for i in (idx if idx is not None else [0])]
 
-    def _may_have_args(self, fq: tuple[int, ...]) -> bool:
-        runs = self.sm.job_state(fq[0]).runs
-        return (fq[1] if len(fq) == 2 else 0) in runs.extras
+    def _with_extras(self, runs: Runs) -> list[int]:
+        """The batch's runs (their table index) that have extras: looked up from the smaller side."""
+        extras = self.sm.job_state(runs.job).runs.extras
+        idx = runs.indexes
+        if not extras:
+            return []
+        if idx is None:
+            return [0] if 0 in extras else []
+        if len(extras) < len(idx):
+            members = idx if isinstance(idx, range) else set(idx)
+            return sorted(i for i in extras if i in members)
+        return [i for i in idx if i in extras]
 
     def spawn(self, work: Awaitable[None], *, limited: bool = True) -> None:
         """Run long work in the runtime's task group, ``work_limit`` at once (``limited``); it posts its own

@@ -29,8 +29,9 @@ from ..core.ids import Runs, parse_fqid_or_none
 from ..core.runlog import RunLog
 from ..core.statuses import JobStatus
 from ..plugin.contract import RunHandle, StatusUpdate
-from . import bulk
-from .actor import Actor, RunKey
+from . import bulk, gcpause
+from .actor import Actor
+from .held import RunKey
 
 S = JobStatus
 ENDINGS = frozenset({S.COMPLETED, S.FAILED, S.HELD, S.KILLED})
@@ -119,27 +120,21 @@ class Monitor:
         """States saved by runs going on reach the repository, and the newest the state machine, each tick."""
         if self.stopped or not self.actor.driver.capabilities.runs_wrapper:
             return  # no wrapper, no states (sim): and no look at a hundred thousand runs per tick
-        by_job: dict[int, list[tuple[RunKey, RunHandle]]] = {}
-        for key, handle in list(self.actor.held.items()):
-            by_job.setdefault(key[0], []).append((key, handle))
-        candidates: list[tuple[RunKey, RunHandle]] = []
-        for job, held in by_job.items():  # a job without steps: only its runs that saved a state already
-            which = self.harvestable(job)
-            if which is None:
-                candidates.extend(held)
-            else:
-                wanted = set(which)
-                candidates.extend(kh for kh in held if kh[0][1] in wanted)
-        running = [(k, h) for k, h in candidates if self.status_of(k) in (S.RUNNING, S.COMPLETING)]
-        if not running:
-            return
+        held = self.actor.held
+        reports = []
         sid = self._sid("state")
         with structlog.contextvars.bound_contextvars(stimulus_id=sid):
-            reports = []
-            for (job, idx), handle in running:
-                state = self.harvest(handle)
-                if state is not None:
-                    reports.append(RunReport(Runs(job, None if idx is None else [idx]), S.RUNNING, state=state))
+            for job in held.jobs():  # a job without steps: only its runs that saved a state already
+                which = self.harvestable(job)
+                candidates = held.keys(job) if which is None else [(job, i) for i in which if (job, i) in held]
+                for key in candidates:
+                    if self.status_of(key) not in (S.RUNNING, S.COMPLETING):
+                        continue
+                    handle = held.handle(key)
+                    state = self.harvest(handle) if handle is not None else None
+                    if state is not None:
+                        reports.append(RunReport(Runs(job, None if key[1] is None else [key[1]]), S.RUNNING,
+                                                 state=state))
             if reports:
                 await self.post(StatusReport(stimulus_id=sid, time=time.time(), backend=self.name,
                                              reports=tuple(reports)))
@@ -154,14 +149,12 @@ class Monitor:
         self.ticks += 1
         handles = []
         for key in list(polled):
-            handle = held.get(key)
             status = self.status_of(key)
-            if handle is None or status is None:  # forgotten (removed) meanwhile
-                self.actor.release(key)
+            if key not in held or status is None:  # forgotten (removed) meanwhile
+                self.actor.let_go(key)
                 continue
-            if status != handle.status:
-                handle = held[key] = _with_status(handle, status)
-            handles.append(handle)
+            self.actor.set_status(key, status)
+            handles.append(polled[key])
         sid = self._sid()  # the tick's: every line of it, the driver's own included, carries it
         with structlog.contextvars.bound_contextvars(stimulus_id=sid):
             await self._query(handles, now, sid)
@@ -197,59 +190,76 @@ class Monitor:
         if not answered_all:  # a reporting driver: its runs just accepted are registered first
             async with self.actor.registering:
                 pass
+        with gcpause.paused():  # a report on ten thousand runs is as many short-lived objects
+            await self._judge(updates, sid, answered_all)
+
+    async def _judge(self, updates: Sequence[Any], sid: str, answered_all: bool) -> None:
         held = self.actor.held
         now = time.time()
-        good: list[tuple[RunKey, RunHandle, StatusUpdate]] = []
+        good: list[tuple[RunKey, StatusUpdate]] = []
         garbage: list[RunKey] = []
         for u in updates:
-            fq = parse_fqid_or_none(getattr(u, "fqid", None))
-            key: RunKey | None = None if fq is None else (fq[0], fq[1] if len(fq) > 1 else None)
-            handle = held.get(key) if key is not None else None
-            if handle is None or not isinstance(u, StatusUpdate) or not isinstance(u.status, JobStatus):
+            if type(u) is StatusUpdate and type(u.status) is JobStatus:  # as a rule: one check of each
+                key = _key(u.fqid)
+                if key is not None and key in held:
+                    good.append((key, u))
+                    continue
+            key = _key(getattr(u, "fqid", None))
+            known = key is not None and key in held
+            if not known or not isinstance(u, StatusUpdate) or not isinstance(u.status, JobStatus):
                 self.log.warning("unintelligible status report", backend=self.name,
                                  fqid=str(getattr(u, "fqid", "?")), report=repr(u)[:200])
-                if key is not None and handle is not None:
+                if key is not None and known:
                     garbage.append(key)
                 continue
             assert key is not None
-            good.append((key, handle, u))
+            good.append((key, u))
         if len(good) < len(updates):  # an answer with nonsense in it: a poll error all the same
             self.actor.faults.count("status" if answered_all else "report")
         if answered_all:
             self.health.answered([k for k in self.actor.polled if k not in garbage])
-        else:
-            self.health.answered([k for k, _, _ in good])
+        else:  # (a reporting driver's runs are rarely silent: no list of a million keys for nothing)
+            self.health.answered([k for k, _ in good] if self.health.runs else [])
         lost = self.health.silent(garbage, now, whole_backend=False) if garbage else []
         await self._report(good, sid)
         await self._lose(lost, f"unintelligible answers from backend {self.name}")
 
-    async def _report(self, good: list[tuple[RunKey, RunHandle, StatusUpdate]], sid: str) -> None:
+    async def _report(self, good: list[tuple[RunKey, StatusUpdate]], sid: str) -> None:
         reports: list[RunReport] = []
-        grouped: dict[tuple[int, JobStatus, int | None, str | None], list[int]] = {}
-        endings = [(k, h, u) for k, h, u in good if u.status in ENDINGS or u.backend_verdict is not None]
-        read = {}
+        #: (job, status, exit code, reason) -> indexes (-1: the job itself); those ended, and those going on
+        ended: dict[tuple[int, JobStatus, int | None, str | None], list[int]] = {}
+        going: dict[tuple[int, JobStatus, int | None, str | None], list[int]] = {}
+        endings = [(k, u) for k, u in good if u.status in ENDINGS or u.backend_verdict is not None]
+        read: dict[RunKey, Ending] = {}
         if endings:
-            wrapper = self.actor.driver.capabilities_for(endings[0][1].settings).runs_wrapper
-            if wrapper:
-                read = await anyio.to_thread.run_sync(lambda: {k: self.read_ending(h) for k, h, _ in endings})
-        for key, handle, u in good:
+            settings = self.actor.held.settings(endings[0][0]) or {}
+            if self.actor.driver.capabilities_for(settings).runs_wrapper:
+                handles = [(k, h) for k, _ in endings if (h := self.actor.held.handle(k)) is not None]
+                read = await anyio.to_thread.run_sync(lambda: {k: self.read_ending(h) for k, h in handles})
+        for key, u in good:
             job, idx = key
             if u.status in ENDINGS or u.backend_verdict is not None:
-                self.actor.release(key)
                 ending = read.get(key)
                 if ending is None and u.backend_verdict is None:
-                    grouped.setdefault((job, u.status, u.exit_code, u.reason), []).append(-1 if idx is None else idx)
+                    ended.setdefault((job, u.status, u.exit_code, u.reason), []).append(-1 if idx is None else idx)
                     continue
+                self.actor.let_go(key)
                 ending = ending or Ending()
                 reports.append(RunReport(Runs(job, None if idx is None else [idx]), u.status, u.exit_code, u.reason,
                                          u.backend_verdict, ending.log, ending.stderr_tail, ending.state,
                                          ending.usage))
             else:
-                self.actor.held[key] = _with_status(handle, u.status)
-                grouped.setdefault((job, u.status, u.exit_code, u.reason), []).append(-1 if idx is None else idx)
-        for (job, status, code, reason), idxs in grouped.items():
-            runs = Runs(job) if idxs == [-1] else Runs.of(job, sorted(idxs))
-            reports.append(RunReport(runs, status, code, reason))
+                going.setdefault((job, u.status, u.exit_code, u.reason), []).append(-1 if idx is None else idx)
+        for grouped, held in ((going, True), (ended, False)):
+            for (job, status, code, reason), idxs in grouped.items():
+                if idxs != [-1]:
+                    idxs.sort()  # (in order already, as a rule: a pass in C)
+                runs = Runs(job) if idxs == [-1] else Runs.of(job, idxs)
+                if held:
+                    self.actor.set_statuses(job, runs.indexes, status)
+                else:
+                    self.actor.let_go_many(job, runs.indexes)
+                reports.append(RunReport(runs, status, code, reason))
         if reports:
             await self.post(StatusReport(stimulus_id=sid, time=time.time(), backend=self.name,
                                          reports=tuple(reports)))
@@ -272,7 +282,14 @@ class Monitor:
         return f"{kind}-{self.name}-{self._seq}"
 
 
-def _with_status(handle: RunHandle, status: JobStatus) -> RunHandle:
-    from dataclasses import replace
-
-    return replace(handle, status=status)
+def _key(fqid: object) -> RunKey | None:
+    """A backend's fqid string as a run key (``"3.17"``: (3, 17); ``"3"``: (3, None)), ``None`` when it is not
+    one; the common two-part form without :func:`parse_fqid_or_none`'s generality (a million reports a tick)."""
+    if type(fqid) is str:
+        head, dot, tail = fqid.partition(".")
+        if dot and head.isdigit() and tail.isdigit() and head.isascii() and tail.isascii():
+            return (int(head), int(tail))
+    fq = parse_fqid_or_none(fqid)
+    if fq is None:
+        return None
+    return (fq[0], fq[1] if len(fq) > 1 else None)

@@ -31,7 +31,7 @@ from ..core.ids import fqid_str
 from ..core.instructions import CreateLinked, Prepare, Unprepare
 from ..core.splitters import Master, apply_delta, check_path
 from ..core.statuses import JobStatus
-from . import registry
+from . import gcpause, registry
 from .definitions import Definitions
 from .repository import Repository, RunsRow
 from .workspace import Workspace
@@ -65,19 +65,22 @@ class Preparer:
             if spec.get("splitter") is None:
                 await self.post(Prepared(stimulus_id=ins.stimulus_id, time=now, job=job, n_subjobs=0))
                 return
-            deltas = await anyio.to_thread.run_sync(self._split, job, spec)
-            n = len(deltas)
-            code = (S.SUBMITTING if ins.submitting else S.NEW).code
-            zeros = bytes(8 * n)
-            times = {"submitting": (array("d", [now]) * n).tobytes() if ins.submitting else zeros,
-                     "submitted": zeros, "running": zeros, "final": zeros}
-            attempts = (array("I", [1 if ins.submitting else 0]) * n).tobytes()
-            runs = RunsRow(job, bytes([code]) * n, attempts, times)
-            row = top_row(self.sm.job_state(job), self.definitions, with_spec=False)
-            row.n_subjobs = n
-            with anyio.CancelScope(shield=True):  # stored whole, or not at all
-                await self.repo.store_split(row, runs, (json.dumps(d, separators=(",", ":")) if d else None
-                                                        for d in deltas))
+            with gcpause.paused():  # a million deltas, alive until stored: nothing for the collector to find
+                deltas = await anyio.to_thread.run_sync(self._split, job, spec)
+                n = len(deltas)
+                code = (S.SUBMITTING if ins.submitting else S.NEW).code
+                zeros = bytes(8 * n)
+                times = {"submitting": (array("d", [now]) * n).tobytes() if ins.submitting else zeros,
+                         "submitted": zeros, "running": zeros, "final": zeros}
+                attempts = (array("I", [1 if ins.submitting else 0]) * n).tobytes()
+                runs = RunsRow(job, bytes([code]) * n, attempts, times)
+                row = top_row(self.sm.job_state(job), self.definitions, with_spec=False)
+                row.n_subjobs = n
+                dumps = json.JSONEncoder(separators=(",", ":")).encode  # one encoder for a million deltas
+                with anyio.CancelScope(shield=True):  # stored whole, or not at all
+                    await self.repo.store_split(row, runs, (dumps(d) if d else None for d in deltas))
+                del deltas
+            self.definitions.defer_splitter(job)  # its parameters are stored: read again only if asked for
         except BaseException as exc:
             self.workspace.remove(fq)
             error = exc if isinstance(exc, JobError) else JobError(
@@ -94,7 +97,7 @@ class Preparer:
         splitter = registry.load_splitter(self.definitions.splitter(job))
         assert splitter is not None
         master = Master(fqid, spec, self.free_slots(spec["backend"]["name"]), self.definitions.names.get(job, ""))
-        deltas = [dict(d) for d in splitter.split(master)]
+        deltas = [d if type(d) is dict else dict(d) for d in splitter.split(master)]
         if not deltas:
             raise JobError("the splitter made no subjobs", fqid=fqid, field="splitter")
         checked_paths: set[str] = set()

@@ -159,8 +159,8 @@ class Repository(Protocol):
         arrays, and the extras of the runs that have any."""
     def subjob_rows(self, master: int, indexes: Sequence[int]) -> dict[int, tuple[str | None, str | None]]:
         """(backend id, delta JSON) of a master's subjobs, by index (synchronous: the API's look-ups)."""
-    def all_deltas(self, master: int) -> list[str | None]:
-        """Every subjob's delta of a master, in index order (synchronous)."""
+    def all_deltas(self, master: int, *, start: int = 0, stop: int | None = None) -> list[str | None]:
+        """Every subjob's delta of a master, in index order (synchronous); or those of subjobs ``start:stop``."""
     def stored_splitter(self, job: int) -> dict[str, Any] | None:
         """A job's splitter as stored, in full (synchronous)."""
     def top_backend_id(self, job: int) -> str | None: ...

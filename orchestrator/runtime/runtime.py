@@ -28,7 +28,7 @@ from anyio.abc import TaskGroup
 from ..core.actions import scaled
 from ..core.errors import HomeLockedError, RepositoryError, RepositoryHeldError
 from ..core.events import AddRequested, Event, Request, Started
-from ..core.ids import FQID, Runs, fqid_str
+from ..core.ids import FQID, Runs
 from ..core.instructions import (
     AdjustRun,
     CreateLinked,
@@ -44,13 +44,14 @@ from ..core.machine import StateMachine
 from ..core.statuses import MONITORED, JobStatus
 from ..plugin.contract import Capabilities, Driver, DriverContext, RunHandle
 from ..plugin.logs import get_logger
-from . import registry
-from .actor import Actor, RunKey
+from . import gcpause, registry
+from .actor import Actor
 from .bus import Bus
 from .checkpoints import Checkpoints
 from .config import Config
 from .definitions import Definitions
 from .executor import Executor
+from .held import RunKey
 from .homelock import SERVICE_ROLE, HomeLock
 from .limits import check_subjob
 from .monitor import Ending, Monitor
@@ -155,6 +156,7 @@ class Runtime:
             self.definitions.home_key = await self.repo.home_key()
             loaded = await self.repo.load()
             restore(self.sm, loaded, self.definitions)
+            self.writer.loaded(loaded)
             self._next_job = await self.repo.next_id()
         except BaseException:
             await self.repo.close()
@@ -190,7 +192,12 @@ class Runtime:
             raise
 
     async def _reattach(self) -> None:
-        """Runs the backends had when the home was last closed go back to their actors."""
+        """Runs the backends had when the home was last closed go back to their actors (held compactly); a
+        reporting driver is handed them to ``track``, a chunk of handles at a time."""
+        with gcpause.paused():  # a million handles, made and handed over a chunk at a time
+            await self._reattach_jobs()
+
+    async def _reattach_jobs(self) -> None:
         for job in self.sm.job_ids():
             js = self.sm.job_state(job)
             monitored = js.runs.indexes_in(MONITORED)
@@ -198,30 +205,26 @@ class Runtime:
                 continue
             backend = js.profile.backend
             actor = await self.actor(backend)
-            spec = self.definitions.spec(job)
+            common = self.definitions.spec(job)["backend"].get("settings", {})
+            found: list[tuple[int, str, str | None]] = []  # (index, backend id, delta)
             if js.is_master:
                 rows = self.repo.subjob_rows(job, monitored)
-                deltas = {i: d for i, (_, d) in rows.items()}
-                pairs = [(i, rows.get(i, (None, None))[0]) for i in monitored]
-            else:
-                deltas = {}
-                pairs = [(0, self.repo.top_backend_id(job))]
-            handles: list[RunHandle] = []
-            for i, backend_id in pairs:
-                if backend_id is None:
-                    continue
-                fq = (job, i) if js.is_master else (job,)
-                settings = spec["backend"].get("settings", {})
-                if deltas.get(i) and '"backend.' in (deltas[i] or ""):
-                    settings = self.definitions.subjob_spec(job, i)["backend"].get("settings", {})
-                attempt = js.runs.attempt[i]
-                handle = RunHandle(fqid_str(fq), i, backend_id, settings, self.workspace.outputdir(fq),
-                                   js.runs.get(i), f"orch-{self.definitions.home_key}-{fqid_str(fq)}-{attempt}",
-                                   attempt, self.workspace.jobdir(fq))
-                actor.hold((job, i if js.is_master else None), handle)
-                handles.append(handle)
-            if handles and self._drivers[backend].capabilities_for(handles[0].settings).reports:
-                await self._drivers[backend].track(handles)
+                found = [(i, b, d) for i in monitored if (b := rows.get(i, (None, None))[0]) is not None
+                         for d in [rows[i][1]]]
+            elif (backend_id := self.repo.top_backend_id(job)) is not None:
+                found = [(0, backend_id, None)]
+            if not found:
+                continue
+            indexes = [i for i, _, _ in found]
+            settings = [self.definitions.subjob_spec(job, i)["backend"].get("settings", {})
+                        if delta and '"backend.' in delta else common for i, _, delta in found]
+            actor.hold_stored(job, indexes if js.is_master else None, [b for _, b, _ in found],
+                              [js.runs.attempt[i] for i in indexes], settings, [js.runs.get(i) for i in indexes])
+            driver = self._drivers[backend]
+            if driver.capabilities_for(settings[0]).reports:
+                for lo in range(0, len(indexes), actor.chunk):
+                    await driver.track(actor.held.handles(job, indexes[lo:lo + actor.chunk] if js.is_master
+                                                          else None))
 
     async def close(self) -> None:
         """Let work under way finish (within ``close_grace``), write everything, let go of the home."""
@@ -381,8 +384,10 @@ class Runtime:
         log = context.log
         concurrency = int(self.config.core["emulated_bulk_concurrency"])
         actor = Actor(backend, driver, post=self.answer, run_specs=self.definitions.run_specs,
-                      prepare=self._prepare_runs, record_id=self._record_id, concurrency=concurrency, log=log,
-                      capacity=int(self.config.core["actor_mailbox"]), confirm=self.repo.confirm_writer)
+                      prepare=self._prepare_runs, record_ids=self.writer.record_ids,
+                      make_handle=self.definitions.run_handle, concurrency=concurrency, log=log,
+                      chunk=int(self.config.core["submit_chunk"]), capacity=int(self.config.core["actor_mailbox"]),
+                      confirm=self.repo.confirm_writer)
         monitor = Monitor(actor, post=self.post, status_of=self._status_of, read_ending=self._read_ending,
                           harvest=self._harvest, harvestable=self._harvestable,
                           poll_interval=float(self.config.core["poll_interval"]),
@@ -420,11 +425,10 @@ class Runtime:
     def _status_of(self, key: RunKey) -> JobStatus | None:
         return self.sm.status_if_known((key[0],) if key[1] is None else (key[0], key[1]))
 
-    def _record_id(self, key: RunKey, backend_id: str | None) -> None:
-        self.writer.backend_ids[key] = backend_id
-
-    async def _prepare_runs(self, runs: Sequence[Any], start: str, given: str | None
+    async def _prepare_runs(self, job: int, runs: Sequence[Any], start: str, given: str | None
                             ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+        if start != "given" and self._harvestable(job) == []:  # no steps, no state saved: nothing to start from
+            return {}, {}
         return await self.checkpoints.prepare(runs, start, given)
 
     def _read_ending(self, handle: RunHandle) -> Ending:
@@ -475,8 +479,7 @@ class Runtime:
         self.sm.forget(ins.job)
         self.definitions.forget(ins.job)
         for actor in self._actors.values():
-            for key in [k for k in actor.held if k[0] == ins.job]:
-                actor.release(key)
+            actor.release_job(ins.job)
         with anyio.CancelScope(shield=True):
             await self.repo.remove_job(ins.job)
         self.workspace.remove((ins.job,))

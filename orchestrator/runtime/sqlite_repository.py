@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import secrets
 import sqlite3
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -247,7 +248,12 @@ class SqliteRepository:
         return Loaded(tops, runs, infos)
 
     def subjob_rows(self, master: int, indexes: Sequence[int]) -> dict[int, tuple[str | None, str | None]]:
-        """(backend id, delta JSON) of a master's subjobs, by index, in one query per 900."""
+        """(backend id, delta JSON) of a master's subjobs, by index, in one query per 900 (or one in all, when the
+        indexes are a run of consecutive ones: a million monitored subjobs after a restart)."""
+        if _consecutive(indexes):
+            return {idx: (backend_id, delta) for idx, backend_id, delta in self.reader.execute(
+                "SELECT idx, backend_id, delta FROM subjobs WHERE master=? AND idx >= ? AND idx <= ?",
+                (master, indexes[0], indexes[-1]))}
         out: dict[int, tuple[str | None, str | None]] = {}
         for start in range(0, len(indexes), 900):
             chunk = list(indexes[start:start + 900])
@@ -258,9 +264,13 @@ class SqliteRepository:
                 out[idx] = (backend_id, delta)
         return out
 
-    def all_deltas(self, master: int) -> list[str | None]:
-        """Every subjob's delta of a master, in index order (one query)."""
-        return [d for (d,) in self.reader.execute("SELECT delta FROM subjobs WHERE master=? ORDER BY idx", (master,))]
+    def all_deltas(self, master: int, *, start: int = 0, stop: int | None = None) -> list[str | None]:
+        """Every subjob's delta of a master, in index order (one query); or those of subjobs ``start:stop``."""
+        if start == 0 and stop is None:
+            return [d for (d,) in self.reader.execute("SELECT delta FROM subjobs WHERE master=? ORDER BY idx",
+                                                      (master,))]
+        return [d for (d,) in self.reader.execute("SELECT delta FROM subjobs WHERE master=? AND idx >= ? AND idx < ? "
+                                                  "ORDER BY idx", (master, start, 2**62 if stop is None else stop))]
 
     def stored_splitter(self, job: int) -> dict[str, Any] | None:
         """A job's splitter as stored (``load`` leaves its parameters out)."""
@@ -289,3 +299,10 @@ class SqliteRepository:
         async with self.db.execute(sql, params) as cur:
             r = await cur.fetchone()
         return StateRow(r[0], r[1], r[2], bool(r[3]), r[4]) if r else None
+
+
+def _consecutive(indexes: Sequence[int]) -> bool:
+    """Whether ``indexes`` (more than a query's 900) are a run of consecutive ones, read as one range."""
+    n = len(indexes)
+    return n > 900 and indexes[-1] - indexes[0] + 1 == n and (
+        isinstance(indexes, range) or array("q", indexes) == array("q", range(indexes[0], indexes[-1] + 1)))

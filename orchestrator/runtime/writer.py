@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -24,6 +25,7 @@ from ..core.events import Profile
 from ..core.jobs import JobState
 from ..core.machine import StateMachine
 from ..core.table import RunExtra, RunTable
+from . import gcpause
 from .definitions import Definitions
 from .repository import Loaded, Repository, RunsRow, Save, StateRow, TopRow, dumps
 
@@ -35,20 +37,35 @@ class Writer:
         self.definitions = definitions
         self.states_kept = states_kept
         #: Backend ids not written yet: (job, index or None) -> id.
-        self.backend_ids: dict[tuple[int, int | None], str | None] = {}
+        #: Backend ids not written yet, by job: subjob index (``None``: the job itself) -> id.
+        self.backend_ids: dict[int, dict[int | None, str | None]] = {}
         #: Those of the flush under way, until its transaction is committed (a read meanwhile must not find
         #: the id before them in the repository; the definitions keep the deltas under way likewise).
-        self._writing: dict[tuple[int, int | None], str | None] = {}
+        self._writing: dict[int, dict[int | None, str | None]] = {}
         self.states: list[StateRow] = []
         self._lock = anyio.Lock()
+        #: Subjobs whose stored extras are not NULL, by master: a run that moves and has no extras (most of a
+        #: million) needs no write of its row, only one that has them now or had them.
+        self._with_info: dict[int, set[int]] = {}
+
+    def loaded(self, loaded: Loaded) -> None:
+        """What the repository held when the home was opened (which subjobs have extras stored)."""
+        self._with_info = {master: set(infos) for master, infos in loaded.infos.items()}
+
+    def record_ids(self, job: int, indexes: Sequence[int] | None, ids: Sequence[str]) -> None:
+        """Backend ids a driver answered with, for runs ``indexes`` of ``job`` (``None``: the job itself)."""
+        if indexes is None:
+            if ids:
+                self.backend_ids.setdefault(job, {})[None] = ids[0]
+            return
+        self.backend_ids.setdefault(job, {}).update(zip(indexes, ids, strict=True))
 
     def backend_id(self, job: int, index: int | None) -> str | None:
         """A run's backend id: the newest one, written or not."""
-        key = (job, index)
-        if key in self.backend_ids:
-            return self.backend_ids[key]
-        if key in self._writing:
-            return self._writing[key]
+        for ids in (self.backend_ids, self._writing):  # the newer first
+            pending = ids.get(job, {})
+            if index in pending:
+                return pending[index]
         if index is None:
             return self.repo.top_backend_id(job)
         row = self.repo.subjob_rows(job, [index]).get(index)
@@ -57,36 +74,53 @@ class Writer:
     async def flush(self) -> None:
         """Write everything changed since the last flush, in one transaction."""
         async with self._lock:
-            dirty, tops = self.sm.take_dirty()
-            ids, self.backend_ids = self.backend_ids, {}
-            states, self.states = self.states, []
-            specs, self.definitions.dirty = self.definitions.dirty, set()
-            deltas, self.definitions.dirty_deltas = self.definitions.dirty_deltas, {}
-            batch = self._batch(dirty, tops, ids, states, specs, deltas)
-            if not batch:
-                return
-            self._writing, self.definitions.writing_deltas = ids, deltas
-            try:
-                with anyio.CancelScope(shield=True):
-                    await self.repo.save(batch)
-            except BaseException:
-                for job, indexes in dirty.items():
-                    self.sm.mark_dirty(job, indexes)
-                for job in tops:
-                    self.sm.mark_dirty(job, set())
-                self.backend_ids = {**ids, **self.backend_ids}
-                self.states[:0] = states
-                self.definitions.dirty |= specs
-                self.definitions.dirty_deltas = {**deltas, **self.definitions.dirty_deltas}
-                raise
-            finally:
-                self._writing, self.definitions.writing_deltas = {}, {}
+            with gcpause.paused():  # the rows of ten thousand runs: short-lived, nothing cyclic
+                await self._flush()
 
-    def _batch(self, dirty: dict[int, set[int] | None], tops: set[int], ids: dict[tuple[int, int | None], str | None],
-               states: list[StateRow], specs: set[int], deltas: dict[tuple[int, int], dict[str, Any]]) -> Save:
+    async def _flush(self) -> None:
+        dirty, tops = self.sm.take_dirty()
+        ids, self.backend_ids = self.backend_ids, {}
+        states, self.states = self.states, []
+        specs, self.definitions.dirty = self.definitions.dirty, set()
+        deltas, self.definitions.dirty_deltas = self.definitions.dirty_deltas, {}
+        written: dict[int, dict[int, bool]] = {}
+        batch = self._batch(dirty, tops, ids, states, specs, deltas, written)
+        if not batch:
+            return
+        self._writing, self.definitions.writing_deltas = ids, deltas
+        try:
+            with anyio.CancelScope(shield=True):
+                await self.repo.save(batch)
+            for job, rows in written.items():
+                stored = self._with_info.setdefault(job, set())
+                for i, has in rows.items():
+                    if has:
+                        stored.add(i)
+                    else:
+                        stored.discard(i)
+        except BaseException:
+            for job, indexes in dirty.items():
+                self.sm.mark_dirty(job, indexes)
+            for job in tops:
+                self.sm.mark_dirty(job, set())
+            for job, pending in self.backend_ids.items():
+                ids.setdefault(job, {}).update(pending)
+            self.backend_ids = ids
+            self.states[:0] = states
+            self.definitions.dirty |= specs
+            self.definitions.dirty_deltas = {**deltas, **self.definitions.dirty_deltas}
+            raise
+        finally:
+            self._writing, self.definitions.writing_deltas = {}, {}
+
+    def _batch(self, dirty: dict[int, set[int] | None], tops: set[int], ids: dict[int, dict[int | None, str | None]],
+               states: list[StateRow], specs: set[int], deltas: dict[tuple[int, int], dict[str, Any]],
+               written: dict[int, dict[int, bool]]) -> Save:
+        """The rows to write; ``written`` gets, per master, the subjobs whose extras are written (True: some)."""
         batch = Save(states=states, keep=self.states_kept)
         for job in sorted(tops | set(dirty) | specs):
             if (job,) not in self.sm:
+                self._with_info.pop(job, None)
                 continue
             js = self.sm.job_state(job)
             batch.tops.append(top_row(js, self.definitions, with_spec=job in specs))
@@ -95,11 +129,19 @@ class Writer:
                 if js.is_master:
                     indexes = dirty[job]
                     extras = js.runs.extras
-                    for i in (extras if indexes is None else indexes):
+                    stored = self._with_info.get(job, ())
+                    rows = written[job] = {}
+                    for i in (set(extras).union(stored) if indexes is None else indexes):
                         extra = extras.get(i)
-                        info = extra.to_dict() if extra is not None else {}
-                        batch.infos.append((job, i, dumps(info) if info else None))
-        batch.backend_ids = [(job, idx, b) for (job, idx), b in ids.items() if (job,) in self.sm]
+                        info = extra.to_dict() if extra is not None else None
+                        if info:
+                            batch.infos.append((job, i, dumps(info)))
+                            rows[i] = True
+                        elif i in stored:
+                            batch.infos.append((job, i, None))
+                            rows[i] = False
+        batch.backend_ids = [(job, idx, b) for job, pending in ids.items() if (job,) in self.sm
+                             for idx, b in pending.items()]
         batch.deltas = [(job, idx, dumps(d)) for (job, idx), d in deltas.items() if (job,) in self.sm]
         return batch
 

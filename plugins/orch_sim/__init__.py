@@ -36,6 +36,7 @@ Written against the plugin SDK only.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import json
@@ -63,6 +64,41 @@ from orchestrator.plugin import (
 )
 
 FINALS = ("completed", "failed", "killed", "held")
+#: Runs that start or end together: their fqids, backend ids and final statuses, as three lists.
+_Batch = tuple[list[str], list[str], list[str]]
+
+
+#: A final status's report: (status, exit code, reason).
+_ENDING = {f: (JobStatus(f), 0 if f == "completed" else 1, None if f == "completed" else f"sim: outcome {f}")
+           for f in FINALS}
+
+
+class _Schedule:
+    """Runs to start and end, by time: the batches a submission (or a restart) adds to the heap."""
+
+    def __init__(self) -> None:
+        self.starts: dict[float, _Batch] = {}
+        self.ends: dict[float, _Batch] = {}
+        self.ids: list[str] = []
+
+    def add(self, fqid: str, backend_id: str, start: float, end: float, final: str) -> None:
+        self.ids.append(backend_id)
+        for at, batches in ((start, self.starts), (end, self.ends)):
+            batch = batches.get(at)
+            if batch is None:
+                batch = batches[at] = ([], [], [])
+            batch[0].append(fqid)
+            batch[1].append(backend_id)
+            batch[2].append(final)
+
+
+@functools.lru_cache(maxsize=64)
+def _when(start: float, run_seconds: float) -> tuple[float, float, str]:
+    """A run's start and end as its id writes them (to the microsecond), and that part of the id: the same for
+    every run of a call, so made once."""
+    text = f"{start:.6f}:{start + run_seconds:.6f}"
+    begin, _, end = text.partition(":")
+    return float(begin), float(end), text
 
 
 def _fate(backend_id: str) -> tuple[float, float, str]:
@@ -145,8 +181,8 @@ class SimDriver(Driver):
         self.counts = context.statedir / "submit-counts.log"
         #: Submissions per subjob that has ``fail_submit``, read from ``counts`` when first needed.
         self._submits: dict[str, int] | None = None
-        #: (time, sequence, "start" or "end", the runs: (fqid, backend id, final status))
-        self._heap: list[tuple[float, int, str, list[tuple[str, str, str]]]] = []
+        #: (time, sequence, "start" or "end", the runs: their fqids, backend ids and final statuses)
+        self._heap: list[tuple[float, int, str, _Batch]] = []
         self._seq = itertools.count()
         self._gone: set[str] = set()
         self._wake = anyio.Event()
@@ -216,9 +252,18 @@ class SimDriver(Driver):
         return [got[r.key][-1] if r.key in got else None for r in runs]
 
     # ------------------------------------------------------------ submission
-    def _start(self, run: RunSpec, counted: list[str], now: float) -> str:
-        """Decide the run's fate now; raise SubmitError for a failing submission."""
-        fail = _index_map(run.settings.get("fail_submit", {}), "fail_submit", _times)
+    def _plan(self, settings: Mapping[str, Any]) -> tuple[dict[int, Any], dict[int, Any], dict[int, Any], float]:
+        """A settings' per-index maps, parsed (once per settings object of a call, not once per run)."""
+        return (_index_map(settings.get("fail_submit", {}), "fail_submit", _times),
+                _index_map(settings.get("outcome", {}), "outcome", _outcome),
+                _index_map(settings.get("queued", {}), "queued", _seconds), float(settings.get("run_seconds", 0.1)))
+
+    def _start(self, run: RunSpec, counted: list[str], now: float,
+               plan: tuple[dict[int, Any], dict[int, Any], dict[int, Any], float] | None = None
+               ) -> tuple[str, float, float, str]:
+        """Decide the run's fate now: its backend id, start, end and final status; raise SubmitError for a
+        failing submission."""
+        fail, outcome, queue, run_seconds = plan or self._plan(run.settings)
         if run.index in fail:  # only these are counted: a million other runs cost no line and no memory
             if self._submits is None:
                 self._submits = self._read_counts()
@@ -227,12 +272,10 @@ class SimDriver(Driver):
             limit = fail[run.index]
             if limit is None or n <= limit:
                 raise SubmitError(f"sim: submission {n} of subjob {run.index} refused (fail_submit)")
-        outcomes = _index_map(run.settings.get("outcome", {}), "outcome", _outcome).get(run.index, ["completed"])
-        final = outcomes[min(run.attempt - 1, len(outcomes) - 1)]
-        queued = _index_map(run.settings.get("queued", {}), "queued", _seconds).get(run.index, 0.0)
-        start = now + queued  # one start and one end per call: a batch runs together
-        end = start + float(run.settings.get("run_seconds", 0.1))
-        return f"sim:{run.fqid}:{run.attempt}:{start:.6f}:{end:.6f}:{final}"
+        outcomes = outcome.get(run.index)
+        final = "completed" if outcomes is None else outcomes[min(run.attempt - 1, len(outcomes) - 1)]
+        times = _when(now + queue.get(run.index, 0.0), run_seconds)  # a batch runs together
+        return f"sim:{run.fqid}:{run.attempt}:{times[2]}:{final}", times[0], times[1], final
 
     async def submit_bulk(self, runs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         self.calls["submit_bulk"] += 1
@@ -242,18 +285,26 @@ class SimDriver(Driver):
         counted: list[str] = []
         now = time.time()
         crash = self._crash_after()
+        plans: dict[int, tuple[dict[int, Any], dict[int, Any], dict[int, Any], float]] = {}
+        schedule = _Schedule()
         for run in runs:
             if crash is not None and len([o for o in outcomes if o.backend_id]) >= crash:
                 self._crash(runs, outcomes)
+            plan = plans.get(id(run.settings))
+            if plan is None:
+                plan = plans[id(run.settings)] = self._plan(run.settings)
             try:
-                outcomes.append(SubmitOutcome(run.fqid, self._start(run, counted, now)))
+                backend_id, start, end, final = self._start(run, counted, now, plan)
             except SubmitError as exc:
                 outcomes.append(SubmitOutcome(run.fqid, None, str(exc)))
+                continue
+            outcomes.append(SubmitOutcome(run.fqid, backend_id))
+            schedule.add(run.fqid, backend_id, start, end, final)
         self._count(counted)
         accepted = [(run.key, o.backend_id) for run, o in zip(runs, outcomes, strict=True) if o.backend_id]
         self._record(accepted)
         if not runs or not runs[0].settings.get("polled", False):
-            self._schedule([(run.fqid, o.backend_id) for run, o in zip(runs, outcomes, strict=True) if o.backend_id])
+            self._schedule(schedule)
         await anyio.lowlevel.checkpoint()
         return outcomes
 
@@ -264,12 +315,14 @@ class SimDriver(Driver):
             raise ConnectionError("sim: backend unreachable (faults.json)")
         counted: list[str] = []
         try:
-            backend_id = self._start(run, counted, time.time())
+            backend_id, start, end, final = self._start(run, counted, time.time())
         finally:
             self._count(counted)
         self._record([(run.key, backend_id)])
         if not run.settings.get("polled", False):
-            self._schedule([(run.fqid, backend_id)])
+            schedule = _Schedule()
+            schedule.add(run.fqid, backend_id, start, end, final)
+            self._schedule(schedule)
         return backend_id
 
     def _crash_after(self) -> int | None:
@@ -291,25 +344,21 @@ class SimDriver(Driver):
                 f.write("".join(f"{fq}\n" for fq in fqids))
 
     # ------------------------------------------------------------ the runs' course
-    def _schedule(self, runs: Sequence[tuple[str, str]]) -> None:
+    def _schedule(self, schedule: _Schedule) -> None:
         """Runs go running and end at the times written in their ids (a heap entry per batch that starts, and
         per batch that ends, together)."""
-        starts: dict[float, list[tuple[str, str, str]]] = {}
-        ends: dict[float, list[tuple[str, str, str]]] = {}
-        for fqid, backend_id in runs:
-            self._gone.discard(backend_id)
-            start, end, final = _fate(backend_id)
-            run = (fqid, backend_id, final)
-            starts.setdefault(start, []).append(run)
-            ends.setdefault(end, []).append(run)
-        for at, batch in starts.items():
-            heapq.heappush(self._heap, (at, next(self._seq), "start", batch))
-        for at, batch in ends.items():
-            heapq.heappush(self._heap, (at, next(self._seq), "end", batch))
+        if self._gone:
+            self._gone.difference_update(schedule.ids)
+        for kind, batches in (("start", schedule.starts), ("end", schedule.ends)):
+            for at, batch in batches.items():
+                heapq.heappush(self._heap, (at, next(self._seq), kind, batch))
         self._wake.set()
 
     async def track(self, handles: Sequence[RunHandle]) -> None:
-        self._schedule([(h.fqid, h.backend_id) for h in handles])
+        schedule = _Schedule()
+        for h in handles:
+            schedule.add(h.fqid, h.backend_id, *_fate(h.backend_id))
+        self._schedule(schedule)
 
     async def status_bulk(self, handles: Sequence[RunHandle]) -> list[StatusUpdate]:
         """The polled mode: each run's status from the times in its id (faults from ``faults.json``)."""
@@ -364,16 +413,18 @@ class SimDriver(Driver):
                 with anyio.move_on_after(delay):
                     await self._wake.wait()
                 continue
-            _, _, kind, batch = heapq.heappop(self._heap)
+            _, _, kind, (fqids, ids, finals) = heapq.heappop(self._heap)
+            gone = self._gone
             if kind == "start":
-                updates = [StatusUpdate(fqid, JobStatus.RUNNING) for fqid, b, _ in batch if b not in self._gone]
+                running = JobStatus.RUNNING
+                updates = [StatusUpdate(fqid, running) for fqid, b in zip(fqids, ids, strict=True)
+                           if not gone or b not in gone]
             else:
                 updates = []
-                for fqid, backend_id, final in batch:
-                    if backend_id in self._gone:
-                        self._gone.discard(backend_id)
+                for fqid, backend_id, final in zip(fqids, ids, finals, strict=True):
+                    if gone and backend_id in gone:
+                        gone.discard(backend_id)
                         continue
-                    updates.append(StatusUpdate(fqid, JobStatus(final), exit_code=0 if final == "completed" else 1,
-                                                reason=None if final == "completed" else f"sim: outcome {final}"))
+                    updates.append(StatusUpdate(fqid, *_ENDING[final]))
             if updates:
                 await self.context.report(updates)

@@ -115,6 +115,36 @@ async def test_native_keep_going_false_raises_but_keeps_the_rest(api_home: Path)
         assert statuses(j) == ["failed", "completed", "completed", "completed"]
 
 
+#: Submissions go out ten runs at a time (the runtime's part: the same through a service).
+CHUNKS_OF_TEN = {"core": {"submit_chunk": 10}}
+
+
+async def test_a_large_submission_goes_out_and_is_answered_a_chunk_at_a_time(tmp_path: Path) -> None:
+    async with Orchestrator(home=tmp_path, config=CHUNKS_OF_TEN) as orch:
+        j = await orch.jobs.add(sim_job(35, run_seconds=0))
+        await j.submit()
+        await j.wait(timeout=10)
+        assert statuses(j) == ["completed"] * 35 and j.status == "completed"
+        assert (await sim_calls(orch))["submit_bulk"] == 4  # 10 + 10 + 10 + 5
+        assert j.subjobs[34].backend_id is not None and j.subjobs[34].info.submit_counter == 1
+
+
+@pytest.mark.parametrize("bulk", [False, True])
+async def test_keep_going_false_across_chunks(tmp_path: Path, bulk: bool) -> None:
+    """Emulated: the series stops at its first failure, later chunks are not attempted. Native: a refused run is
+    that run's failure, the other chunks go out; the request fails either way."""
+    async with Orchestrator(home=tmp_path, config=CHUNKS_OF_TEN) as orch:
+        j = await orch.jobs.add(sim_job(30, bulk=bulk, fail_submit=[12]))
+        with pytest.raises(JobError, match="12"):
+            await j.submit(keep_going=False)
+        await j.wait(timeout=10)
+        if bulk:
+            assert statuses(j) == ["completed"] * 12 + ["failed"] + ["completed"] * 17
+        else:
+            assert statuses(j) == ["completed"] * 12 + ["new"] * 18
+            assert (await sim_calls(orch))["submit"] == 13
+
+
 async def test_native_failure_reported_later_goes_submitted_then_failed(api_home: Path) -> None:
     async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(sim_job(3, bulk=True, outcome={1: "failed"}))

@@ -391,12 +391,22 @@ class PgRepository:
             return await conn.fetch(sql, *args)
 
     def subjob_rows(self, master: int, indexes: Sequence[int]) -> dict[int, tuple[str | None, str | None]]:
+        n = len(indexes)
+        if n > 900 and indexes[-1] - indexes[0] + 1 == n and (  # a run of consecutive ones: one range
+                isinstance(indexes, range) or list(indexes) == list(range(indexes[0], indexes[-1] + 1))):
+            rows = self._lookup(f"SELECT idx, backend_id, delta FROM {S}.subjobs WHERE master = $1 AND idx >= $2 "
+                                "AND idx <= $3", master, indexes[0], indexes[-1])
+            return {r[0]: (r[1], r[2]) for r in rows}
         rows = self._lookup(f"SELECT idx, backend_id, delta FROM {S}.subjobs WHERE master = $1 AND idx = ANY($2)",
                             master, list(indexes))
         return {r[0]: (r[1], r[2]) for r in rows}
 
-    def all_deltas(self, master: int) -> list[str | None]:
-        return [r[0] for r in self._lookup(f"SELECT delta FROM {S}.subjobs WHERE master = $1 ORDER BY idx", master)]
+    def all_deltas(self, master: int, *, start: int = 0, stop: int | None = None) -> list[str | None]:
+        if start == 0 and stop is None:
+            return [r[0] for r in self._lookup(f"SELECT delta FROM {S}.subjobs WHERE master = $1 ORDER BY idx",
+                                               master)]
+        return [r[0] for r in self._lookup(f"SELECT delta FROM {S}.subjobs WHERE master = $1 AND idx >= $2 "
+                                           "AND idx < $3 ORDER BY idx", master, start, 2**62 if stop is None else stop)]
 
     def stored_splitter(self, job: int) -> dict[str, Any] | None:
         rows = self._lookup(f"SELECT splitter FROM {S}.jobs WHERE id = $1", job)
