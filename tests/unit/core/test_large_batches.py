@@ -26,11 +26,14 @@ def start(h: Harness, n: int = N, native: bool = True, keep_going: bool = True) 
 
 def part(h: Harness, send: SendSubmit, lo: int, hi: int, *, more: bool, rejected: tuple[tuple[int, str], ...] = (),
          not_attempted: tuple[int, ...] = (), native: bool = True) -> Step:
-    """Answer positions ``lo:hi`` of a SendSubmit (positions in the answer are the part's own)."""
+    """Answer positions ``lo:hi`` of a SendSubmit (positions in the answer are the part's own; a part after the
+    first names its instruction by the instruction's first run, as the driver's actor does)."""
     named = {k for k, _ in rejected} | set(not_attempted)
+    assert send.runs.indexes is not None
     return h.post(SubmitOutcomes(stimulus_id=send.stimulus_id, time=h.clock, runs=Runs(send.runs.job, range(lo, hi)),
                                  accepted=[k for k in range(hi - lo) if k not in named], rejected=list(rejected),
-                                 not_attempted=list(not_attempted), native=native, more=more))
+                                 not_attempted=list(not_attempted), native=native, more=more,
+                                 first=None if lo == 0 else send.runs.indexes[0]))
 
 
 def test_the_request_is_answered_with_the_last_part() -> None:
