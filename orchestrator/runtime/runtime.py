@@ -41,7 +41,7 @@ from ..core.instructions import (
     Unprepare,
 )
 from ..core.machine import StateMachine
-from ..core.statuses import MONITORED, JobStatus
+from ..core.statuses import JobStatus
 from ..plugin.contract import Capabilities, Driver, DriverContext, RunHandle
 from ..plugin.logs import get_logger
 from . import gcpause, registry
@@ -57,6 +57,7 @@ from .limits import check_subjob
 from .monitor import Ending, Monitor
 from .postprocess import Postprocessing
 from .prepare import Preparer
+from .reattach import reattach
 from .repository import RunsRow, StateRow, TopRow
 from .runs import read_ending
 from .storage import Storage
@@ -192,39 +193,9 @@ class Runtime:
             raise
 
     async def _reattach(self) -> None:
-        """Runs the backends had when the home was last closed go back to their actors (held compactly); a
-        reporting driver is handed them to ``track``, a chunk of handles at a time."""
+        """Runs the backends had when the home was last closed go back to their actors (:mod:`.reattach`)."""
         with gcpause.paused():  # a million handles, made and handed over a chunk at a time
-            await self._reattach_jobs()
-
-    async def _reattach_jobs(self) -> None:
-        for job in self.sm.job_ids():
-            js = self.sm.job_state(job)
-            monitored = js.runs.indexes_in(MONITORED)
-            if not monitored:
-                continue
-            backend = js.profile.backend
-            actor = await self.actor(backend)
-            common = self.definitions.spec(job)["backend"].get("settings", {})
-            found: list[tuple[int, str, str | None]] = []  # (index, backend id, delta)
-            if js.is_master:
-                rows = self.repo.subjob_rows(job, monitored)
-                found = [(i, b, d) for i in monitored if (b := rows.get(i, (None, None))[0]) is not None
-                         for d in [rows[i][1]]]
-            elif (backend_id := self.repo.top_backend_id(job)) is not None:
-                found = [(0, backend_id, None)]
-            if not found:
-                continue
-            indexes = [i for i, _, _ in found]
-            settings = [self.definitions.subjob_spec(job, i)["backend"].get("settings", {})
-                        if delta and '"backend.' in delta else common for i, _, delta in found]
-            actor.hold_stored(job, indexes if js.is_master else None, [b for _, b, _ in found],
-                              [js.runs.attempt[i] for i in indexes], settings, [js.runs.get(i) for i in indexes])
-            driver = self._drivers[backend]
-            if driver.capabilities_for(settings[0]).reports:
-                for lo in range(0, len(indexes), actor.chunk):
-                    await driver.track(actor.held.handles(job, indexes[lo:lo + actor.chunk] if js.is_master
-                                                          else None))
+            await reattach(self.sm, self.definitions, self.repo, self.actor, self.driver)
 
     async def close(self) -> None:
         """Let work under way finish (within ``close_grace``), write everything, let go of the home."""

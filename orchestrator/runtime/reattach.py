@@ -1,0 +1,49 @@
+"""Reattaching at a start: the runs the backends had when the home was last closed go back to their actors.
+
+Their processes never depended on this one: each run still submitted,
+running or completing is held again by its backend's actor (compactly, as
+:mod:`.held` keeps runs), from the run arrays the state machine restored and
+the backend ids the repository kept; a reporting driver is handed them to
+``track``, a chunk of handles at a time, so a million never exist at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from ..core.machine import StateMachine
+from ..core.statuses import MONITORED
+from ..plugin.contract import Driver
+from .actor import Actor
+from .definitions import Definitions
+from .repository import Repository
+
+
+async def reattach(sm: StateMachine, definitions: Definitions, repo: Repository,
+                   actor_of: Callable[[str], Awaitable[Actor]], driver_of: Callable[[str], Driver]) -> None:
+    for job in sm.job_ids():
+        js = sm.job_state(job)
+        monitored = js.runs.indexes_in(MONITORED)
+        if not monitored:
+            continue
+        backend = js.profile.backend
+        actor = await actor_of(backend)
+        common = definitions.spec(job)["backend"].get("settings", {})
+        found: list[tuple[int, str, str | None]] = []  # (index, backend id, delta)
+        if js.is_master:
+            rows = repo.subjob_rows(job, monitored)
+            found = [(i, b, d) for i in monitored if (b := rows.get(i, (None, None))[0]) is not None
+                     for d in [rows[i][1]]]
+        elif (backend_id := repo.top_backend_id(job)) is not None:
+            found = [(0, backend_id, None)]
+        if not found:
+            continue
+        indexes = [i for i, _, _ in found]
+        settings = [definitions.subjob_spec(job, i)["backend"].get("settings", {})
+                    if delta and '"backend.' in delta else common for i, _, delta in found]
+        actor.hold_stored(job, indexes if js.is_master else None, [b for _, b, _ in found],
+                          [js.runs.attempt[i] for i in indexes], settings, [js.runs.get(i) for i in indexes])
+        driver = driver_of(backend)
+        if driver.capabilities_for(settings[0]).reports:
+            for lo in range(0, len(indexes), actor.chunk):
+                await driver.track(actor.held.handles(job, indexes[lo:lo + actor.chunk] if js.is_master else None))
