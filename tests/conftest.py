@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-#: Fixtures of the service tests (``services``, ``shared``), of PostgreSQL (``postgres_server``, ``pg_url``) and
-#: the test backends (``test_drivers``), usable by name in any module.
-pytest_plugins = ("postgres", "served", "transports", "testdriver")
+#: Fixtures of the service tests (``services``, ``shared``), of PostgreSQL (``postgres_server``, ``pg_url``), of
+#: the sshds (``ssh_env``, ``ssh_env2``, ``side``) and the test backends (``test_drivers``), usable by name in any
+#: module.
+pytest_plugins = ("postgres", "served", "ssh_fixtures", "transports", "testdriver")
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from orch_slurm.slurm import LocalRunner, Result, SlurmError, batch_script
 from orch_ssh import SshDriver
 from orch_ssh.host import Dropped, Host
 from slurmd import SlurmCluster, slurm_cluster  # noqa: F401 - the session fixture, used by name
-from sshd import SshEnv, env_or_skip, shared_dir
+from sshd import SshEnv
 
 from orchestrator.plugin import Driver, DriverContext, JobStatus, RunHandle, RunSpec, StatusUpdate
 from orchestrator.plugin.wrapper import read_log
@@ -86,23 +86,9 @@ def runs_of(side: Path, i: int) -> int:
 
 
 # ======================================================================= ssh
-@pytest.fixture
-def ssh_env() -> Iterator[SshEnv]:
-    env = env_or_skip(2)
-    yield env
-    env.cleanup()
-
-
-@pytest.fixture
-def side() -> Iterator[Path]:
-    path = shared_dir("orch-lookup-side-")
-    yield path
-    subprocess.run(["rm", "-rf", str(path)], check=False)
-
-
-async def test_ssh_fresh_driver_finds_started_and_queued_runs_by_key(ssh_env: SshEnv, side: Path,
+async def test_ssh_fresh_driver_finds_started_and_queued_runs_by_key(ssh_env2: SshEnv, side: Path,
                                                                      tmp_path: Path) -> None:
-    settings = SshDriver.validate_settings(ssh_env.settings(hosts=ssh_env.hosts[:1], slots=2))
+    settings = SshDriver.validate_settings(ssh_env2.settings(hosts=ssh_env2.hosts[:1], slots=2))
     runs = [spec(tmp_path, i, settings, f'echo x >> {side}/"$0"; echo "out $0"') for i in range(3)]
     first = SshDriver(context(tmp_path / "home", "ssh"))
     ids = [o.backend_id for o in await first.submit_bulk(runs)]  # two started, one prepared and queued
@@ -120,7 +106,7 @@ async def test_ssh_fresh_driver_finds_started_and_queued_runs_by_key(ssh_env: Ss
     await again.aclose()
 
 
-async def test_ssh_submission_under_way_is_fenced_then_sent_again_once(ssh_env: SshEnv, side: Path, tmp_path: Path,
+async def test_ssh_submission_under_way_is_fenced_then_sent_again_once(ssh_env2: SshEnv, side: Path, tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The start command reaches a host only after the lookup said "not there": it starts nothing."""
     real = Host.command
@@ -135,7 +121,7 @@ async def test_ssh_submission_under_way_is_fenced_then_sent_again_once(ssh_env: 
         return out
 
     monkeypatch.setattr(Host, "command", delayed)
-    settings = SshDriver.validate_settings(ssh_env.settings(slots=4))
+    settings = SshDriver.validate_settings(ssh_env2.settings(slots=4))
     run = spec(tmp_path, 0, settings, f'echo x >> {side}/"$0"; echo "out $0"')
     first = SshDriver(context(tmp_path / "home", "ssh"))
     await first.submit_bulk([run])

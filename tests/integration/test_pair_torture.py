@@ -16,7 +16,6 @@ repository's one key prefix.
 from __future__ import annotations
 
 import random
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 import anyio
 import pytest
 from pair import Following, Pair, pair_homes
-from sshd import SshEnv, env_or_skip, shared_dir
+from sshd import SshEnv
 from stored import home_key
 from supervised import duplicates, stored_subjobs
 
@@ -46,20 +45,6 @@ def pair(pg_url: str, tmp_path: Path) -> Iterator[Pair]:
     both.start()
     yield both
     both.stop()
-
-
-@pytest.fixture
-def ssh_env() -> Iterator[SshEnv]:
-    env = env_or_skip(2)
-    yield env
-    env.cleanup()
-
-
-@pytest.fixture
-def side() -> Iterator[Path]:
-    path = shared_dir("orch-pair-side-")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def ssh_job(side: Path, env: SshEnv, rng: random.Random) -> Job:
@@ -86,13 +71,13 @@ def ledger(shared: Path) -> list[str]:
     return [line.split()[0] for line in (shared / "backends" / "sim" / "submissions.log").read_text().splitlines()]
 
 
-async def test_sigkill_the_active_service_five_times(pair: Pair, ssh_env: SshEnv, side: Path) -> None:
+async def test_sigkill_the_active_service_five_times(pair: Pair, ssh_env2: SshEnv, side: Path) -> None:
     rng = random.Random(16)
     home = pair.sups[1].home
     shared = home.parent / "shared"
     api = Following(home, deadline=time.monotonic() + 180)
     await pair.active()
-    jobs = (ssh_job(side, ssh_env, rng), sim_job())
+    jobs = (ssh_job(side, ssh_env2, rng), sim_job())
     fqids = []
     async with anyio.create_task_group() as tg:
         tg.start_soon(pair.kill_at_random, KILLS, 1.5, 3.5, rng)
@@ -111,7 +96,7 @@ async def test_sigkill_the_active_service_five_times(pair: Pair, ssh_env: SshEnv
         assert len(rows) == n and {s for _, s, _ in rows} == {"completed"} and {c for _, _, c in rows} == {1}
 
     prefix = await home_key(home)
-    for keys, n in ((launches(ssh_env, shared), SSH_N), (ledger(shared), SIM_N)):
+    for keys, n in ((launches(ssh_env2, shared), SSH_N), (ledger(shared), SIM_N)):
         assert duplicates(keys) == {} and len(keys) == n  # no backend saw a run twice
         assert {k.split("-")[1] for k in keys} == {prefix}  # one prefix for both homes: the repository's
         assert {k.rsplit("-", 1)[1] for k in keys} == {"1"}  # each the first attempt

@@ -6,7 +6,6 @@ line to a side file the test reads) and complete, with one attempt and one backe
 from __future__ import annotations
 
 import random
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 from slurmd import SlurmCluster, slurm_cluster  # noqa: F401 - the session fixture, used by name
-from sshd import SshEnv, env_or_skip, shared_dir
+from sshd import SshEnv
 from supervised import Robust, Supervised, duplicates, stored_subjobs
 
 from orchestrator import ArgSplitter, Backend, Executable, Job
@@ -33,20 +32,6 @@ def supervised(tmp_path: Path) -> Iterator[Supervised]:
     sup.start()
     yield sup
     sup.stop()
-
-
-@pytest.fixture
-def side() -> Iterator[Path]:
-    path = shared_dir("orch-torture-side-")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def ssh_env() -> Iterator[SshEnv]:
-    env = env_or_skip(1)
-    yield env
-    env.cleanup()
 
 
 def counting_job(name: str, side: Path, backend: Backend, rng: random.Random) -> Job:

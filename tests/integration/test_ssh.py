@@ -12,11 +12,9 @@ runs by a reopened home, kill of a remote process group, settings errors.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,35 +23,13 @@ import pytest
 from orch_ssh import scripts
 from orch_ssh.host import SCRIPT_FILES, SCRIPTS_HASH, Dropped, Host
 from orch_ssh.settings import validate
-from sshd import SshEnv, env_or_skip, shared_dir, write_key
+from sshd import SshEnv, write_key
 from structlog.testing import capture_logs
 
 from orchestrator import ArgSplitter, Backend, Executable, Job, JobError, Orchestrator
 
 pytestmark = pytest.mark.anyio
 FAST = {"core": {"poll_interval": 0.1}}
-
-
-@pytest.fixture
-def one_host() -> Iterator[SshEnv]:
-    env = env_or_skip(1)
-    yield env
-    env.cleanup()
-
-
-@pytest.fixture
-def two_hosts() -> Iterator[SshEnv]:
-    env = env_or_skip(2)
-    yield env
-    env.cleanup()
-
-
-@pytest.fixture
-def side() -> Iterator[Path]:
-    """A directory the remote user may write: each run appends a line per execution (counts runs)."""
-    path = shared_dir("orch-ssh-side-")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 async def ssh_driver(orch: Orchestrator) -> SimpleNamespace:
@@ -93,8 +69,8 @@ def alive(pid: int) -> bool:
 
 
 # --------------------------------------------------------------------------- 1
-async def test_twenty_subjobs_spread_over_two_hosts_with_outputs_fetched(two_hosts: SshEnv, tmp_path: Path) -> None:
-    env = two_hosts
+async def test_twenty_subjobs_spread_over_two_hosts_with_outputs_fetched(ssh_env2: SshEnv, tmp_path: Path) -> None:
+    env = ssh_env2
     data = tmp_path / "data.txt"
     data.write_text("shared input\n")
     workdir = env.workdir / "work dir 'quoted' $(x)"  # every remote path goes through shlex.quote
@@ -122,8 +98,8 @@ async def test_twenty_subjobs_spread_over_two_hosts_with_outputs_fetched(two_hos
 
 
 # --------------------------------------------------------------------------- 2
-async def test_sshd_stopped_mid_run_nothing_fails_or_runs_twice(one_host: SshEnv, side: Path, tmp_path: Path) -> None:
-    env = one_host
+async def test_sshd_stopped_mid_run_nothing_fails_or_runs_twice(ssh_env: SshEnv, side: Path, tmp_path: Path) -> None:
+    env = ssh_env
     n = 20
     script = f'echo "$$" >> {side}/"$0"; sleep 1.5; echo "done $0"'
     async with Orchestrator(home=tmp_path, config=FAST) as orch:
@@ -145,9 +121,9 @@ async def test_sshd_stopped_mid_run_nothing_fails_or_runs_twice(one_host: SshEnv
         assert driver.calls["connect"] >= 2  # the outage was real: it reconnected
 
 
-async def test_reopened_home_adopts_remote_runs(one_host: SshEnv, side: Path, tmp_path: Path) -> None:
+async def test_reopened_home_adopts_remote_runs(ssh_env: SshEnv, side: Path, tmp_path: Path) -> None:
     """Runs outlive the orchestrator; a reopened home finds running, ended and still-queued runs."""
-    env = one_host
+    env = ssh_env
     n = 10
     script = f'echo "$$" >> {side}/"$0"; sleep 1; echo "done $0"'
     async with Orchestrator(home=tmp_path, config=FAST) as orch:
@@ -167,8 +143,8 @@ async def test_reopened_home_adopts_remote_runs(one_host: SshEnv, side: Path, tm
 
 
 # --------------------------------------------------------------------------- 5
-async def test_one_monitor_command_per_host_per_tick(two_hosts: SshEnv, tmp_path: Path) -> None:
-    env = two_hosts
+async def test_one_monitor_command_per_host_per_tick(ssh_env2: SshEnv, tmp_path: Path) -> None:
+    env = ssh_env2
     n = 40
     async with Orchestrator(home=tmp_path, config=FAST) as orch:
         j = await orch.jobs.add(sh_job("sleep 1.5", n, Backend("ssh", **env.settings(slots=20))))
@@ -190,8 +166,8 @@ async def test_one_monitor_command_per_host_per_tick(two_hosts: SshEnv, tmp_path
 
 
 # --------------------------------------------------------------------------- 6
-async def test_mismatched_host_key_is_a_clear_error(one_host: SshEnv, tmp_path: Path) -> None:
-    env = one_host
+async def test_mismatched_host_key_is_a_clear_error(ssh_env: SshEnv, tmp_path: Path) -> None:
+    env = ssh_env
     impostor = write_key(tmp_path / "impostor")
     wrong = tmp_path / "known_hosts"
     wrong.write_text(f"[127.0.0.1]:{env.sshds[0].port} {impostor.export_public_key().decode()}")
@@ -207,8 +183,8 @@ async def test_mismatched_host_key_is_a_clear_error(one_host: SshEnv, tmp_path: 
     assert list(env.workdir.iterdir()) == []  # nothing of ours reached the impostor
 
 
-async def test_known_hosts_none_connects_and_says_so_loudly(one_host: SshEnv, tmp_path: Path) -> None:
-    env = one_host
+async def test_known_hosts_none_connects_and_says_so_loudly(ssh_env: SshEnv, tmp_path: Path) -> None:
+    env = ssh_env
     async with Orchestrator(home=tmp_path, config=FAST) as orch:
         with capture_logs() as logs:
             j = await orch.jobs.add(sh_job('echo "$0"', 2, Backend("ssh", **env.settings(known_hosts=None))))
@@ -220,8 +196,8 @@ async def test_known_hosts_none_connects_and_says_so_loudly(one_host: SshEnv, tm
 
 
 # ------------------------------------------------------------------- the rest
-async def test_kill_signals_the_remote_process_group(one_host: SshEnv, tmp_path: Path) -> None:
-    env = one_host
+async def test_kill_signals_the_remote_process_group(ssh_env: SshEnv, tmp_path: Path) -> None:
+    env = ssh_env
     script = 'sleep 60 & echo $! > child.pid; echo started; wait'
     async with Orchestrator(home=tmp_path, config=FAST) as orch:
         j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", script]),
@@ -245,8 +221,8 @@ async def test_kill_signals_the_remote_process_group(one_host: SshEnv, tmp_path:
         assert (await ssh_driver(orch)).calls["kill"] == 1
 
 
-async def test_kill_of_a_queued_run_cancels_it(one_host: SshEnv, side: Path, tmp_path: Path) -> None:
-    env = one_host
+async def test_kill_of_a_queued_run_cancels_it(ssh_env: SshEnv, side: Path, tmp_path: Path) -> None:
+    env = ssh_env
     script = f'echo "$$" >> {side}/"$0"; sleep 1'
     async with Orchestrator(home=tmp_path, config=FAST) as orch:
         j = await orch.jobs.add(sh_job(script, 3, Backend("ssh", **env.settings(slots=1))))
@@ -257,8 +233,8 @@ async def test_kill_of_a_queued_run_cancels_it(one_host: SshEnv, side: Path, tmp
     assert executions(side, 3) == {0: 1, 1: 1, 2: 0}
 
 
-async def test_unreachable_host_fails_submission_cleanly(one_host: SshEnv, tmp_path: Path) -> None:
-    env = one_host
+async def test_unreachable_host_fails_submission_cleanly(ssh_env: SshEnv, tmp_path: Path) -> None:
+    env = ssh_env
     env.sshds[0].stop()
     async with Orchestrator(home=tmp_path, config=FAST) as orch:
         j = await orch.jobs.add(sh_job("true", 4, Backend("ssh", **env.settings())))
@@ -269,8 +245,8 @@ async def test_unreachable_host_fails_submission_cleanly(one_host: SshEnv, tmp_p
         assert j.status == "new" and j.subjobs == []
 
 
-async def test_one_host_down_the_other_keeps_reporting(two_hosts: SshEnv, side: Path, tmp_path: Path) -> None:
-    env = two_hosts
+async def test_one_host_down_the_other_keeps_reporting(ssh_env2: SshEnv, side: Path, tmp_path: Path) -> None:
+    env = ssh_env2
     n = 8
     script = f'echo "$$" >> {side}/"$0"; sleep 1; echo "done $0"'
     async with Orchestrator(home=tmp_path, config=FAST) as orch:
@@ -343,7 +319,7 @@ def test_launch_guard_starts_each_run_once_and_kill_cancels(tmp_path: Path) -> N
     assert events == [["k1", "INTENT"], ["k1", "LAUNCH"], ["k2", "CANCEL"]]  # (this run file has no ORCH_NOTIFY)
 
 
-async def test_start_command_dropped_after_it_ran(one_host: SshEnv, side: Path, tmp_path: Path,
+async def test_start_command_dropped_after_it_ran(ssh_env: SshEnv, side: Path, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The answer to the start command is lost: the runs are looked up on the host, none runs twice."""
     real = Host.command
@@ -357,7 +333,7 @@ async def test_start_command_dropped_after_it_ran(one_host: SshEnv, side: Path, 
         return out
 
     monkeypatch.setattr(Host, "command", lossy)
-    env = one_host
+    env = ssh_env
     n = 6
     script = f'echo "$$" >> {side}/"$0"; sleep 0.3; echo "done $0"'
     async with Orchestrator(home=tmp_path, config=FAST) as orch:
@@ -370,7 +346,7 @@ async def test_start_command_dropped_after_it_ran(one_host: SshEnv, side: Path, 
     assert executions(side, n) == {i: 1 for i in range(n)}
 
 
-async def test_start_command_dropped_before_it_ran(one_host: SshEnv, tmp_path: Path,
+async def test_start_command_dropped_before_it_ran(ssh_env: SshEnv, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The start command never reached the host: its runs are found absent there, and fail as lost."""
     real = Host.command
@@ -384,16 +360,16 @@ async def test_start_command_dropped_before_it_ran(one_host: SshEnv, tmp_path: P
 
     monkeypatch.setattr(Host, "command", lost)
     async with Orchestrator(home=tmp_path, config=FAST) as orch:
-        j = await orch.jobs.add(sh_job("true", 2, Backend("ssh", **one_host.settings())))
+        j = await orch.jobs.add(sh_job("true", 2, Backend("ssh", **ssh_env.settings())))
         await j.submit()
         await j.wait(timeout=30)
         assert [s.status.value for s in j.subjobs] == ["failed", "failed"]
         assert all("never reached" in (s.info.reason or "") for s in j.subjobs)
 
 
-async def test_runs_nobody_watches_hold_no_slot_after_a_restart(one_host: SshEnv, tmp_path: Path) -> None:
+async def test_runs_nobody_watches_hold_no_slot_after_a_restart(ssh_env: SshEnv, tmp_path: Path) -> None:
     """The events file replayed by a reopened home tells of a killed run: it must not hold the only slot."""
-    env = one_host
+    env = ssh_env
     backend = Backend("ssh", **env.settings(slots=1))
     async with Orchestrator(home=tmp_path, config=FAST) as orch:
         a = await orch.jobs.add(Job(application=Executable("/bin/sleep", args=["60"]), backend=backend))
@@ -410,7 +386,7 @@ async def test_runs_nobody_watches_hold_no_slot_after_a_restart(one_host: SshEnv
         assert orch.jobs(a.id).status == "killed"
 
 
-async def test_checkpointed_job_resumes_on_the_remote_host(one_host: SshEnv, side: Path, tmp_path: Path) -> None:
+async def test_checkpointed_job_resumes_on_the_remote_host(ssh_env: SshEnv, side: Path, tmp_path: Path) -> None:
     """States go to the host with the run and come back with its output: a crash resumes at the next step."""
     pytest.importorskip("orchestrator.checkpoint", reason="a core without checkpointing")
     steps_file = side / "steps"
@@ -420,7 +396,7 @@ async def test_checkpointed_job_resumes_on_the_remote_host(one_host: SshEnv, sid
               '$ORCH_STATE final; $ORCH_STATE save > /dev/null; $ORCH_STATE get last')
     async with Orchestrator(home=tmp_path, config=FAST) as orch:
         j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", script]), steps="1..20",
-                                    backend=Backend("ssh", **one_host.settings())))
+                                    backend=Backend("ssh", **ssh_env.settings())))
         await j.submit()
         await j.wait(timeout=60)
         assert j.status == "completed", j.info.history
@@ -431,11 +407,11 @@ async def test_checkpointed_job_resumes_on_the_remote_host(one_host: SshEnv, sid
     assert {r for r, s in ran if int(s) > 10} == {"1"}
 
 
-async def test_return_file_through_a_symlinked_directory_is_refused_remotely(one_host: SshEnv, side: Path,
+async def test_return_file_through_a_symlinked_directory_is_refused_remotely(ssh_env: SshEnv, side: Path,
                                                                               tmp_path: Path) -> None:
     """On the host as on this machine: a name through a link to a directory outside is refused, and
     the file outside stays where it is."""
-    env = one_host
+    env = ssh_env
     (side / "key.txt").write_text("secret\n")
     script = (f'ln -s {side} linked; echo ok > good; $ORCH_LOG RETURN_FILE linked/key.txt; '
               '$ORCH_LOG SUCCEEDED good')
@@ -451,11 +427,11 @@ async def test_return_file_through_a_symlinked_directory_is_refused_remotely(one
         assert "REFUSED linked/key.txt" in (j.outputdir / "orch.log").read_text()
 
 
-async def test_an_output_pattern_that_matched_nothing_remotely_fails_the_run(one_host: SshEnv, tmp_path: Path) -> None:
+async def test_an_output_pattern_that_matched_nothing_remotely_fails_the_run(ssh_env: SshEnv, tmp_path: Path) -> None:
     """The remote wrapper says NOMATCH as the local one does: subjob 1 left no *.root and fails, naming it."""
     script = 'if [ "$0" = 0 ]; then echo x > x.root; fi'
     async with Orchestrator(home=tmp_path, config=FAST) as orch:
-        j = await orch.jobs.add(sh_job(script, 2, Backend("ssh", **one_host.settings()), outputfiles=["*.root"]))
+        j = await orch.jobs.add(sh_job(script, 2, Backend("ssh", **ssh_env.settings()), outputfiles=["*.root"]))
         await j.submit()
         await j.wait(timeout=60)
         assert [s.status.value for s in j.subjobs] == ["completed", "failed"], j.subjobs[1].info.reason

@@ -11,14 +11,13 @@ forwarder that holds each new connection 3 s (``sshd.DelayProxy``).
 from __future__ import annotations
 
 import contextlib
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 import pytest
-from sshd import DelayProxy, SshEnv, env_or_skip, shared_dir
+from sshd import DelayProxy, SshEnv, env_or_skip
 
 from orchestrator import ArgSplitter, Backend, Executable, Job, Orchestrator
 
@@ -36,13 +35,6 @@ def slow_second_host() -> Iterator[tuple[SshEnv, DelayProxy]]:
     yield env, proxy
     proxy.stop()
     env.cleanup()
-
-
-@pytest.fixture
-def side() -> Iterator[Path]:
-    path = shared_dir("orch-ssh-queue-side-")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def timed_job(name: str, n: int, seconds: float, side: Path, backend: Backend) -> Job:
@@ -99,16 +91,9 @@ async def test_runs_placed_while_another_host_is_slow_are_not_stranded(
         assert most_at_once(intervals) <= SLOTS, (host, sorted(intervals))
 
 
-@pytest.fixture
-def one_host() -> Iterator[SshEnv]:
-    env = env_or_skip(1)
-    yield env
-    env.cleanup()
-
-
-async def test_a_queued_run_forced_to_an_end_is_never_started(one_host: SshEnv, side: Path, tmp_path: Path) -> None:
+async def test_a_queued_run_forced_to_an_end_is_never_started(ssh_env: SshEnv, side: Path, tmp_path: Path) -> None:
     """The core's word (``force_status(..., force=True)`` leaves the backend alone) still lets go of a run."""
-    backend = Backend("ssh", **one_host.settings(slots=1))
+    backend = Backend("ssh", **ssh_env.settings(slots=1))
     async with Orchestrator(home=tmp_path, config=FAST) as orch:
         j = await orch.jobs.add(timed_job("C", 2, 1.5, side, backend))
         await j.submit()
