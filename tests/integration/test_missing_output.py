@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from served import Service
+from transports import opened
 
 from orchestrator import ArgSplitter, Backend, ConfigError, Executable, Job, Orchestrator, RetryPolicy
 
@@ -70,14 +70,7 @@ def lenient_home(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pat
     home = tmp_path / "home"
     home.mkdir()
     (home / "orchestrator.toml").write_text("[core]\nfail_on_missing_output = false\n")
-    if request.param == "embedded":
-        yield home
-        return
-    service = Service(home).start()
-    try:
-        yield home
-    finally:
-        service.stop()
+    yield from opened(home, served=request.param == "service")
 
 
 async def test_the_home_setting_turns_it_off_and_a_job_turns_it_back_on(lenient_home: Path) -> None:

@@ -39,7 +39,12 @@ def api_home(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
         server: PostgresServer = request.getfixturevalue("postgres_server")
         settings += f"[repository]\nurl = {server.database()!r}\n"
     (home / "orchestrator.toml").write_text(settings)
-    if request.param.startswith("embedded"):
+    yield from opened(home, served=request.param.startswith("service"))
+
+
+def opened(home: Path, *, served: bool) -> Iterator[Path]:
+    """``home`` as a fixture yields it: left to the test's process, or held by a real service until the test ends."""
+    if not served:
         yield home
         return
     service = Service(home).start()
