@@ -66,9 +66,7 @@ class Runs:
         if indexes is None or isinstance(indexes, range):
             return cls(job, indexes)
         items = indexes if isinstance(indexes, array) else array("q", indexes)
-        if items and items[-1] - items[0] + 1 == len(items) and items == array("q", range(items[0], items[-1] + 1)):
-            return cls(job, range(items[0], items[-1] + 1))  # (compared in C: a million runs are one range)
-        return cls(job, items)
+        return cls(job, as_range(items) or items)
 
     @property
     def whole(self) -> bool:
@@ -109,3 +107,15 @@ class Runs:
 
     def fqids(self) -> tuple[FQID, ...]:
         return tuple(self)
+
+
+def as_range(indexes: Sequence[int]) -> range | None:
+    """``indexes`` as the ``range`` they are when they are consecutive and ascending, else ``None`` (compared in
+    C: a million runs, one range)."""
+    if isinstance(indexes, range):
+        return indexes if indexes.step == 1 else None
+    if not indexes or indexes[-1] - indexes[0] + 1 != len(indexes):
+        return None
+    whole = range(indexes[0], indexes[-1] + 1)
+    items = indexes if isinstance(indexes, array) else array("q", indexes)
+    return whole if items == array("q", whole) else None

@@ -3,8 +3,9 @@
 Every backend runs ``sh wrapper.sh RUNFILE`` on the worker. The run file is
 a shell fragment in which every value is quoted with :func:`shlex.quote`:
 no shell string is ever built from user data without quoting. Backends that
-start wrappers on this machine share :func:`spawn_wrapper` and
-:func:`reap_children`; every backend that follows an events file (the
+start wrappers on this machine from a run file use :func:`spawn_wrapper` and
+:func:`reap_children` (``local`` passes a run's values in the environment
+instead and starts it with :mod:`.processes`); every backend that follows an events file (the
 wrappers' ``ORCH_NOTIFY`` lines) shares :class:`EventLines`.
 """
 
@@ -181,6 +182,11 @@ def make_run_dirs(run: RunSpec) -> None:
         clear_outputs(run.outputdir)
     with contextlib.suppress(FileExistsError):  # an earlier attempt's, or the one its checkpoint state went into
         os.mkdir(run.workdir)
+    link_inputs(run)
+
+
+def link_inputs(run: RunSpec) -> None:
+    """Each input file as a link of the same name in the run's work dir (an earlier attempt's replaced)."""
     for src in run.inputs:
         link = run.workdir / src.name
         if link.is_symlink() or link.exists():
@@ -192,11 +198,7 @@ def prepare_local(run: RunSpec, *, bindir: Path, notify: Path | None = None) -> 
     """Make a run's directories on this machine, link its inputs, write its run file."""
     for d in (run.outputdir, run.workdir):
         d.mkdir(parents=True, exist_ok=True)
-    for src in run.inputs:
-        link = run.workdir / src.name
-        if link.is_symlink() or link.exists():
-            link.unlink()
-        link.symlink_to(src)
+    link_inputs(run)
     runfile = run.jobdir / RUNFILE
     runfile.write_text(render_runfile(run, bindir=str(bindir), notify=str(notify) if notify else None,
                                       boot=boot_time()))

@@ -115,33 +115,17 @@ class Actor:
         self._idle.set()
 
     # ------------------------------------------------------------ the runs held
-    def hold(self, key: RunKey, handle: RunHandle) -> None:
-        """The driver answered for this run: it is held until it ends."""
-        self.held.add(key, handle.backend_id, handle.attempt, handle.settings, handle.status)
-        if not self.driver.capabilities_for(handle.settings).reports:
-            self.polled[key] = handle
-
     def hold_runs(self, job: int, runs: Sequence[RunSpec], backend_ids: Sequence[str], whole: bool) -> None:
         """The driver answered for these runs of ``job`` (``whole``: the job itself, without subjobs)."""
-        if not runs:
-            return
-        self.held.add_many(job, None if whole else [r.index for r in runs], backend_ids, [r.attempt for r in runs],
-                           [r.settings for r in runs])
-        reports: dict[int, bool] = {}
-        for run in runs:
-            reported = reports.get(id(run.settings))
-            if reported is None:
-                reported = reports[id(run.settings)] = self.driver.capabilities_for(run.settings).reports
-            if not reported:
-                key: RunKey = (job, None if whole else run.index)
-                handle = self.held.handle(key)
-                assert handle is not None
-                self.polled[key] = handle
+        if runs:
+            self.hold_stored(job, None if whole else [r.index for r in runs], backend_ids, [r.attempt for r in runs],
+                             [r.settings for r in runs], JobStatus.SUBMITTED)
 
     def hold_stored(self, job: int, indexes: Sequence[int] | None, backend_ids: Sequence[str],
                     attempts: Sequence[int], settings: Sequence[Mapping[str, Any]],
-                    statuses: Sequence[JobStatus]) -> None:
-        """Runs the driver held when the home was last closed (``indexes`` ``None``: the job itself)."""
+                    statuses: JobStatus | Sequence[JobStatus]) -> None:
+        """Hold runs of ``job`` (``indexes`` ``None``: the job itself): answered for now, or held when the home
+        was last closed; those of a polled driver's are also handed to each poll."""
         self.held.add_many(job, indexes, backend_ids, attempts, settings, statuses)
         reports: dict[int, bool] = {}
         for k, s in enumerate(settings):
@@ -188,8 +172,10 @@ class Actor:
 
     def release_job(self, job: int) -> None:
         """Every run of a job that is forgotten."""
-        for key in list(self.held.keys(job)):
-            self.let_go(key)
+        if self.polled:
+            for key in [k for k in self.polled if k[0] == job]:
+                del self.polled[key]
+        self.held.discard_job(job)
         for key in [k for k in self.lost if k[0] == job]:
             del self.lost[key]
 
@@ -207,9 +193,14 @@ class Actor:
         """Instructions waiting to be taken."""
         return len(self._mailbox)
 
+    @property
+    def lagging(self) -> bool:
+        """At least ``capacity`` instructions are waiting (see the module docstring)."""
+        return len(self._mailbox) >= self.capacity
+
     async def room(self) -> None:
-        """Until the actor is not lagging (fewer than ``capacity`` instructions waiting)."""
-        while len(self._mailbox) >= self.capacity:
+        """Until the actor is not lagging."""
+        while self.lagging:
             await self._room.wait()
 
     async def drained(self) -> None:
@@ -246,9 +237,11 @@ class Actor:
                 elif isinstance(first, Lookup):
                     await self._lookup(bound)
                 elif isinstance(bound.instruction, Unwatch):
-                    gone = [h for k in keys(bound.instruction.runs) if (h := self.release(k)) is not None]
+                    gone = []
                     for key in keys(bound.instruction.runs):
                         self.lost.pop(key, None)
+                        if (handle := self.release(key)) is not None:
+                            gone.append(handle)
                     if gone:
                         await self.driver.forget(gone)
 
@@ -354,7 +347,8 @@ class Actor:
         ins = bound.instruction
         assert isinstance(ins, SendKill)
         positions, handles, gone = [], [], []
-        for k, key in enumerate(keys(ins.runs)):
+        run_keys = keys(ins.runs)
+        for k, key in enumerate(run_keys):
             handle = self.lost.pop(key, None) or self.held.handle(key)
             attempt = bound.attempts[k] if k < len(bound.attempts) else 0
             if handle is None or (attempt and handle.attempt and handle.attempt != attempt):
@@ -368,7 +362,7 @@ class Actor:
         for k, handle, result in zip(positions, handles, results, strict=True):
             if result is None:
                 killed.append(k)
-                self.let_go(keys(ins.runs)[k])
+                self.let_go(run_keys[k])
             elif result is False:
                 not_attempted.append(k)
             else:
@@ -393,22 +387,16 @@ class Actor:
                 self.log.warning("lookup of interrupted submissions failed; will ask again", backend=self.name,
                                  error=repr(exc), fqid=str(ins.runs.job))
                 await anyio.sleep(1.0)
-        have, absent, adopted = [], [], []
-        for k, (run, backend_id) in enumerate(zip(specs, found, strict=True)):
-            if backend_id:
-                key: RunKey = (ins.runs.job, None if ins.runs.indexes is None else run.index)
-                whole = ins.runs.indexes is None
-                self.record_ids(ins.runs.job, None if whole else [run.index], [backend_id])
-                self.hold_runs(ins.runs.job, [run], [backend_id], whole)
-                handle = self.held.handle(key)
-                assert handle is not None
-                have.append(k)
-                if self.driver.capabilities_for(run.settings).reports:
-                    adopted.append(handle)
-            else:
-                absent.append(k)
-        if adopted:  # a reporting driver hears of a run adopted after a restart as of one reattached
-            await self.driver.track(adopted)
+        have = [k for k, backend_id in enumerate(found) if backend_id]
+        absent = [k for k, backend_id in enumerate(found) if not backend_id]
+        job, whole = ins.runs.job, ins.runs.indexes is None
+        adopted = [specs[k] for k in have]
+        ids = [str(found[k]) for k in have]
+        self.record_ids(job, None if whole else [r.index for r in adopted], ids)
+        self.hold_runs(job, adopted, ids, whole)
+        reported = [r.index for r in adopted if self.driver.capabilities_for(r.settings).reports]
+        if reported:  # a reporting driver hears of a run adopted after a restart as of one reattached
+            await self.driver.track(self.held.handles(job, None if whole else reported))
         if have:
             self.log.info("interrupted submissions found at the backend: adopted", backend=self.name,
                           fqid=str(ins.runs.job), count=len(have))

@@ -35,7 +35,7 @@ from .workspace import Workspace
 class Definitions:
     """Every job's definition; see the module docstring."""
 
-    def __init__(self, repo: Repository, workspace: Workspace, home_key: str, *, retry_defaults: Mapping[str, Any],
+    def __init__(self, repo: Repository, workspace: Workspace, *, retry_defaults: Mapping[str, Any],
                  max_restarts: int, extra_env: Callable[[], Mapping[str, str]],
                  capabilities: Callable[[str, Mapping[str, Any]], Capabilities],
                  actions: Sequence[Rule] = (), fail_on_missing_output: bool = True) -> None:
@@ -46,7 +46,9 @@ class Definitions:
         self.actions = tuple(actions)
         self.workspace = workspace
         self._top: tuple[int, Path] = (-1, workspace.root)
-        self.home_key = home_key
+        #: The prefix of idempotency keys, read from the repository when the home opens (a shared one's is
+        #: every home's on it).
+        self.home_key = ""
         self.retry_defaults = retry_defaults
         self.max_restarts = max_restarts
         self._extra_env = extra_env

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import accumulate
 from typing import Any
 
+from ..core.ids import as_range
 from ..core.statuses import JobStatus
 from ..plugin.contract import RunHandle
 
@@ -175,7 +176,7 @@ class HeldRuns:
         codes = bytes([status.code]) * n if isinstance(status, JobStatus) else bytes(s.code for s in status)
         lo, hi = indexes[0], indexes[-1] + 1
         runs.grow(max(indexes) + 1)
-        if hi - lo == n and (isinstance(indexes, range) or array("q", indexes) == array("q", range(lo, hi))):
+        if hi - lo == n and as_range(indexes) is not None:
             # one slice (a chunk submitted together): status, attempts and ids set in C
             newly = runs.status.count(0, lo, hi)
             runs.status[lo:hi] = codes
@@ -220,10 +221,6 @@ class HeldRuns:
         slot = self._slot(key)
         if slot is not None:
             slot[0].status[slot[1]] = status.code
-
-    def attempt(self, key: RunKey) -> int:
-        slot = self._slot(key)
-        return 0 if slot is None else slot[0].attempt[slot[1]]
 
     def settings(self, key: RunKey) -> Mapping[str, Any] | None:
         slot = self._slot(key)
@@ -323,6 +320,12 @@ class HeldRuns:
         self._count -= gone
         if not runs.count:
             del self._jobs[job]
+
+    def discard_job(self, job: int) -> None:
+        """Every held run of ``job``."""
+        runs = self._jobs.pop(job, None)
+        if runs is not None:
+            self._count -= runs.count
 
     def pop(self, key: RunKey) -> RunHandle | None:
         """Let go of a run; its handle, or ``None`` when it was not held."""

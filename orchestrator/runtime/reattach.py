@@ -13,14 +13,13 @@ from collections.abc import Awaitable, Callable
 
 from ..core.machine import StateMachine
 from ..core.statuses import MONITORED
-from ..plugin.contract import Driver
 from .actor import Actor
 from .definitions import Definitions
 from .repository import Repository
 
 
 async def reattach(sm: StateMachine, definitions: Definitions, repo: Repository,
-                   actor_of: Callable[[str], Awaitable[Actor]], driver_of: Callable[[str], Driver]) -> None:
+                   actor_of: Callable[[str], Awaitable[Actor]]) -> None:
     for job in sm.job_ids():
         js = sm.job_state(job)
         monitored = js.runs.indexes_in(MONITORED)
@@ -43,7 +42,7 @@ async def reattach(sm: StateMachine, definitions: Definitions, repo: Repository,
                     if delta and '"backend.' in delta else common for i, _, delta in found]
         actor.hold_stored(job, indexes if js.is_master else None, [b for _, b, _ in found],
                           [js.runs.attempt[i] for i in indexes], settings, [js.runs.get(i) for i in indexes])
-        driver = driver_of(backend)
+        driver = actor.driver
         if driver.capabilities_for(settings[0]).reports:
             for lo in range(0, len(indexes), actor.chunk):
                 await driver.track(actor.held.handles(job, indexes[lo:lo + actor.chunk] if js.is_master else None))

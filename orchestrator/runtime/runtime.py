@@ -107,7 +107,7 @@ class Runtime:
         checkpoint = config.data.get("checkpoint", {})
         self.checkpoints = Checkpoints(checkpoint, self.repo, self._checkpoint_record, self._spec_of_fqid,
                                        self._store_state, self.log)
-        self.definitions = Definitions(self.repo, self.workspace, "", retry_defaults=config.retry,
+        self.definitions = Definitions(self.repo, self.workspace, retry_defaults=config.retry,
                                        max_restarts=self.checkpoints.max_restarts, extra_env=self.checkpoints.env,
                                        capabilities=self.capabilities, actions=config.actions,
                                        fail_on_missing_output=config.core["fail_on_missing_output"])
@@ -195,7 +195,7 @@ class Runtime:
     async def _reattach(self) -> None:
         """Runs the backends had when the home was last closed go back to their actors (:mod:`.reattach`)."""
         with gcpause.paused():  # a million handles, made and handed over a chunk at a time
-            await reattach(self.sm, self.definitions, self.repo, self.actor, self.driver)
+            await reattach(self.sm, self.definitions, self.repo, self.actor)
 
     async def close(self) -> None:
         """Let work under way finish (within ``close_grace``), write everything, let go of the home."""
@@ -273,7 +273,7 @@ class Runtime:
         """Post a request or a monitoring report, once no backend's actor and not the executor lags
         (backpressure: nothing piles up without bound)."""
         while True:
-            lagging = next((a for a in self._actors.values() if a.queued >= a.capacity), None)
+            lagging = next((a for a in self._actors.values() if a.lagging), None)
             if lagging is None and not self.executor.lagging:
                 break
             await (lagging.room() if lagging is not None else self.executor.room())

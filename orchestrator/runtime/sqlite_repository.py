@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import secrets
 import sqlite3
-from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import aiosqlite
 import anyio
 
 from ..core.errors import RepositoryError
+from ..core.ids import as_range
 from ..core.splitters import is_deferred
 from . import schema, sqlite
 from .repository import Loaded, RunsRow, Save, StateRow, TopRow, dumps
@@ -250,7 +250,7 @@ class SqliteRepository:
     def subjob_rows(self, master: int, indexes: Sequence[int]) -> dict[int, tuple[str | None, str | None]]:
         """(backend id, delta JSON) of a master's subjobs, by index, in one query per 900 (or one in all, when the
         indexes are a run of consecutive ones: a million monitored subjobs after a restart)."""
-        if _consecutive(indexes):
+        if len(indexes) > 900 and as_range(indexes) is not None:
             return {idx: (backend_id, delta) for idx, backend_id, delta in self.reader.execute(
                 "SELECT idx, backend_id, delta FROM subjobs WHERE master=? AND idx >= ? AND idx <= ?",
                 (master, indexes[0], indexes[-1]))}
@@ -300,9 +300,3 @@ class SqliteRepository:
             r = await cur.fetchone()
         return StateRow(r[0], r[1], r[2], bool(r[3]), r[4]) if r else None
 
-
-def _consecutive(indexes: Sequence[int]) -> bool:
-    """Whether ``indexes`` (more than a query's 900) are a run of consecutive ones, read as one range."""
-    n = len(indexes)
-    return n > 900 and indexes[-1] - indexes[0] + 1 == n and (
-        isinstance(indexes, range) or array("q", indexes) == array("q", range(indexes[0], indexes[-1] + 1)))

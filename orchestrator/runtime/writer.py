@@ -36,7 +36,6 @@ class Writer:
         self.repo = repo
         self.definitions = definitions
         self.states_kept = states_kept
-        #: Backend ids not written yet: (job, index or None) -> id.
         #: Backend ids not written yet, by job: subjob index (``None``: the job itself) -> id.
         self.backend_ids: dict[int, dict[int | None, str | None]] = {}
         #: Those of the flush under way, until its transaction is committed (a read meanwhile must not find

@@ -251,9 +251,14 @@ class LocalDriver(Driver):
             return
         reason = ("the wrapper ended without an END line (killed or crashed)" if run.record.started
                   else "the wrapper never started")
-        self.journal.write([(run.key, "LOST", reason)])
+        self.journal.write([self._lost(run, S.FAILED, reason)])
+
+    def _lost(self, run: Run, status: JobStatus, reason: str) -> tuple[str, str, object]:
+        """The run ended without its wrapper's word (``status``, ``reason``): recorded and reported; the LOST
+        line for the journal, which the caller writes (with others of its batch)."""
         run.record.ended, run.record.reason = True, reason
-        self._end(run, StatusUpdate(run.fqid, S.FAILED, reason=reason))
+        self._end(run, StatusUpdate(run.fqid, status, reason=reason))
+        return (run.key, "LOST", reason)
 
     def _end(self, run: Run, update: StatusUpdate) -> None:
         if run.ended:
@@ -361,15 +366,10 @@ class LocalDriver(Driver):
             run = start.run
             run.launching = False
             if start.pid is None and start.problem is None:  # killed before its turn: it never started
-                reason = "killed before it started"
-                lines.append((run.key, "LOST", reason))
-                run.record.ended, run.record.reason = True, reason
-                self._end(run, StatusUpdate(run.fqid, S.KILLED, reason=reason))
+                lines.append(self._lost(run, S.KILLED, "killed before it started"))
                 continue
             if start.problem is not None:
-                lines.append((run.key, "LOST", start.problem))
-                run.record.ended, run.record.reason = True, start.problem
-                self._end(run, StatusUpdate(run.fqid, S.FAILED, reason=start.problem))
+                lines.append(self._lost(run, S.FAILED, start.problem))
                 continue
             assert start.pid is not None
             run.pid, run.spec = start.pid, None
@@ -433,10 +433,7 @@ class LocalDriver(Driver):
         run.silent = run.killed = True
         if run.pid is None:
             if not run.launching:  # queued: it never starts (one being launched is stopped by _launch)
-                reason = "killed before it started"
-                self.journal.write([(run.key, "LOST", reason)])
-                run.record.ended, run.record.reason = True, reason
-                self._end(run, StatusUpdate(run.fqid, S.KILLED, reason=reason))
+                self.journal.write([self._lost(run, S.KILLED, "killed before it started")])
             return
         self._signal(run.pid)
         await anyio.lowlevel.checkpoint()

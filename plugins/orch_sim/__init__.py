@@ -379,8 +379,7 @@ class SimDriver(Driver):
                 continue
             start, end, final = _fate(h.backend_id)
             if now >= end:
-                updates.append(StatusUpdate(h.fqid, JobStatus(final), exit_code=0 if final == "completed" else 1,
-                                            reason=None if final == "completed" else f"sim: outcome {final}"))
+                updates.append(StatusUpdate(h.fqid, *_ENDING[final]))
             elif now >= start and h.status == JobStatus.SUBMITTED:
                 updates.append(StatusUpdate(h.fqid, JobStatus.RUNNING))
         await anyio.lowlevel.checkpoint()

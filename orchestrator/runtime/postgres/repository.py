@@ -31,6 +31,7 @@ import anyio
 import asyncpg
 
 from ...core.errors import RepositoryError, RepositoryHeldError
+from ...core.ids import as_range
 from ...core.splitters import DEFERRED, is_deferred
 from ..repository import TIME_KINDS, Loaded, RunsRow, Save, StateRow, TopRow, dumps, shown_url
 from . import schema
@@ -391,9 +392,7 @@ class PgRepository:
             return await conn.fetch(sql, *args)
 
     def subjob_rows(self, master: int, indexes: Sequence[int]) -> dict[int, tuple[str | None, str | None]]:
-        n = len(indexes)
-        if n > 900 and indexes[-1] - indexes[0] + 1 == n and (  # a run of consecutive ones: one range
-                isinstance(indexes, range) or list(indexes) == list(range(indexes[0], indexes[-1] + 1))):
+        if len(indexes) > 900 and as_range(indexes) is not None:  # a run of consecutive ones: one range
             rows = self._lookup(f"SELECT idx, backend_id, delta FROM {S}.subjobs WHERE master = $1 AND idx >= $2 "
                                 "AND idx <= $3", master, indexes[0], indexes[-1])
             return {r[0]: (r[1], r[2]) for r in rows}
