@@ -16,13 +16,14 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..api.client import describe_address
-from ..runtime.postgres.lease import LeaseView
 from .access import Access
 from .api import caller_of
 from .http import Request, Response
+
+if TYPE_CHECKING:  # (the lease's module needs asyncpg, which only a shared repository's service has)
+    from ..runtime.postgres.lease import LeaseView
 
 
 class Standby:
@@ -53,6 +54,6 @@ class Standby:
             return Response.json(state)
         message = (f"this orchestrator service (pid {os.getpid()}, home {self.home}) is the standby on the "
                    f"repository {self.where}; the active service is {self.view.describe() if self.view else 'unknown'}"
-                   f" ({describe_address(state['leader'])}): ask it")
+                   ": ask it")
         return Response.json({"error": "standby", "message": message, "leader": state["leader"],
                               "fqid": None, "field": None}, 503)

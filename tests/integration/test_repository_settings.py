@@ -3,6 +3,8 @@ password; both as one line and exit code 2 from the command line, before anythin
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,3 +34,18 @@ def test_a_database_out_of_reach_is_named_without_its_password(tmp_path: Path) -
     message = " ".join(done.stderr.split())
     assert done.returncode == 2 and "cannot use the repository postgresql://orch:***@/orch" in message, message
     assert "secret-word" not in done.stderr + done.stdout and "Traceback" not in done.stderr
+
+
+def test_the_service_and_the_command_line_load_without_asyncpg() -> None:
+    """asyncpg comes with the ``postgresql`` extra only: a SQLite home's service and CLI must not need it."""
+    code = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split('.')[0] == 'asyncpg':
+            raise ModuleNotFoundError("No module named 'asyncpg'")
+sys.meta_path.insert(0, Block())
+import orchestrator.cli, orchestrator.service.cli, orchestrator.service.daemon
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
