@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 
-from ..core.errors import JobError, OrchestratorError
+from ..core.errors import JobError, OrchestratorError, leaves
 from ..plugin.logs import configure as configure_logs
 from ..runtime.config import Config
 from ..runtime.homelock import SERVICE_ROLE, HomeLock
@@ -217,16 +217,11 @@ class Orchestrator:
             await stack.__aexit__(exc_type, exc, tb)
         except BaseExceptionGroup as group:
             # The task group wraps the body's own exception: let the original through unwrapped.
-            leaves = _leaves(group)
-            if exc is not None and leaves == [exc]:
+            inner = leaves(group)
+            if exc is not None and inner == [exc]:
                 return
-            if len(leaves) == 1:
-                raise leaves[0] from None
+            if len(inner) == 1:
+                raise inner[0] from None
             raise
 
 
-def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
-    out: list[BaseException] = []
-    for e in group.exceptions:
-        out += _leaves(e) if isinstance(e, BaseExceptionGroup) else [e]
-    return out

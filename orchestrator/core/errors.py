@@ -78,3 +78,11 @@ class UnknownJobError(JobError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+def leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    """The exceptions a task group's error group holds, however deeply nested: the one a user reads, when alone."""
+    out: list[BaseException] = []
+    for e in group.exceptions:
+        out += leaves(e) if isinstance(e, BaseExceptionGroup) else [e]
+    return out

@@ -45,7 +45,7 @@ from anyio.abc import Listener, TaskGroup, TaskStatus
 from ..api.embedded import Embedded
 from ..api.orchestrator import Orchestrator, default_home
 from ..api.paths import ServicePaths
-from ..core.errors import ConfigError, RepositoryError, RepositoryHeldError
+from ..core.errors import ConfigError, RepositoryError, RepositoryHeldError, leaves
 from ..plugin.logs import configure as configure_logs
 from ..plugin.logs import get_logger
 from ..runtime.config import Config
@@ -146,7 +146,6 @@ class Service:
         self.signalled = 0.0
 
     async def run(self, signals: Any, tcp_port: int | None, token_file: Path | None) -> int:
-        self.signals = signals
         section = self.settings.section("service")
         grace = float(section["stop_timeout"])
         port = tcp_port if tcp_port is not None else int(section["tcp_port"])
@@ -156,27 +155,26 @@ class Service:
             raise ConfigError(f"service.max_request_bytes must be an integer of at least 1024, not {max_body!r}")
         if tokens is not None and port < 0:
             raise ConfigError("a token file is for the TCP listener: give --tcp-port (or [service] tcp_port) too")
-        token = read_token(tokens or self.paths.dir / "token", create=True) if port >= 0 else None
         self.token_path = tokens or self.paths.dir / "token"
-        self.access = Access.of(section, self.home, token)
+        self.access = Access.of(section, self.home, read_token(self.token_path, create=True) if port >= 0 else None)
         try:
-            return await self._serve(port, token, max_body, grace)
+            return await self._serve(signals, port, max_body, grace)
         except BaseExceptionGroup as group:  # one error inside the task groups: the one the user reads
-            leaves = _leaves(group)
-            if len(leaves) == 1:
-                raise leaves[0] from None
+            inner = leaves(group)
+            if len(inner) == 1:
+                raise inner[0] from None
             raise
         finally:
             self.paths.info.unlink(missing_ok=True)
             self.paths.socket.unlink(missing_ok=True)
 
-    async def _serve(self, port: int, token: str | None, max_body: int, grace: float) -> int:
+    async def _serve(self, signals: Any, port: int, max_body: int, grace: float) -> int:
         """The listeners outside, the home inside: the home is closed (after the API stopped answering and the
         workflows let go of it) before the sockets close."""
         code = 0
         front = Front()
         async with anyio.create_task_group() as listeners:
-            listeners.start_soon(self._watch_signals, self.signals)
+            listeners.start_soon(self._watch_signals, signals)
             try:
                 async with AsyncExitStack() as stack:
                     orch = None if self.storage.shared else await self._open(stack)
@@ -191,7 +189,7 @@ class Service:
                         async with anyio.create_task_group() as tg:
                             # a damaged workflows.sqlite refuses the start, as the repository does
                             await tg.start(_host_workflows, orch)
-                            code = await self._active(orch, front, token, bound, grace)
+                            code = await self._active(orch, front, bound, grace)
                             tg.cancel_scope.cancel()
                     front.handler = None
                     front.stopping = True
@@ -265,8 +263,7 @@ class Service:
             await watch.close()
         return None
 
-    async def _active(self, orch: Orchestrator, front: Front, token: str | None, bound: int | None,
-                      grace: float) -> int:
+    async def _active(self, orch: Orchestrator, front: Front, bound: int | None, grace: float) -> int:
         """Answer, monitor and write until a signal (exit 0) or the lease's loss (:data:`STEP_DOWN`)."""
         runtime = orch.runtime
         api = Api(Control(Embedded(runtime)), runtime.bus, access=self.access,
@@ -333,8 +330,3 @@ async def _host_workflows(orch: Orchestrator, *, task_status: TaskStatus[None] =
         await anyio.sleep_forever()
 
 
-def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
-    out: list[BaseException] = []
-    for e in group.exceptions:
-        out += _leaves(e) if isinstance(e, BaseExceptionGroup) else [e]
-    return out

@@ -38,7 +38,7 @@ import anyio
 from ...api.job import Job
 from ...api.orchestrator import Orchestrator
 from ...api.validate import checked_backend
-from ...core.errors import OrchestratorError
+from ...core.errors import OrchestratorError, leaves
 from ...core.model import Backend, Executable
 from ...plugin.logs import get_logger
 from .dag import Assessment, build, due_files
@@ -119,11 +119,11 @@ class Workflows:
             await stack.__aexit__(exc_type, exc, tb)
         except BaseExceptionGroup as group:
             # The loop's task group wraps the body's own exception: let the original through, unwrapped.
-            leaves = _leaves(group)
-            if exc is not None and leaves == [exc]:
+            inner = leaves(group)
+            if exc is not None and inner == [exc]:
                 return
-            if len(leaves) == 1:
-                raise leaves[0] from None
+            if len(inner) == 1:
+                raise inner[0] from None
             raise
 
     async def _stop(self) -> None:
@@ -381,11 +381,6 @@ class Workflows:
 
 
 
-def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
-    out: list[BaseException] = []
-    for e in group.exceptions:
-        out += _leaves(e) if isinstance(e, BaseExceptionGroup) else [e]
-    return out
 
 
 def _job_name(wf_id: str, key: str) -> str:
