@@ -20,6 +20,18 @@
 #                    initdb and pg_ctl, and the server the package starts is left alone
 set -euo pipefail
 
+# Two OS users with a login shell, for the tests about users (jobs run as their owners, ssh logs in as the
+# owner): orch-alice and orch-bob. Made once, as root; without root the tests that need them skip.
+TEST_USERS=(orch-alice orch-bob)
+make_test_users() {
+    [ "$(id -u)" -eq 0 ] || return 0
+    command -v useradd >/dev/null 2>&1 || return 0
+    for user in "${TEST_USERS[@]}"; do
+        id -u "$user" >/dev/null 2>&1 || useradd -m -s /bin/bash "$user"
+    done
+}
+make_test_users
+
 PACKAGES=(openssh-server slurmctld slurmd slurm-client munge chromium tmux prometheus postgresql)
 
 installed() {

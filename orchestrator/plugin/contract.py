@@ -92,6 +92,9 @@ class RunSpec:
     mode: str = "production"
     retry_count: int = 0
     retry_args: tuple[str, ...] = ()
+    #: The OS user the run belongs to (its job's owner); ``None``: the orchestrator's own user. A driver
+    #: runs everything it does for the run (the process, staging, backend commands) as this user.
+    owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -188,7 +188,7 @@ class Definitions:
         shared = self._top_dir(job) / "input"
         return {"env": {**extra_env, **app.get("env", {})}, "settings": dict(spec["backend"].get("settings", {})),
                 "inputs": tuple(shared / os.path.basename(f) for f in spec.get("inputfiles", ())),
-                "outputfiles": tuple(spec.get("outputfiles", ()))}
+                "outputfiles": tuple(spec.get("outputfiles", ())), "owner": spec.get("owner")}
 
     def _run_spec(self, fq: tuple[int, ...], spec: Mapping[str, Any], attempt: int, retry_args: Sequence[str],
                   common: Mapping[str, Any], args: Sequence[str] | None = None) -> RunSpec:
@@ -207,6 +207,7 @@ class Definitions:
             jobdir=jobdir, inputdir=child(jobdir, "input"), outputdir=child(jobdir, "output"),
             workdir=child(jobdir, "work"),
             mode=spec.get("mode", "production"), retry_count=max(attempt - 1, 0), retry_args=tuple(retry_args),
+            owner=common["owner"],
         )
 
 
