@@ -16,7 +16,6 @@ user on their own.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import os
@@ -30,13 +29,14 @@ from ..api.owners import Caller, user_name
 from ..api.paths import ServicePaths
 from ..core.errors import ConfigError
 from ..plugin.logs import get_logger
+from .sessions import Sessions, digest
 
 log = get_logger(component="access")
 
 
 def _digest(token: str) -> str:
     """Tokens are random (256 bits), so one SHA-256 keeps them safe at rest; no slow hash is needed."""
-    return hashlib.sha256(token.encode()).hexdigest()
+    return digest(token)
 
 
 def tokens_path(home: Path) -> Path:
@@ -78,12 +78,18 @@ class TokenStore:
 
     def match(self, shown: str) -> str | None:
         """The user whose token ``shown`` is; every stored hash is compared, in constant time each."""
-        digest = _digest(shown)
+        return self.match_digest(_digest(shown))
+
+    def match_digest(self, hashed: str) -> str | None:
         found = None
         for user, stored in self._read().items():
-            if hmac.compare_digest(digest, stored):
+            if hmac.compare_digest(hashed, stored):
                 found = user
         return found
+
+    def forget(self) -> None:
+        """Read the file again at the next look, changed or not (SIGHUP)."""
+        self._seen = None
 
     def issue(self, user: str) -> str:
         """A new token for ``user`` (replacing theirs), stored hashed; the token itself is returned, never kept."""
@@ -134,12 +140,32 @@ class Access:
     admins: frozenset[str] = frozenset()
     token: str | None = None
     tokens: TokenStore | None = None
+    sessions: Sessions | None = None
+    #: The TCP port bound, which names the session cookie (:attr:`cookie`).
+    port: int | None = None
 
     @classmethod
     def of(cls, settings: Mapping[str, Any], home: Path, token: str | None) -> Access:
         uid = os.getuid()
+        lifetime = settings.get("session_seconds", 43200.0)
+        if isinstance(lifetime, bool) or not isinstance(lifetime, (int, float)) or lifetime <= 0:
+            raise ConfigError(f"service.session_seconds must be a positive number, not {lifetime!r}")
+        sessions = Sessions(ServicePaths(home).dir / "sessions", float(lifetime)) if token is not None else None
         return cls(user_name(uid), uid, names(settings, "users"), names(settings, "admins"), token,
-                   TokenStore(tokens_path(home)) if token is not None else None)
+                   TokenStore(tokens_path(home)) if token is not None else None, sessions)
+
+    def reload(self, settings: Mapping[str, Any], token: str | None) -> None:
+        """SIGHUP: ``users``, ``admins``, the service's token and the users' tokens as they are now."""
+        self.users, self.admins = names(settings, "users"), names(settings, "admins")
+        if token is not None:
+            self.token = token
+        if self.tokens is not None:
+            self.tokens.forget()
+
+    @property
+    def cookie(self) -> str:
+        """The session cookie's name: with the port, so that two services on one host keep theirs apart."""
+        return f"orch_session_{self.port}"
 
     @property
     def shared(self) -> bool:
@@ -165,10 +191,32 @@ class Access:
         """The client over TCP, by the token it shows: the owner's, or a user's still named by the settings."""
         if self.token is None or not shown:
             return None
-        if secrets.compare_digest(shown.encode(), self.token.encode()):
+        return self.by_digest(_digest(shown))
+
+    def by_digest(self, hashed: str) -> Caller | None:
+        """Who the token whose SHA-256 is ``hashed`` stands for now (``None``: revoked, or its user removed)."""
+        if self.token is None:
+            return None
+        if hmac.compare_digest(hashed, _digest(self.token)):
             return Caller(self.owner, admin=True)
-        user = self.tokens.match(shown) if self.tokens is not None else None
+        user = self.tokens.match_digest(hashed) if self.tokens is not None else None
         return self.named(user) if user is not None else None
+
+    def login(self, shown: str) -> tuple[str, str] | None:
+        """``/?token=...``: a new session for a right token; its id and its CSRF token."""
+        if self.sessions is None or self.by_token(shown) is None:
+            return None
+        sid, session = self.sessions.open(_digest(shown))
+        return sid, session.csrf
+
+    def by_session(self, sid: str, csrf: str | None, *, page: bool = False) -> Caller | None:
+        """The browser whose cookie holds ``sid``; it must show the session's CSRF token too, but for a page."""
+        session = self.sessions.find(sid) if self.sessions is not None else None
+        if session is None:
+            return None
+        if not page and not (csrf and hmac.compare_digest(csrf.encode(), session.csrf.encode())):
+            return None
+        return self.by_digest(session.credential)
 
     def refusal(self, uid: int | None) -> str:
         """What a client the socket does not let in is told."""

@@ -14,17 +14,27 @@
 
 Who may call (:mod:`.access`): on the Unix socket the owner's uid, and the
 users the settings name (checked with ``SO_PEERCRED`` on every request); on
-TCP only a client that shows a token (``Authorization: Bearer``, or the
-cookie the page sets after ``/?token=...``): the owner's, or a user's. Each
-request acts as its caller: a user sees and acts on their own jobs, the
-stream of events included; an admin on all.
+TCP only a client that shows a token (``Authorization: Bearer``), or a
+browser logged in with ``/?token=...`` (:mod:`.sessions`: a session cookie
+and its CSRF token). Each request acts as its caller: a user sees and acts
+on their own jobs, the stream of events included; an admin on all. An event
+stream ends within :data:`RECHECK` seconds of its caller losing access.
+
+A ``POST`` must be ``Content-Type: application/json`` and, when it names an
+``Origin`` (a browser), come from the service's own; answers may not be framed
+(``X-Frame-Options``, ``frame-ancestors``), and the pages run only their own
+scripts (a content security policy with their hashes).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import inspect
 import json
+import re
 from collections.abc import AsyncIterator, Callable
+from functools import cache
 from importlib import resources
 from typing import Any
 
@@ -44,9 +54,10 @@ log = get_logger(component="api")
 
 #: Parameters that are lists when passed in a query string.
 LIST_PARAMS = frozenset({"targets", "retry_args", "jobs", "indexes"})
-COOKIE = "orch_token"
 #: Seconds between two keep-alive comments on an idle event stream.
 HEARTBEAT = 15.0
+#: Seconds between two checks that an event stream's caller still has access.
+RECHECK = 0.5
 #: Prometheus's text exposition format.
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -60,8 +71,11 @@ class Api:
         self.access = access
 
     async def __call__(self, req: Request) -> Response:
-        if req.method == "GET" and req.path == "/" and "token" in req.query and req.via == "tcp":
-            return self._login(req.query["token"][0])
+        if req.method == "GET" and _is_page(req.path) and "token" in req.query and req.via == "tcp":
+            return self._login(req)
+        refused = cross_site(req)
+        if refused is not None:
+            return refused
         caller = self._caller(req)
         if isinstance(caller, Response):
             return caller
@@ -69,9 +83,9 @@ class Api:
 
     async def _route(self, req: Request, control: Control) -> Response:
         if req.path in ("/", "/index.html") and req.method in ("GET", "HEAD"):
-            return Response(200, _page(), "text/html; charset=utf-8")
+            return _html("page.html")
         if req.path.startswith("/job/") and req.method in ("GET", "HEAD"):
-            return Response(200, _page("job.html"), "text/html; charset=utf-8")
+            return _html("job.html")
         if req.path.startswith("/peek/") and req.method == "GET":
             return await self._peek(control, req.path.removeprefix("/peek/"))
         if req.path == "/health" and req.method in ("GET", "HEAD"):
@@ -79,7 +93,7 @@ class Api:
         if req.path == "/metrics" and req.method == "GET" and self.metrics is not None:
             return Response(200, self.metrics(), METRICS_TYPE)
         if req.path == "/api/events" and req.method == "GET":
-            return Response(200, content_type="text/event-stream", stream=self._events(control))
+            return Response(200, content_type="text/event-stream", stream=self._events(control, req))
         if req.path.startswith("/api/"):
             return await self._call(req, control, req.path.removeprefix("/api/"))
         return _error(404, "not found", f"no route {req.method} {req.path}")
@@ -88,12 +102,17 @@ class Api:
     def _caller(self, req: Request) -> Caller | Response:
         return caller_of(req, self.access)
 
-    def _login(self, shown: str) -> Response:
-        """``/?token=...`` from a browser: keep the token in a cookie and drop it from the address bar."""
-        if self.access.by_token(shown) is None:
+    def _login(self, req: Request) -> Response:
+        """``/?token=...`` (or ``/job/ID?token=...``) from a browser: a session in a cookie, its CSRF token in
+        the address's fragment (the page keeps it and clears it), and the token gone from the address bar."""
+        opened = self.access.login(req.query["token"][-1])
+        if opened is None:
             return _error(401, "unauthorized", "wrong token")
-        cookie = f"{COOKIE}={shown}; HttpOnly; SameSite=Strict; Path=/"
-        return Response(303, b"", "text/plain", headers=[("location", "/"), ("set-cookie", cookie)])
+        sid, csrf = opened
+        lifetime = int(self.access.sessions.lifetime) if self.access.sessions is not None else 0
+        cookie = f"{self.access.cookie}={sid}; HttpOnly; SameSite=Strict; Path=/; Max-Age={lifetime}"
+        return Response(303, b"", "text/plain", headers=[("location", f"{req.path}#csrf={csrf}"),
+                                                         ("set-cookie", cookie)])
 
     async def _peek(self, control: Control, rest: str) -> Response:
         """``/peek/3.1/stderr``: a run's file as text, for the links of a master's page."""
@@ -140,22 +159,35 @@ class Api:
             return _error(409, "refused", str(exc), fqid=_fqid(kwargs))
         return Response.json(result)
 
-    async def _events(self, control: Control) -> AsyncIterator[bytes]:
+    async def _events(self, control: Control, req: Request) -> AsyncIterator[bytes]:
         """Every event and change of the caller's jobs (all, for an admin), in order, until the client or the
-        service goes."""
-        visible = visible_to(control.t.caller, control.t.owners.owner)
+        service goes, or the caller loses access (checked every :data:`RECHECK` seconds)."""
+        caller = control.t.caller
+        visible = visible_to(caller, control.t.owners.owner)
         receive = self.bus.subscribe(numbered=True)
         with receive:
             yield b": events follow\n\n"
+            beat = check = anyio.current_time()
             while True:
-                with anyio.move_on_after(HEARTBEAT) as idle:
+                item: Any = None
+                with anyio.move_on_after(RECHECK):
                     try:
                         item = await receive.receive()
                     except anyio.EndOfStream:
                         return
-                if idle.cancelled_caught:
-                    yield b": idle\n\n"
+                now = anyio.current_time()
+                if now >= check + RECHECK:
+                    check = now
+                    if caller_of(req, self.access, quiet=True) != caller:
+                        log.info("event stream closed: its caller lost access", user=caller.name)
+                        yield b'event: revoked\ndata: {"error":"unauthorized","message":"access revoked"}\n\n'
+                        return
+                if item is None:
+                    if now >= beat + HEARTBEAT:
+                        beat = now
+                        yield b": idle\n\n"
                     continue
+                beat = now
                 if isinstance(item, Lagging):  # dropped: the client is told, then the stream ends
                     data = json.dumps({"error": "lagging", "message": str(item)})
                     yield f"event: lagging\ndata: {data}\n\n".encode()
@@ -166,17 +198,24 @@ class Api:
                     yield f"data: {data}\n\n".encode()
 
 
-def caller_of(req: Request, access: Access) -> Caller | Response:
+def caller_of(req: Request, access: Access, *, quiet: bool = False) -> Caller | Response:
     """Who sent this request (checked on every one, by the active service and a standby alike), or the
     answer that turns them away."""
     if req.via == "unix":
         caller = access.by_uid(req.peer_uid)
         if caller is None:
-            log.warning("refused a client of the socket", uid=req.peer_uid, path=req.path)
+            if not quiet:
+                log.warning("refused a client of the socket", uid=req.peer_uid, path=req.path)
             return _error(403, "forbidden", access.refusal(req.peer_uid))
         return caller
-    shown = _bearer(req.headers.get("authorization", "")) or _cookie(req.headers.get("cookie", ""), COOKIE)
-    caller = access.by_token(shown)
+    shown = _bearer(req.headers.get("authorization", ""))
+    sid = _cookie(req.headers.get("cookie", ""), access.cookie) if shown is None else None
+    if sid is not None:
+        page = req.method in ("GET", "HEAD") and _is_page(req.path)
+        csrf = req.headers.get("x-csrf-token") or next(reversed(req.query.get("csrf", [])), None)
+        caller = access.by_session(sid, csrf, page=page)
+    else:
+        caller = access.by_token(shown)
     if caller is None:
         response = _error(401, "unauthorized", "a bearer token is required (see the service's token file, "
                                                "or ask its owner for one: orchestrator token USER)")
@@ -185,8 +224,43 @@ def caller_of(req: Request, access: Access) -> Caller | Response:
     return caller
 
 
-def _page(name: str = "page.html") -> bytes:
-    return resources.files(__package__).joinpath(name).read_bytes()
+def cross_site(req: Request) -> Response | None:
+    """The answer to a request that could have been forged by another site (another port of the same host
+    included), or ``None``: a ``POST`` must be JSON, and from the service's own origin if it names one."""
+    if req.method != "POST":
+        return None
+    kind = req.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        return _error(415, "unsupported media type", f"POST {req.path}: the body must be sent as "
+                                                     f"Content-Type: application/json, not {kind or 'none'!r}")
+    origin = req.headers.get("origin")
+    host = req.headers.get("host", "")
+    fetched = req.headers.get("sec-fetch-site", "same-origin")
+    if (origin is not None and origin not in (f"http://{host}", f"https://{host}")) or fetched not in (
+            "same-origin", "none"):
+        log.warning("refused a cross-origin request", path=req.path, origin=origin, host=host)
+        return _error(403, "cross-origin", f"POST {req.path} from another origin ({origin}) is refused")
+    return None
+
+
+def _is_page(path: str) -> bool:
+    return path in ("/", "/index.html") or path.startswith("/job/")
+
+
+@cache
+def _page(name: str) -> tuple[bytes, str]:
+    """A page's HTML and its content security policy: its own inline scripts (by their hashes) and nothing else."""
+    html = resources.files(__package__).joinpath(name).read_bytes()
+    hashes = " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(m).digest()).decode()}'"
+                      for m in re.findall(rb"<script>(.*?)</script>", html, re.S))
+    csp = (f"default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; connect-src 'self'; "
+           "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+    return html, csp
+
+
+def _html(name: str) -> Response:
+    html, csp = _page(name)
+    return Response(200, html, "text/html; charset=utf-8", headers=[("content-security-policy", csp)])
 
 
 def _error(status: int, error: str, message: str, *, fqid: str | None = None, field: str | None = None,

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from anyio.abc import Listener, TaskGroup, TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 
 from ..api.embedded import Embedded
 from ..api.orchestrator import Orchestrator, default_home
@@ -54,7 +54,7 @@ from ..runtime.storage import Storage
 from .access import Access
 from .api import Api
 from .control import Control
-from .http import Request, Response, serve_connection
+from .http import Limits, Request, Response, Server, raise_nofile
 from .standby import Standby
 
 
@@ -117,8 +117,9 @@ async def run_service(home: Path | None, *, tcp_port: int | None = None, token_f
     path.mkdir(parents=True, exist_ok=True)
     settings = Config.load(path, overrides)
     lock = HomeLock(path / "lock", SERVICE_ROLE)
-    # Signals are caught from here on: a SIGTERM while the home loads waits, then stops the service cleanly.
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    # Signals are caught from here on: a SIGTERM while the home loads waits, then stops the service cleanly;
+    # SIGHUP reads the access settings again.
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         lock.acquire()
         try:
             service = Service(path, overrides, settings, lock, started, log)
@@ -150,15 +151,18 @@ class Service:
         grace = float(section["stop_timeout"])
         port = tcp_port if tcp_port is not None else int(section["tcp_port"])
         tokens = token_file or (Path(section["token_file"]).expanduser() if section["token_file"] else None)
-        max_body = section["max_request_bytes"]
-        if not isinstance(max_body, int) or isinstance(max_body, bool) or max_body < 1024:
-            raise ConfigError(f"service.max_request_bytes must be an integer of at least 1024, not {max_body!r}")
+        limits = limits_of(section)
         if tokens is not None and port < 0:
             raise ConfigError("a token file is for the TCP listener: give --tcp-port (or [service] tcp_port) too")
         self.token_path = tokens or self.paths.dir / "token"
         self.access = Access.of(section, self.home, read_token(self.token_path, create=True) if port >= 0 else None)
+        nofile = raise_nofile()
+        self.limits = limits.fitted(nofile)
+        if self.limits.max_connections < limits.max_connections:
+            self.log.info("connections capped to fit the descriptor limit", nofile=nofile,
+                          max_connections=self.limits.max_connections)
         try:
-            return await self._serve(signals, port, max_body, grace)
+            return await self._serve(signals, port, grace)
         except BaseExceptionGroup as group:  # one error inside the task groups: the one the user reads
             inner = leaves(group)
             if len(inner) == 1:
@@ -168,7 +172,7 @@ class Service:
             self.paths.info.unlink(missing_ok=True)
             self.paths.socket.unlink(missing_ok=True)
 
-    async def _serve(self, signals: Any, port: int, max_body: int, grace: float) -> int:
+    async def _serve(self, signals: Any, port: int, grace: float) -> int:
         """The listeners outside, the home inside: the home is closed (after the API stopped answering and the
         workflows let go of it) before the sockets close."""
         code = 0
@@ -178,7 +182,8 @@ class Service:
             try:
                 async with AsyncExitStack() as stack:
                     orch = None if self.storage.shared else await self._open(stack)
-                    bound = await self._listen(listeners, front, port, max_body)
+                    bound = await self._listen(listeners, front, port)
+                    self.access.port = bound
                     if orch is None:
                         standby = front.handler = Standby(self.home, self.storage.where, self.access)
                         self._write_info(bound, "standby")
@@ -210,12 +215,31 @@ class Service:
 
     async def _watch_signals(self, signals: Any) -> None:
         async for signum in signals:
+            if signum == signal.SIGHUP:
+                self._reload()
+                continue
             self.log.info("stopping", signal=signal.Signals(signum).name)
             self.signalled = time.monotonic()
             self.stop_asked.set()
             return
 
-    async def _listen(self, tg: TaskGroup, front: Front, port: int, max_body: int) -> int | None:
+    def _reload(self) -> None:
+        """SIGHUP: ``[service] users`` and ``admins``, the token file and the users' tokens read again; a
+        client they no longer let in is refused from its next request on, and its event streams close."""
+        try:
+            section = Config.load(self.home, self.overrides).section("service")
+            token = read_token(self.token_path, create=False) if self.access.token is not None else None
+            self.access.reload(section, token)
+        except (ConfigError, OSError, ValueError) as exc:
+            self.log.error("SIGHUP: the settings were not reloaded; the old ones stay", error=str(exc))
+            return
+        if self.paths.socket.exists():  # a home that became shared opens its socket, one no longer shared closes it
+            os.chmod(self.paths.dir, 0o711 if self.access.shared else 0o700)
+            os.chmod(self.paths.socket, 0o666 if self.access.shared else 0o600)
+        self.log.info("reloaded the access settings", users=sorted(self.access.users),
+                      admins=sorted(self.access.admins))
+
+    async def _listen(self, tg: TaskGroup, front: Front, port: int) -> int | None:
         """The Unix socket (and TCP, when asked); the TCP port bound."""
         shared = self.access.shared
         self.paths.dir.mkdir(mode=0o700, exist_ok=True)
@@ -223,14 +247,16 @@ class Service:
         os.chmod(self.paths.dir, 0o711 if shared else 0o700)
         self.paths.socket.unlink(missing_ok=True)  # left by a killed service: we hold the home's lock, it is ours
         unix = await anyio.create_unix_listener(self.paths.socket, mode=0o666 if shared else 0o600)
-        tg.start_soon(_accept, unix, front, "unix", tg, max_body)
+        server = Server(front, self.limits)
+        tg.start_soon(server.serve, unix, "unix", tg)
         if port < 0:
             return None
         try:
             tcp = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port, family=socket.AF_INET)
         except OSError as exc:
             raise ConfigError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}") from None
-        tg.start_soon(_accept, tcp, front, "tcp", tg, max_body)
+        for one in tcp.listeners:
+            tg.start_soon(server.serve, one, "tcp", tg)
         return int(tcp.extra(anyio.abc.SocketAttribute.local_port))
 
     async def _wait_and_open(self, stack: AsyncExitStack, standby: Standby) -> Orchestrator | None:
@@ -313,12 +339,18 @@ class Service:
         return info
 
 
-async def _accept(listener: Listener[Any], api: Any, via: str, tg: TaskGroup, max_body: int) -> None:
-    async def connection(stream: Any) -> None:
-        await serve_connection(stream, api, via, max_body)
+def limits_of(section: dict[str, Any]) -> Limits:
+    """The HTTP server's limits from ``[service]``, checked."""
+    def number(key: str, low: float, kind: type = int) -> Any:
+        value = section.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) or value < low:
+            what = "a number" if kind is float else "an integer"
+            raise ConfigError(f"service.{key} must be {what} of at least {low:g}, not {value!r}")
+        return kind(value)
 
-    async with listener:
-        await listener.serve(connection, task_group=tg)
+    return Limits(max_body=number("max_request_bytes", 1024), max_connections=number("max_connections", 8),
+                  max_per_peer=number("max_connections_per_peer", 1),
+                  header_timeout=number("header_timeout", 0.1, float), idle_timeout=number("idle_timeout", 0.1, float))
 
 
 async def _host_workflows(orch: Orchestrator, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:

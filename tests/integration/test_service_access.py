@@ -60,9 +60,12 @@ def test_tcp_browser_login_sets_the_token_cookie(shared: Service) -> None:
     with httpx.Client(base_url=base, timeout=15.0) as c:
         assert c.get("/", params={"token": "wrong-token-of-some-length"}).status_code == 401
         login = c.get("/", params={"token": TOKEN})
-        assert login.status_code == 303 and login.headers["location"] == "/"
-        assert "HttpOnly" in login.headers["set-cookie"]
-        assert c.get("/health").status_code == 200  # the cookie, kept by the client, now lets it in
+        assert login.status_code == 303 and login.headers["location"].startswith("/#csrf=")
+        assert "HttpOnly" in login.headers["set-cookie"] and TOKEN not in login.headers["set-cookie"]
+        csrf = login.headers["location"].removeprefix("/#csrf=")
+        # the cookie, kept by the client, with the session's CSRF token, now lets it in
+        assert c.get("/health", headers={"x-csrf-token": csrf}).status_code == 200
+        assert c.get("/health").status_code == 401
 
 
 def test_service_client_over_tcp(shared: Service) -> None:

@@ -117,13 +117,17 @@ async def test_root_over_tcp_needs_the_token(service: Service) -> None:
         assert (await anonymous.get("/api/jobs")).status_code == 401
         assert (await anonymous.get("/?token=not-the-token")).status_code == 401
         login = await anonymous.get(f"/?token={service.token}")
-        assert login.status_code == 303 and login.headers["location"] == "/"
+        assert login.status_code == 303 and login.headers["location"].startswith("/#csrf=")
         assert "HttpOnly" in login.headers["set-cookie"]
         page = await anonymous.get("/")  # the cookie the login set
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        # The API wants the session's CSRF token besides its cookie.
+        assert (await anonymous.get("/api/jobs")).status_code == 401
+        csrf = login.headers["location"].removeprefix("/#csrf=")
+        assert (await anonymous.get("/api/jobs", headers={"x-csrf-token": csrf})).status_code == 200
     async with service.tcp_client() as client:
         page = await client.get("/")
-        assert page.status_code == 200 and 'EventSource("/api/events")' in page.text
+        assert page.status_code == 200 and "new EventSource(`/api/events?csrf=" in page.text
 
 
 async def test_page_follows_jobs_live(tmp_path: Path, service: Service, browser: Chromium) -> None:
