@@ -335,6 +335,7 @@ class Service:
                 "hostname": socket.gethostname(), "home": str(self.home), "started": self.started, "role": role}
         tmp = self.paths.info.with_suffix(".tmp")
         tmp.write_text(json.dumps(info) + "\n")
+        os.chmod(tmp, 0o644)  # clients of a shared service read it, whatever the umask (supervisord's is 077)
         tmp.replace(self.paths.info)
         return info
 
