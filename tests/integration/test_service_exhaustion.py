@@ -203,9 +203,9 @@ async def test_a_failed_request_logs_no_token_and_the_log_is_private(tmp_path: P
             while '"request failed"' not in log.read_text():
                 await anyio.sleep(0.1)
         text = log.read_text()
+        assert token not in text
         failure = next(json.loads(line) for line in text.splitlines() if '"request failed"' in line)
         assert failure["exception"], failure  # the traceback is there
-        assert token not in text
         assert stat.S_IMODE(log.stat().st_mode) == 0o600
     finally:
         service = watch.service_pid()
