@@ -238,8 +238,13 @@ def test_bad_requests_get_clear_answers(shared: Service, tmp_path: Path) -> None
         answer("POST", "/api/__init__", 404, "not found", json={})
         answer("GET", "/nowhere", 404, "not found")
         # not JSON, or not an object: 400
-        assert "not JSON" in answer("POST", "/api/jobs", 400, "bad request", content=b"{not json")["message"]
-        answer("POST", "/api/jobs", 400, "bad request", content=b"\xff\xfe")
+        as_json = {"content-type": "application/json"}
+        assert "not JSON" in answer("POST", "/api/jobs", 400, "bad request", content=b"{not json",
+                                    headers=as_json)["message"]
+        answer("POST", "/api/jobs", 400, "bad request", content=b"\xff\xfe", headers=as_json)
+        # a POST that does not say it is JSON (a form could send it from any page): 415
+        answer("POST", "/api/jobs", 415, "unsupported media type", content=b"{}",
+               headers={"content-type": "text/plain"})
         answer("POST", "/api/jobs", 400, "bad request", json=[job_id])
         # arguments that do not fit: 400, naming the argument
         assert "bogus" in answer("POST", "/api/jobs", 400, "bad request", json={"bogus": 1})["message"]
