@@ -10,7 +10,11 @@ It is built to be killed. Every submission is written ahead (``submitting``
 with its key) before a backend hears of it, and reconciled by key at the
 next start; runs at the backends outlive the process and are reattached.
 SIGTERM is the polite form: the tick under way finishes, everything is
-written, and the process exits 0 well within 10 s.
+written, and the process exits 0 well within 10 s. SIGHUP reads the access
+settings (``users``, ``admins``, the tokens) again. No client can exhaust
+it: connections are capped to fit its descriptor limit (raised to the hard
+one at start), and an accept that finds no descriptor waits and tries again
+(:class:`.http.Server`).
 
 On a shared (PostgreSQL) repository, services on several homes make an
 active/standby pair: each holds its own home and answers on its own socket,
