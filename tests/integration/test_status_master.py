@@ -56,7 +56,8 @@ async def test_master_page(service: Service, browser: Chromium) -> None:  # noqa
                                          "[r.cells[0].textContent, r.cells[1].textContent, "
                                          "[...r.querySelectorAll('a')].map(a => a.getAttribute('href'))])")
             assert len(groups) == 1 and groups[0][1] == "2"
-            assert groups[0][2] == [f"/peek/{j.fqid}.150/stderr", f"/peek/{j.fqid}.170/stderr"]
+            csrf = await page.evaluate("localStorage.getItem('orch_csrf')")  # the session's, given at login
+            assert groups[0][2] == [f"/peek/{j.fqid}.150/stderr?csrf={csrf}", f"/peek/{j.fqid}.170/stderr?csrf={csrf}"]
             series = await page.evaluate("[...document.querySelectorAll('#plot polyline')].map(p => p.dataset.series)")
             assert series == ["completed", "failed"]
             assert await page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")  # no h-scroll
@@ -106,7 +107,8 @@ async def test_peek_links_kill_button_and_two_thousand_cells(service: Service, b
             links = await eventually(lambda: page.evaluate(
                 "[...document.querySelectorAll('#failures a')].map(a => a.getAttribute('href'))"),
                 lambda hrefs: bool(hrefs), "a link to the failed run's stderr")
-            assert links == [f"/peek/{local.fqid}.1/stderr"]
+            csrf = await page.evaluate("localStorage.getItem('orch_csrf')")  # the session's, given at login
+            assert csrf and links == [f"/peek/{local.fqid}.1/stderr?csrf={csrf}"]
             text = await page.evaluate(f"fetch({links[0]!r}, {{credentials: 'same-origin'}}).then(r => r.text())")
             assert text == "calibration file missing for 1\n"
 
