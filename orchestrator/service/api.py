@@ -176,7 +176,7 @@ class Api:
                     except anyio.EndOfStream:
                         return
                 now = anyio.current_time()
-                if now >= check + RECHECK:
+                if item is None or now >= check + RECHECK:  # idle: every wake; busy: every RECHECK
                     check = now
                     if caller_of(req, self.access, quiet=True) != caller:
                         log.info("event stream closed: its caller lost access", user=caller.name)

@@ -211,6 +211,9 @@ async def test_the_cookie_another_port_receives_is_a_session_id_that_opens_nothi
         replayed = {"cookie": f"orch_session_{service.port}={sid}"}
         assert (await thief.get("/api/jobs", headers=replayed)).status_code == 401  # no CSRF token
         assert (await thief.post("/api/kill", json={"fqid": "1"}, headers=replayed)).status_code == 401
+    kept = service.home / "service" / "sessions"  # sessions outlive a restart: kept hashed, 0600
+    assert kept.stat().st_mode & 0o777 == 0o600
+    assert sid not in kept.read_text() and service.token not in kept.read_text()
 
 
 async def test_a_job_page_logs_in_with_its_token_and_its_kill_button_works(tmp_path: Path, service: Service,

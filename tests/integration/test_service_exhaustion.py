@@ -156,6 +156,31 @@ def test_floods_of_idle_connections_leave_the_service_answering_and_stoppable(se
     assert "Traceback" not in service.output()
 
 
+def test_a_request_head_sent_a_byte_at_a_time_is_cut_off(tmp_path: Path, services: list[Service]) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "orchestrator.toml").write_text("[service]\nheader_timeout = 1.0\n")
+    service = start(services, home)
+    head = b"GET /health HTTP/1.1\r\nhost: orchestrator\r\n" + b"x-slow: " + b"a" * 200
+    cut = False
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(service.socket))
+        s.settimeout(0.2)
+        for byte in head:  # 40 s of trickle, if the service let it
+            try:
+                s.send(bytes([byte]))
+                cut = s.recv(1024) == b""
+            except TimeoutError:
+                continue
+            except OSError:
+                cut = True
+            if cut:
+                break
+    assert cut, "the service waited for the whole trickled head"
+    with service.client() as c:  # and serves on
+        assert c.get("/health").status_code == 200
+
+
 def _supervisord_daemon(home: Path) -> int:
     """supervisord with the project's config, started the documented way (it daemonizes); its pid."""
     env = {**os.environ, "ORCHESTRATOR_HOME": str(home), "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
