@@ -55,6 +55,7 @@ from .access import Access
 from .api import Api
 from .control import Control
 from .http import Request, Response, serve_connection
+from .quotas import Quotas
 from .standby import Standby
 
 
@@ -153,6 +154,7 @@ class Service:
         max_body = section["max_request_bytes"]
         if not isinstance(max_body, int) or isinstance(max_body, bool) or max_body < 1024:
             raise ConfigError(f"service.max_request_bytes must be an integer of at least 1024, not {max_body!r}")
+        Quotas(section, None, lambda job: None)  # its settings checked before the home opens
         if tokens is not None and port < 0:
             raise ConfigError("a token file is for the TCP listener: give --tcp-port (or [service] tcp_port) too")
         self.token_path = tokens or self.paths.dir / "token"
@@ -266,7 +268,10 @@ class Service:
     async def _active(self, orch: Orchestrator, front: Front, bound: int | None, grace: float) -> int:
         """Answer, monitor and write until a signal (exit 0) or the lease's loss (:data:`STEP_DOWN`)."""
         runtime = orch.runtime
-        api = Api(Control(Embedded(runtime)), runtime.bus, access=self.access,
+        embedded = Embedded(runtime)
+        quotas = Quotas(self.settings.section("service"), runtime.sm, embedded.owner_of)
+        runtime.admission = quotas.admit
+        api = Api(Control(embedded, quotas), runtime.bus, access=self.access,
                   metrics=runtime.enable_prometheus().render)
         front.handler = api
         address = self._write_info(bound, "active")

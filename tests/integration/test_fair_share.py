@@ -19,6 +19,8 @@ import pytest
 from served import Service, cli_ok, start
 from test_service_owners import _user, as_user
 
+from orchestrator.cli.jobfile import load_job
+
 
 @pytest.fixture
 def team_dir() -> Iterator[Path]:
@@ -44,6 +46,14 @@ def jobfile(where: Path, name: str, exe: str, args: list[str] | None = None, sub
     return path
 
 
+def sleeper(where: Path, seconds: int) -> str:
+    """A script that sleeps ``seconds`` whatever its arguments (a splitter's args replace the application's)."""
+    path = where / f"sleep{seconds}.sh"
+    path.write_text(f"#!/bin/sh\nexec sleep {seconds}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
 def team_home(where: Path, extra: str = "") -> Path:
     home = where / "home"
     home.mkdir()
@@ -64,7 +74,7 @@ def test_a_users_one_run_is_not_starved_by_anothers_queue(services: list[Service
     (first come, first served, it would wait for all of them: 40 s)."""
     home = team_home(team_dir, "[backends.local]\nmax_running = 4\n")
     start(services, home)
-    many = ok("bin", home, "submit", str(jobfile(team_dir, "many", "/bin/sleep", ["4"], subjobs=40))).strip()
+    many = ok("bin", home, "submit", str(jobfile(team_dir, "many", sleeper(team_dir, 4), subjobs=40))).strip()
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # bin's runs hold every slot, the rest wait
@@ -82,3 +92,41 @@ def test_a_users_one_run_is_not_starved_by_anothers_queue(services: list[Service
         assert json.loads(cli_ok(home, "show", many, "--json"))["status"] != "completed"  # bin's still queued
     finally:
         cli_ok(home, "kill", many)
+
+
+def test_quotas_refuse_a_request_over_them_and_store_nothing(services: list[Service], team_dir: Path) -> None:
+    home = team_home(team_dir, "max_active_per_user = 3\nmax_subjobs_per_master = 5\n")
+    service = start(services, home)
+    wide = jobfile(team_dir, "wide", "/bin/true", subjobs=6)
+    refused = as_user("bin", home, "submit", str(wide))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused
+    assert "max_subjobs_per_master" in refused.stderr and "at most 5 per job" in refused.stderr, refused.stderr
+    assert "makes 6 subjobs" in refused.stderr and "job 0:" in refused.stderr, refused.stderr
+
+    three = ok("bin", home, "submit", str(jobfile(team_dir, "three", sleeper(team_dir, 30), subjobs=3))).strip()
+    try:
+        one = jobfile(team_dir, "one", "/bin/true")
+        over = as_user("bin", home, "submit", str(one))
+        assert over.returncode == 2 and "Traceback" not in over.stderr, over
+        assert "max_active_per_user" in over.stderr and "at most 3 per user" in over.stderr, over.stderr
+        assert "bin's 4 (3 now)" in over.stderr, over.stderr
+        # Another user's quota is their own.
+        theirs = ok("nobody", home, "submit", "--wait", "--timeout", "30", str(one)).strip().splitlines()[0]
+        # Nothing of the refused requests was kept: bin's one job, nobody's one.
+        listed = json.loads(cli_ok(home, "jobs", "--json"))["jobs"]
+        assert sorted((j["fqid"], j["owner"]) for j in listed) == sorted([(three, "bin"), (theirs, "nobody")])
+
+        # Through the HTTP API: 409, naming the job, the field and the limit; the job stays new, unsplit.
+        with service.client() as http:
+            added = http.post("/api/add", json={"name": "wide", "spec": load_job(wide).spec()})
+            assert added.status_code == 200, added.text
+            fqid = added.json()["fqid"]
+            answer = http.post("/api/submit", json={"fqid": fqid})
+        assert answer.status_code == 409, answer.text
+        body = answer.json()
+        assert (body["error"], body["fqid"], body["field"]) == ("refused", fqid, "max_subjobs_per_master"), body
+        assert "at most 5" in body["message"]
+        shown = json.loads(cli_ok(home, "show", fqid, "--json"))
+        assert (shown["status"], shown["subjobs"]) == ("new", 0), shown
+    finally:
+        cli_ok(home, "kill", three)
