@@ -451,7 +451,7 @@ def _runs(bound: Bound) -> Runs:
 
 def _with_status(handle: RunHandle, status: JobStatus) -> RunHandle:
     return RunHandle(handle.fqid, handle.index, handle.backend_id, handle.settings, handle.outputdir, status,
-                     handle.key, handle.attempt, handle.jobdir)
+                     handle.key, handle.attempt, handle.jobdir, handle.owner)
 
 
 def _coalesce(taken: list[Bound]) -> list[list[Bound]]:
