@@ -75,6 +75,24 @@ def spawn_kwargs(account: Account | None) -> dict[str, Any]:
     return {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups)}
 
 
+def argv_as(account: Account | None) -> list[str]:
+    """A prefix that runs a command as ``account`` (``setpriv``: its uid, gid and groups); empty for oneself.
+
+    For a command run through a seam that takes argument lists (a batch system's runner), not a shell string.
+    """
+    if account is None:
+        return []
+    return ["setpriv", f"--reuid={account.uid}", f"--regid={account.gid}", "--init-groups", "--"]
+
+
+def give(account: Account | None, *paths: str | os.PathLike[str]) -> None:
+    """Make ``paths`` (directories and files this process made for a run) ``account``'s own; nothing for oneself."""
+    if account is None:
+        return
+    for path in paths:
+        os.chown(path, account.uid, account.gid, follow_symlinks=False)
+
+
 def run_as(account: Account | None, argv: Sequence[str], *, input: bytes | None = None,
            env: Mapping[str, str] | None = None, cwd: str | None = None,
            timeout: float | None = None) -> subprocess.CompletedProcess[bytes]:
@@ -98,4 +116,4 @@ def read_as(account: Account | None, path: str, *, limit: int = 1 << 20) -> byte
     return done.stdout
 
 
-__all__ = ["Account", "AccountError", "account_of", "me", "read_as", "run_as", "spawn_kwargs"]
+__all__ = ["Account", "AccountError", "account_of", "argv_as", "give", "me", "read_as", "run_as", "spawn_kwargs"]
