@@ -49,7 +49,7 @@ def give_keys(user: str, env: SshEnv, trust: bool = True) -> Path:
     write_key(key)
     (ssh / "authorized_keys").write_bytes((ssh / "id_ed25519.pub").read_bytes())
     if trust:
-        (ssh / "known_hosts").write_text(env.sshds[0].known_hosts_line())
+        (ssh / "known_hosts").write_text("".join(sshd.known_hosts_line() for sshd in env.sshds))
     else:  # another host's key under this host's name
         other = env.base / "impostor"
         write_key(other)
