@@ -103,8 +103,17 @@ def test_quotas_refuse_a_request_over_them_and_store_nothing(services: list[Serv
     assert "max_subjobs_per_master" in refused.stderr and "at most 5 per job" in refused.stderr, refused.stderr
     assert "makes 6 subjobs" in refused.stderr and "job 0:" in refused.stderr, refused.stderr
 
+    failed = as_user("bin", home, "submit", "--wait", "--timeout", "30",
+                     str(jobfile(team_dir, "failing", "/bin/false", subjobs=2)))
+    assert failed.returncode == 1, failed  # it ended failed
+    failing = failed.stdout.split()[0]
     three = ok("bin", home, "submit", str(jobfile(team_dir, "three", sleeper(team_dir, 30), subjobs=3))).strip()
     try:
+        # A resubmission over the quota is refused whole too: its 2 failed subjobs stay failed.
+        again = as_user("bin", home, "resubmit", failing)
+        assert again.returncode == 2 and "max_active_per_user" in again.stderr, again
+        assert "2 more active subjobs would make bin's 5 (3 now)" in again.stderr, again.stderr
+        assert json.loads(cli_ok(home, "show", failing, "--json"))["counts"] == {"failed": 2}
         one = jobfile(team_dir, "one", "/bin/true")
         over = as_user("bin", home, "submit", str(one))
         assert over.returncode == 2 and "Traceback" not in over.stderr, over
@@ -114,7 +123,8 @@ def test_quotas_refuse_a_request_over_them_and_store_nothing(services: list[Serv
         theirs = ok("nobody", home, "submit", "--wait", "--timeout", "30", str(one)).strip().splitlines()[0]
         # Nothing of the refused requests was kept: bin's one job, nobody's one.
         listed = json.loads(cli_ok(home, "jobs", "--json"))["jobs"]
-        assert sorted((j["fqid"], j["owner"]) for j in listed) == sorted([(three, "bin"), (theirs, "nobody")])
+        assert sorted((j["fqid"], j["owner"]) for j in listed) == sorted([(failing, "bin"), (three, "bin"),
+                                                                          (theirs, "nobody")])
 
         # Through the HTTP API: 409, naming the job, the field and the limit; the job stays new, unsplit.
         with service.client() as http:
