@@ -28,6 +28,8 @@ make_test_users() {
     command -v useradd >/dev/null 2>&1 || return 0
     for user in "${TEST_USERS[@]}"; do
         id -u "$user" >/dev/null 2>&1 || useradd -m -s /bin/bash "$user"
+        # Password "*": no password login, but not locked ("!"), which sshd refuses to key logins without PAM.
+        usermod --password '*' "$user"
     done
 }
 make_test_users

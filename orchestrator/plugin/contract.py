@@ -112,6 +112,8 @@ class RunHandle:
     attempt: int = 0
     #: The job's directory under the home (a place for the driver's own per-run files, if it needs any).
     jobdir: Path = Path()
+    #: The OS user the run belongs to (``RunSpec.owner``): its kill and status commands act as this user.
+    owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 #: Seconds between two looks for a kill request while the wrapper runs.
 POLL = 0.2
@@ -26,15 +27,22 @@ POLL = 0.2
 KILL_GRACE = 2.0
 
 
-def run_wrapper(shell: str, wrapper: str, runfile: str, controldir: str, key: str) -> int:
-    """Run ``shell wrapper runfile`` in a new session; its exit code (``-1``: killed before it started)."""
+def run_wrapper(shell: str, wrapper: str, runfile: str, controldir: str, key: str,
+                owner: tuple[int, int, tuple[int, ...]] | None = None) -> int:
+    """Run ``shell wrapper runfile`` in a new session; its exit code (``-1``: killed before it started).
+
+    ``owner``: the uid, gid and groups of the run's owner, when it is not the worker's own user (the worker then
+    runs as root, and the wrapper starts with the owner's ids).
+    """
     control = Path(controldir)
     control.mkdir(parents=True, exist_ok=True)
     kill, pidfile = control / f"{key}.kill", control / f"{key}.pid"
     if kill.exists():
         return -1
+    ids: dict[str, Any] = {} if owner is None else {"user": owner[0], "group": owner[1],
+                                                    "extra_groups": list(owner[2])}
     proc = subprocess.Popen([shell, wrapper, runfile], start_new_session=True, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **ids)
     pidfile.write_text(str(proc.pid))
     killed_at: float | None = None
     try:

@@ -260,7 +260,7 @@ class SpawnError(Exception):
     """The wrapper's shell could not be started; the message is ready to serve as the run's reason."""
 
 
-def spawn_wrapper(shell: str, wrapper: Path, runfile: Path) -> int:
+def spawn_wrapper(shell: str, wrapper: Path, runfile: Path, prefix: Sequence[str] = ()) -> int:
     """Start ``shell wrapper RUNFILE`` on this machine, detached, and return its pid.
 
     The wrapper leads a session of its own (``posix_spawn(setsid=True)``), so that killing its process
@@ -270,10 +270,12 @@ def spawn_wrapper(shell: str, wrapper: Path, runfile: Path) -> int:
     (:func:`reap_children`). Raises :class:`SpawnError` if the shell cannot be started; an
     unwritable ``wrapper.out`` raises its ``OSError`` as it is.
     """
+    argv = [*prefix, shell, str(wrapper), str(runfile)]  # prefix: a command that runs it as its owner
+    program = (shutil.which(argv[0]) or argv[0]) if prefix else shell
     out = os.open(runfile.parent / "wrapper.out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         return os.posix_spawn(
-            shell, [shell, str(wrapper), str(runfile)], os.environ,
+            program, argv, os.environ,
             file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                           (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, out, 2)],
             setsid=True,

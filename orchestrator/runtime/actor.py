@@ -47,6 +47,7 @@ from ..core.ids import Runs
 from ..core.instructions import Instruction, Lookup, SendKill, SendSubmit, Unwatch
 from ..core.statuses import JobStatus
 from ..plugin.contract import Driver, RunHandle, RunSpec
+from ..plugin.fairshare import FairQueue
 from . import bulk, gcpause
 from .held import HeldRuns, MakeHandle, RunKey
 
@@ -295,6 +296,7 @@ class Actor:
                 by_settings.setdefault(name, []).append((g, k))
         async with self.registering:
             for members in by_settings.values():
+                members = _by_owner(members, specs)  # emulated, they go out a few at a time: owners in turn
                 runs = [specs[g][k] for g, k in members]
                 if self.confirm is not None:
                     await self.confirm()
@@ -449,9 +451,21 @@ def _runs(bound: Bound) -> Runs:
     return bound.instruction.runs
 
 
+def _by_owner(members: list[tuple[int, int]], specs: list[list[RunSpec]]) -> list[tuple[int, int]]:
+    """Runs of several owners, round-robin by owner (each owner's in their order), so that one user's many runs
+    do not hold another's few behind them while a backend takes them a few at a time; one owner's: as they are."""
+    first = specs[members[0][0]][members[0][1]].owner if members else None
+    if all(specs[g][k].owner == first for g, k in members):
+        return members
+    fair: FairQueue[tuple[int, int]] = FairQueue(lambda m: specs[m[0]][m[1]].owner)
+    for member in members:
+        fair.append(member)
+    return [fair.popleft() for _ in range(len(members))]
+
+
 def _with_status(handle: RunHandle, status: JobStatus) -> RunHandle:
     return RunHandle(handle.fqid, handle.index, handle.backend_id, handle.settings, handle.outputdir, status,
-                     handle.key, handle.attempt, handle.jobdir)
+                     handle.key, handle.attempt, handle.jobdir, handle.owner)
 
 
 def _coalesce(taken: list[Bound]) -> list[list[Bound]]:

@@ -173,8 +173,10 @@ class Definitions:
         fqid = f"{job}" if index is None else f"{job}.{index}"
         top = self._top_dir(job)
         jobdir = top if index is None else _child(top, str(index))
+        spec = self.specs.get(job)
         return RunHandle(fqid, index or 0, backend_id, settings, _child(jobdir, "output"), status,
-                         f"orch-{self.home_key}-{fqid}-{attempt}", attempt, jobdir)
+                         f"orch-{self.home_key}-{fqid}-{attempt}", attempt, jobdir,
+                         spec.get("owner") if spec is not None else None)
 
     def _top_dir(self, job: int) -> Path:
         """A top-level job's directory, parsed once (the last one asked for is kept)."""

@@ -44,7 +44,8 @@ class Preparer:
     def __init__(self, *, definitions: Definitions, repo: Repository, workspace: Workspace,
                  post: Callable[[Event], Awaitable[None]], sm: Any, free_slots: Callable[[str], int],
                  check_subjob: Callable[[Mapping[str, Any], str, Collection[str]], None],
-                 add_job: Callable[[str, dict[str, Any], tuple[int, str] | None], Awaitable[int]]) -> None:
+                 add_job: Callable[[str, dict[str, Any], tuple[int, str] | None], Awaitable[int]],
+                 admit: Callable[[int, Mapping[str, Any], int], None] = lambda job, spec, n: None) -> None:
         self.definitions = definitions
         self.repo = repo
         self.workspace = workspace
@@ -53,6 +54,8 @@ class Preparer:
         self.free_slots = free_slots
         self.check_subjob = check_subjob
         self.add_job = add_job
+        #: The service's limits: raises a JobError when ``job``'s ``n`` runs may not become active (nothing stored).
+        self.admit = admit
 
     # ------------------------------------------------------------ prepare
     async def prepare(self, ins: Prepare) -> None:
@@ -63,11 +66,13 @@ class Preparer:
             spec = self.definitions.spec(job)
             self._configure_shared(job, spec)
             if spec.get("splitter") is None:
+                self.admit(job, spec, 1)
                 await self.post(Prepared(stimulus_id=ins.stimulus_id, time=now, job=job, n_subjobs=0))
                 return
             with gcpause.paused():  # a million deltas, alive until stored: nothing for the collector to find
                 deltas = await anyio.to_thread.run_sync(self._split, job, spec)
                 n = len(deltas)
+                self.admit(job, spec, n)
                 code = (S.SUBMITTING if ins.submitting else S.NEW).code
                 zeros = bytes(8 * n)
                 times = {"submitting": (array("d", [now]) * n).tobytes() if ins.submitting else zeros,

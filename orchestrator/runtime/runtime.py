@@ -112,9 +112,11 @@ class Runtime:
                                        capabilities=self.capabilities, actions=config.actions,
                                        fail_on_missing_output=config.core["fail_on_missing_output"])
         self.writer = Writer(self.sm, self.repo, self.definitions, self.checkpoints.keep)
+        #: Set by a service: raises a JobError when a job's runs may not become active (its quotas).
+        self.admission: Callable[[int, Mapping[str, Any], int], None] | None = None
         self.preparer = Preparer(definitions=self.definitions, repo=self.repo, workspace=self.workspace,
                                  post=self.answer, sm=self.sm, free_slots=self.free_slots,
-                                 check_subjob=check_subjob, add_job=self._store_job)
+                                 check_subjob=check_subjob, add_job=self._store_job, admit=self._admit)
         self.postprocessing = Postprocessing(sm=self.sm, definitions=self.definitions, workspace=self.workspace,
                                              settings=config.section("postprocess"), post=self.answer, log=self.log)
         self.executor = Executor(
@@ -423,6 +425,11 @@ class Runtime:
         return self.checkpoints.harvest(handle.fqid, handle.jobdir / "work")
 
     # ------------------------------------------------------------ helpers for the pieces
+    def _admit(self, job: int, spec: Mapping[str, Any], n: int) -> None:
+        """The service's limits on ``job``'s ``n`` runs about to become active (:attr:`admission`)."""
+        if self.admission is not None:
+            self.admission(job, spec, n)
+
     def free_slots(self, backend: str) -> int:
         capacity = self.config.backend(backend).get("max_running")
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:

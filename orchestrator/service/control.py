@@ -37,6 +37,7 @@ from ..api.registry import JobRegistry
 from ..core.errors import JobError, UnknownJobError
 from ..core.ids import FQID, parse_fqid
 from ..core.statuses import JobStatus, parse_status
+from .quotas import Quotas
 
 #: Status codes (0-9) as the digits of a string.
 _DIGITS = bytes.maketrans(bytes(range(10)), b"0123456789")
@@ -52,10 +53,12 @@ def _fq(value: Any) -> FQID:
 class Control:
     """See the module docstring. ``step`` tells how many events the service has handled (a snapshot's age)."""
 
-    def __init__(self, transport: Embedded) -> None:
+    def __init__(self, transport: Embedded, quotas: Quotas | None = None) -> None:
         self.t = transport
         self.jobs_ = JobRegistry(transport)
         self._views: dict[Caller, Control] = {}
+        #: The service's limits (:mod:`.quotas`); ``None``: none.
+        self.quotas = quotas
 
     def as_caller(self, caller: Caller) -> Control:
         """The control methods as ``caller`` may use them (one view per caller, kept: its jobs stay built)."""
@@ -63,7 +66,7 @@ class Control:
             return self
         view = self._views.get(caller)
         if view is None:
-            view = self._views[caller] = Control(self.t.as_caller(caller))
+            view = self._views[caller] = Control(self.t.as_caller(caller), self.quotas)
         return view
 
     def _known(self, fq: FQID) -> FQID:
@@ -191,7 +194,11 @@ class Control:
     async def resubmit(self, targets: Sequence[str] | None = None, only_failed: bool = True, keep_going: bool = False,
                        backend: dict[str, Any] | None = None, from_state: str | None = None,
                        fqid: str | None = None) -> dict[str, Any]:
-        done = await self.t.resubmit(self._targets(targets, fqid), only_failed=only_failed, keep_going=keep_going,
+        chosen = self._targets(targets, fqid)
+        self.t._check(chosen)  # another user's job: refused as not theirs before any quota is counted
+        if self.quotas is not None:
+            self.quotas.check_resubmit(chosen, only_failed)
+        done = await self.t.resubmit(chosen, only_failed=only_failed, keep_going=keep_going,
                                      backend=backend, from_state=from_state)
         return self._answer(done.acted, fqid)
 

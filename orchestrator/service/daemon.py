@@ -59,6 +59,7 @@ from .access import Access
 from .api import Api
 from .control import Control
 from .http import Limits, Request, Response, Server, raise_nofile
+from .quotas import Quotas
 from .standby import Standby
 
 
@@ -156,6 +157,7 @@ class Service:
         port = tcp_port if tcp_port is not None else int(section["tcp_port"])
         tokens = token_file or (Path(section["token_file"]).expanduser() if section["token_file"] else None)
         limits = limits_of(section)
+        Quotas(section, None, lambda job: None)  # its settings checked before the home opens
         if tokens is not None and port < 0:
             raise ConfigError("a token file is for the TCP listener: give --tcp-port (or [service] tcp_port) too")
         self.token_path = tokens or self.paths.dir / "token"
@@ -296,7 +298,10 @@ class Service:
     async def _active(self, orch: Orchestrator, front: Front, bound: int | None, grace: float) -> int:
         """Answer, monitor and write until a signal (exit 0) or the lease's loss (:data:`STEP_DOWN`)."""
         runtime = orch.runtime
-        api = Api(Control(Embedded(runtime)), runtime.bus, access=self.access,
+        embedded = Embedded(runtime)
+        quotas = Quotas(self.settings.section("service"), runtime.sm, embedded.owner_of)
+        runtime.admission = quotas.admit
+        api = Api(Control(embedded, quotas), runtime.bus, access=self.access,
                   metrics=runtime.enable_prometheus().render)
         front.handler = api
         address = self._write_info(bound, "active")

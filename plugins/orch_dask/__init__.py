@@ -30,6 +30,7 @@ from orchestrator.plugin import (
     StatusUpdate,
     SubmitOutcome,
 )
+from orchestrator.plugin.accounts import Account, AccountError, account_of, give
 from orchestrator.plugin.runner import request_kill, run_wrapper, running_pid
 from orchestrator.plugin.wrapper import install_scripts, pid_alive, prepare_runs, read_log, status_from_log
 
@@ -80,14 +81,33 @@ class DaskDriver(Driver):
     async def submit_bulk(self, runs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         self.calls["submit"] += 1
         wrapper = install_scripts(self.bindir)
+        accounts: dict[str | None, Account | None] = {}
+        refused: dict[str, str] = {}
+        for run in runs:
+            if run.owner not in accounts:
+                try:
+                    accounts[run.owner] = account_of(run.owner)
+                except AccountError as exc:
+                    refused[run.owner or ""] = str(exc)
+                    accounts[run.owner] = None
         runfiles = await prepare_runs(runs, bindir=self.bindir)
         client = await self._client(runs[0].settings)
         shell = DaskSettings.of(runs[0].settings).shell
+        out = []
         for run, runfile in zip(runs, runfiles, strict=True):
+            if (run.owner or "") in refused:
+                out.append(SubmitOutcome(run.fqid, None, refused[run.owner or ""]))
+                continue
+            account = accounts[run.owner]
+            # The worker runs as this service's user: an owner's wrapper starts with the owner's ids, in dirs of
+            # the owner's.
+            give(account, run.jobdir, run.outputdir, run.workdir, runfile)
+            ids = None if account is None else (account.uid, account.gid, account.groups)
             (self.control / f"{run.key}.kill").unlink(missing_ok=True)
             self._futures[run.key] = client.submit(run_wrapper, shell, str(wrapper), str(runfile), str(self.control),
-                                                   run.key, key=run.key, pure=False)
-        return [SubmitOutcome(run.fqid, run.key) for run in runs]
+                                                   run.key, ids, key=run.key, pure=False)
+            out.append(SubmitOutcome(run.fqid, run.key))
+        return out
 
     async def kill_bulk(self, handles: Sequence[RunHandle]) -> list[str | None]:
         self.calls["kill"] += 1

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import anyio
 
+from orchestrator.plugin.accounts import AccountError, account_of, argv_as, give
 from orchestrator.plugin.logs import get_logger
 from orchestrator.plugin.wrapper import EventLines, SpawnError, install_scripts, pid_alive, reap_children, spawn_wrapper
 
@@ -67,6 +68,11 @@ class NodeLauncher:
         self._dirty: dict[str, Node] = {}
         self._dirty_collections: dict[str, Collection] = {}
         self._event_lines = EventLines()
+        #: Each owner's own events file (their wrappers write only there) and how far it was read.
+        self._owner_events: dict[str, tuple[Path, EventLines]] = {}
+        for node in self.nodes.values():
+            if node.spec.get("owner"):
+                self.events_of(str(node.spec["owner"]))
         self._last_liveness = 0.0
         self._wake = anyio.Event()
         self._read_events()  # what the nodes did while no service watched them
@@ -155,10 +161,27 @@ class NodeLauncher:
             return True
         return str(node.runfile).encode() in cmdline
 
+    def events_of(self, owner: str | None) -> Path:
+        """The events file the wrappers of ``owner``'s nodes write (``None``: the WMS's own user's): an owner's is
+        theirs alone (0600), and its lines count for their nodes only."""
+        if owner is None:
+            return self.events
+        known = self._owner_events.get(owner)
+        if known is None:
+            path = self.statedir / f"events-{owner}.log"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.close(fd)
+            give(account_of(owner), path)
+            known = self._owner_events[owner] = (path, EventLines())
+        return known[0]
+
     def _read_events(self) -> None:
-        for parts in self._event_lines.read(self.events):
+        lines: list[tuple[list[str], str | None]] = [(parts, None) for parts in self._event_lines.read(self.events)]
+        for name, (path, reader) in self._owner_events.items():
+            lines += [(parts, name) for parts in reader.read(path)]
+        for parts, writer in lines:
             node = self.by_key.get(parts[0])
-            if node is None:
+            if node is None or (writer is not None and node.spec.get("owner") != writer):
                 continue
             word, value = parts[1], parts[2]
             ts = _float(parts[3]) if len(parts) > 3 else None
@@ -194,8 +217,10 @@ class NodeLauncher:
         self._flush()
         for node in batch:
             try:
-                pid = spawn_wrapper(node.shell, self.wrapper, node.runfile)
-            except SpawnError as exc:
+                owner = node.spec.get("owner")
+                prefix = argv_as(account_of(str(owner))) if owner else []  # an owner's node runs as its owner
+                pid = spawn_wrapper(node.shell, self.wrapper, node.runfile, prefix)
+            except (SpawnError, AccountError) as exc:
                 self._end(node, "aborted", str(exc))
                 continue
             node.pid = pid

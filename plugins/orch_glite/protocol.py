@@ -165,6 +165,7 @@ def node_spec(run: RunSpec, shell: str = "/bin/sh") -> dict[str, Any]:
         "jobdir": str(run.jobdir), "inputdir": str(run.inputdir), "outputdir": str(run.outputdir),
         "workdir": str(run.workdir), "mode": run.mode, "retry_count": run.retry_count,
         "retry_args": list(run.retry_args), "shell": shell,
+        **({"owner": run.owner} if run.owner is not None else {}),  # the user the WMS runs the node as
     }
 
 
@@ -201,6 +202,7 @@ def run_spec(node: Mapping[str, Any]) -> RunSpec:
         jobdir=Path(text("jobdir")), inputdir=Path(text("inputdir")), outputdir=Path(text("outputdir")),
         workdir=Path(text("workdir")), mode=text("mode") if "mode" in node else "production",
         retry_count=integer("retry_count"), retry_args=strings("retry_args"),
+        owner=text("owner") if node.get("owner") is not None else None,
     )
 
 

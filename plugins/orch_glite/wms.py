@@ -56,6 +56,7 @@ from anyio import CancelScope
 from anyio.abc import ByteStream, SocketAttribute
 
 from orchestrator.plugin import SettingsError
+from orchestrator.plugin.accounts import AccountError, account_of, give
 from orchestrator.plugin.wrapper import clear_outputs, prepare_local
 
 # ``X as X``: re-exported, so that every name this module had before the split still imports from it.
@@ -288,8 +289,13 @@ class WMS(NodeLauncher):
         if os.path.isabs(exe) and not os.access(exe, os.X_OK):
             return None, f"executable {exe} does not exist or is not executable"
         try:
+            account = account_of(run.owner)  # the node runs as its owner: one with an account here
+        except AccountError as exc:
+            return None, f"the node's owner cannot run here: {exc}"
+        try:
             clear_outputs(run.outputdir)
-            runfile = prepare_local(run, bindir=self.bindir, notify=self.events)
+            runfile = prepare_local(run, bindir=self.bindir, notify=self.events_of(run.owner))
+            give(account, run.jobdir, run.outputdir, run.workdir, runfile)
         except OSError as exc:
             return None, f"cannot prepare the node's directories: {exc}"
         abort = aborts.get(str(run.index))

@@ -6,8 +6,9 @@ its children, and it outlives the orchestrator), its values in its
 environment, no file written for it beforehand. The driver makes the run's
 directories when it starts it (:func:`make_run_dirs`: the job dir, ``output``
 and ``work``); the wrapper makes the run's files. At most ``max_running`` run
-at once (``[backends.local]`` in the config); the rest wait in a queue,
-``submitted``.
+at once (``[backends.local]`` in the config); the rest wait, ``submitted``, in
+a queue per owner, the owners served in turn (fair share, not first come first
+served).
 
 The driver reports (``Capabilities(reports=True)``): it learns of a run's end
 when it happens (a pidfd per process, in one epoll the event loop waits on),
@@ -27,7 +28,6 @@ import math
 import os
 import signal
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ from orchestrator.plugin import (
     StatusUpdate,
     SubmitError,
 )
+from orchestrator.plugin.fairshare import FairQueue
 from orchestrator.plugin.processes import ExitWatcher, find_process, process_args, reap
 from orchestrator.plugin.wrapper import RUNFILE, boot_time, install_scripts, pid_alive
 
@@ -86,7 +87,8 @@ class LocalDriver(Driver):
         self._unwatched: set[int] = set()
         self._rechecks: list[Run] = []
         self._restarts: list[Run] = []
-        self._queue: deque[Run] = deque()
+        #: Runs waiting for a slot, taken round-robin by owner (:mod:`orchestrator.plugin.fairshare`).
+        self._queue: FairQueue[Run] = FairQueue(_owner)
         self._occupied = 0
         self._kills: list[tuple[float, int]] = []
         self._pending: dict[str, tuple[Run, StatusUpdate]] = {}
@@ -479,3 +481,8 @@ class LocalDriver(Driver):
             reap(pid)
         self.journal.close()
         os.close(self._out)
+
+
+def _owner(run: Run) -> str | None:
+    """Whose turn a waiting run takes (a run adopted from an earlier version, without its spec: the service's)."""
+    return run.spec.owner if run.spec is not None else None

@@ -57,6 +57,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from orchestrator.plugin import Capabilities, JobStatus, RunHandle, StatusUpdate
+from orchestrator.plugin.accounts import AccountError, account_of
 from orchestrator.plugin.wrapper import RunLog, read_log
 
 from .slurm import (
@@ -243,17 +244,21 @@ class SlurmDriver(SubmitMixin):
     async def kill_bulk(self, handles: Sequence[RunHandle]) -> list[str | None]:
         """One ``scancel`` per cluster for every run asked: ``JOBID_TASK`` cancels that array task only."""
         results: list[str | None] = [None] * len(handles)
-        groups: dict[str | None, list[tuple[int, JobRef]]] = {}
+        groups: dict[tuple[str | None, str | None], list[tuple[int, JobRef]]] = {}
         for i, h in enumerate(handles):
             try:
-                groups.setdefault(self._conf(h.settings), []).append((i, JobRef.parse(h.backend_id)))
+                groups.setdefault((self._conf(h.settings), h.owner), []).append((i, JobRef.parse(h.backend_id)))
             except ValueError as exc:
                 results[i] = str(exc)
-        for conf, items in groups.items():
+        for (conf, owner), items in groups.items():
             keys = [ref.key for _, ref in items]
             self._killed.update(keys)  # before the call: a tick that sees CANCELLED meanwhile knows it was us
             try:
-                res = await self._cmd(conf, ["scancel", *keys])
+                try:
+                    account = account_of(owner)  # an owner's runs are cancelled by the owner
+                except AccountError as exc:
+                    raise SlurmError(str(exc)) from None
+                res = await self._cmd(conf, ["scancel", *keys], account=account)
                 if res.code != 0 and not parse_scancel_errors(res.err):
                     raise SlurmError(f"scancel exited with {res.code}: {res.err.strip()[-300:]}")
             except SlurmError as exc:

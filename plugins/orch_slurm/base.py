@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from orchestrator.plugin import Driver, DriverContext
+from orchestrator.plugin.accounts import Account, argv_as
 from orchestrator.plugin.wrapper import install_scripts
 
 from .journal import Journal
@@ -72,13 +73,15 @@ class SlurmBase(Driver):
         return str(conf) if conf else None
 
     async def _cmd(self, conf: str | None, argv: list[str], tally: Counter[str] | None = None,
-                   stdin: bytes | None = None) -> Result:
+                   stdin: bytes | None = None, account: Account | None = None) -> Result:
+        """Run a Slurm command; with ``account``, as that user (``sbatch``, ``scancel`` of an owner's runs: Slurm
+        records and checks the owner, never the service's user)."""
         self.calls[argv[0]] += 1
         if tally is not None:
             tally[argv[0]] += 1
         self.history.append(tuple(argv))
         env = None if conf is None else {**os.environ, "SLURM_CONF": conf}
-        return await self.runner(argv, stdin=stdin, env=env, timeout=self.command_timeout)
+        return await self.runner([*argv_as(account), *argv], stdin=stdin, env=env, timeout=self.command_timeout)
 
     async def _array_size(self, conf: str | None) -> int:
         """Most tasks one ``sbatch --array`` may hold on this cluster (``MaxArraySize``; 0 disables arrays)."""

@@ -18,7 +18,8 @@ from typing import Any
 import anyio
 
 from orchestrator.plugin import RunSpec, SubmitError, SubmitOutcome
-from orchestrator.plugin.wrapper import RUNFILE, clear_outputs, prepare_local, render_runfile
+from orchestrator.plugin.accounts import Account, AccountError, account_of, give
+from orchestrator.plugin.wrapper import KEPT, RUNFILE, clear_outputs, prepare_local, render_runfile
 
 from .journal import Attempt
 from .lookup import LookupMixin
@@ -36,29 +37,36 @@ class SubmitMixin(LookupMixin):
             raise SubmitError(outcome.error or "submission refused")
         return outcome.backend_id
 
-    def _prepare(self, run: RunSpec) -> Path:
-        """The run's dirs, input links and run file, in its dir in the home (shared with the compute nodes)."""
+    def _prepare(self, run: RunSpec, account: Account | None = None) -> Path:
+        """The run's dirs, input links and run file, in its dir in the home (shared with the compute nodes); an
+        owner's run writes them as the owner (Slurm starts it as the owner), so they are made the owner's."""
         clear_outputs(run.outputdir)
         runfile = prepare_local(run, bindir=self.bindir)
         # Compute nodes booted at other times than this machine: without ORCH_BOOT the wrapper's clock is `date`.
         runfile.write_text(render_runfile(run, bindir=str(self.bindir)))
+        give(account, run.jobdir, run.outputdir, run.workdir, runfile,
+             *(p for p in run.outputdir.iterdir() if p.name in KEPT))
         return runfile
 
     async def submit_bulk(self, runs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         """One ``sbatch`` per group of equal resources (an array, chunked under MaxArraySize); raise if none went."""
         outcomes: dict[str, SubmitOutcome] = {}
         groups: dict[tuple[Any, ...], list[tuple[RunSpec, Path]]] = {}
+        accounts: dict[str | None, Account | None] = {}
         for i, run in enumerate(runs):
             try:
-                runfile = self._prepare(run)
-            except OSError as exc:
+                if run.owner not in accounts:
+                    accounts[run.owner] = account_of(run.owner)
+                runfile = self._prepare(run, accounts[run.owner])
+            except (OSError, AccountError) as exc:
                 outcomes[run.fqid] = SubmitOutcome(run.fqid, None, f"preparing the run: {exc}")
                 continue
-            groups.setdefault(resources_key(run.settings), []).append((run, runfile))
+            groups.setdefault((resources_key(run.settings), run.owner), []).append((run, runfile))
             if i % 256 == 255:
                 await anyio.sleep(0)  # thousands of run files: let the loop breathe
         for group in groups.values():
             conf = self._conf(group[0][0].settings)
+            account = accounts[group[0][0].owner]
             try:
                 size = await self._array_size(conf) if len(group) > 1 else 1
             except SlurmError as exc:
@@ -66,7 +74,7 @@ class SubmitMixin(LookupMixin):
                     outcomes[run.fqid] = SubmitOutcome(run.fqid, None, str(exc))
                 continue
             for start in range(0, len(group), size):
-                await self._sbatch(conf, group[start:start + size], outcomes)
+                await self._sbatch(conf, group[start:start + size], outcomes, account)
         result = [outcomes[r.fqid] for r in runs]
         if result and not any(o.ok for o in result):  # nothing went anywhere: a clean failure of the whole call
             raise SubmitError(next((o.error for o in result if o.error), "submission refused"))
@@ -93,7 +101,7 @@ class SubmitMixin(LookupMixin):
         return f"{str(links).replace('%', '%%')}/%a"
 
     async def _sbatch(self, conf: str | None, chunk: list[tuple[RunSpec, Path]],
-                      outcomes: dict[str, SubmitOutcome]) -> None:
+                      outcomes: dict[str, SubmitOutcome], account: Account | None = None) -> None:
         runs = [run for run, _ in chunk]
         keys = [r.key for r in runs]
         name = batch_key(keys)
@@ -102,7 +110,8 @@ class SubmitMixin(LookupMixin):
         self._names.add(name)
         argv = ["sbatch", "--parsable", "--no-requeue", f"--job-name={name}", f"--comment={name}",
                 f"--output={self._output(name, [rf.parent for _, rf in chunk])}",
-                f"--chdir={self.context.statedir}", *sbatch_options(runs[0].settings)]
+                f"--chdir={self.context.statedir if account is None else chunk[0][1].parent}",
+                *sbatch_options(runs[0].settings)]
         if len(runs) > 1:
             argv.append(f"--array=0-{len(runs) - 1}")
         script = batch_script(self.shell, self.wrapper, [rf.parent for _, rf in chunk], RUNFILE,
@@ -115,7 +124,7 @@ class SubmitMixin(LookupMixin):
             return
         try:
             try:
-                res = await self._cmd(conf, argv, stdin=script.encode())
+                res = await self._cmd(conf, argv, stdin=script.encode(), account=account)
             except SlurmTimeout as timeout:
                 # It may have gone in all the same: found by its name, or voided; never submitted twice.
                 try:

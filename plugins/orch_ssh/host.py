@@ -31,6 +31,7 @@ from typing import Any
 import anyio
 import asyncssh
 
+from orchestrator.plugin.accounts import Account, AccountError, read_as
 from orchestrator.plugin.wrapper import SCRIPTS, EventLines, script_text
 
 from . import scripts
@@ -125,12 +126,17 @@ class Host:
     """One remote account under one work dir, shared by every job that names it."""
 
     def __init__(self, spec: HostSpec, *, key: str | None, known_hosts: str | None, workdir: str, namespace: str,
-                 tuning: Tuning, log: Any, count: Callable[[str, str, dict[str, int] | None], None]) -> None:
+                 tuning: Tuning, log: Any, count: Callable[[str, str, dict[str, int] | None], None],
+                 account: Account | None = None) -> None:
         self.spec = spec
+        #: The owner this host's connection logs in for: its key and known_hosts are read with their rights
+        #: (``None``: this process's own user, who reads them itself).
+        self.account = account
         self.label = spec.label
         self.key = key
         self.known_hosts = known_hosts
-        self.base = f"{workdir.rstrip('/')}/{namespace}"
+        # An owner's runs have a directory of their own under the work dir (made by the owner, theirs alone).
+        self.base = f"{workdir.rstrip('/')}/{namespace}" + (f"-{account.name}" if account is not None else "")
         self.bindir = f"{self.base}/bin-{SCRIPTS_HASH}"
         self.events = f"{self.base}/events.log"
         self.slots = 1
@@ -230,6 +236,9 @@ class Host:
                 self._failed(msg)
                 self.log.error("ssh host key rejected", error=msg)
                 raise HostKeyRejected(msg) from None
+            except AccountError as exc:  # the owner's key or known_hosts: not theirs to read
+                self._failed(str(exc))
+                raise Unreachable(f"cannot connect to {self.label}: {exc}") from None
             except (OSError, asyncssh.Error, TimeoutError) as exc:
                 self._failed(f"{type(exc).__name__}: {exc}")
                 raise Unreachable(f"cannot connect to {self.label}: {type(exc).__name__}: {exc}") from None
@@ -259,7 +268,17 @@ class Host:
             "encryption_algs": ["aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com",
                                 "aes256-ctr", "aes192-ctr", "aes128-ctr"],
         }
-        if self.key is not None:
+        if self.account is not None:  # the owner's files, read with the owner's rights (never root's)
+            account = self.account
+            if self.known_hosts is not None:
+                text = await anyio.to_thread.run_sync(read_as, account, self.known_hosts)
+                options["known_hosts"] = asyncssh.import_known_hosts(text.decode(errors="replace"))
+            if self.key is not None:
+                data = await anyio.to_thread.run_sync(read_as, account, self.key)
+                options.update(client_keys=[asyncssh.import_private_key(data)], agent_path=None)
+            else:
+                options.update(client_keys=[], agent_path=None)  # root's default keys are not the owner's
+        elif self.key is not None:
             options.update(client_keys=[self.key], agent_path=None)
         return await asyncssh.connect(self.spec.host, self.spec.port, **options)
 

@@ -41,7 +41,7 @@ class LookupMixin(SshBase):
         plan: dict[Host, list[str]] = {}
         hosts_of: list[list[Host]] = []
         for run in runs:
-            hosts = [self._host(run.settings, label) for label in run.settings["hosts"]]
+            hosts = [self._host(run.settings, label, run.owner) for label in run.settings["hosts"]]
             hosts_of.append(hosts)
             for host in hosts:
                 keys = plan.setdefault(host, [])

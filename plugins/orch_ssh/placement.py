@@ -19,9 +19,10 @@ from typing import Any
 import anyio
 
 from orchestrator.plugin import Driver, DriverContext, RunHandle, RunSpec
+from orchestrator.plugin.accounts import AccountError, account_of
 
-from .host import ACTIVE, LAUNCHING, QUEUED, UNVERIFIED, Host, Run, Tuning
-from .settings import DEFAULT_SLOTS, HostSpec, known_hosts_of, parse_host
+from .host import ACTIVE, LAUNCHING, QUEUED, UNVERIFIED, Host, RemoteFailed, Run, Tuning
+from .settings import DEFAULT_KNOWN_HOSTS, DEFAULT_SLOTS, HostSpec, known_hosts_of, parse_host
 
 try:  # the State API's directory in a run's $ORCH_HOME (checkpointing)
     from orchestrator.plugin.wrapper import STATE_DIR as STATE_DIR  # (re-exported to the driver's parts)
@@ -62,7 +63,7 @@ class SshBase(Driver):
         self.fetch_concurrency = max(1, int(cfg.get("fetch_concurrency", 16)))
         self.log = context.log
         self.namespace = _namespace(context.statedir)
-        self.hosts: dict[tuple[str, str | None, str | None, str], Host] = {}
+        self.hosts: dict[tuple[str, str | None, str | None, str, str | None], Host] = {}
         self._by_raw: dict[tuple[Any, ...], Host] = {}
         #: Remote commands and SFTP transfers by kind (``monitor``, ``submit``, ``launch``, ``kill``,
         #: ``setup``, ``connect``; SFTP: ``sftp_install``, ``sftp_stage``, ``sftp_get``), in total and per host
@@ -90,28 +91,44 @@ class SshBase(Driver):
         if tally is not None:
             tally[label] = tally.get(label, 0) + 1
 
-    def _host(self, settings: Mapping[str, Any], label: str) -> Host:
-        """The pooled host for ``label`` under these settings (one connection per account and work dir)."""
-        raw = (label, settings.get("key"), settings.get("known_hosts", _DEFAULT), settings.get("workdir"))
+    def _host(self, settings: Mapping[str, Any], label: str, owner: str | None = None) -> Host:
+        """The pooled host for ``label`` under these settings: one connection per owner, account and work dir.
+
+        A run of an owner other than this process's user (``RunSpec.owner``) logs in as the owner, with the key
+        and known_hosts files of the settings read with the owner's rights (``~`` is the owner's home; by default
+        the owner's ``~/.ssh/known_hosts``); a host entry naming another user is refused (:class:`HostError`).
+        """
+        raw = (label, settings.get("key"), settings.get("known_hosts", _DEFAULT), settings.get("workdir"), owner)
         host = self._by_raw.get(raw)  # every handle asks, every tick: skip parsing when seen before
         if host is None:
             spec: HostSpec = parse_host(label)
             key = settings.get("key")
             known_hosts = known_hosts_of(settings)
+            try:
+                account = account_of(owner)
+            except AccountError as exc:
+                raise RemoteFailed(f"{spec.label}: {exc}") from None
+            if account is not None:
+                if spec.user != account.name:
+                    raise RemoteFailed(f"{spec.label}: a run of {account.name} logs in as {account.name}, "
+                                       f"not as {spec.user} (name the host without a user, or as {account.name}@)")
+                key = account.expand(key) if key is not None else None
+                known_hosts = (account.expand(DEFAULT_KNOWN_HOSTS) if "known_hosts" not in settings
+                               else None if known_hosts is None else account.expand(known_hosts))
             workdir = str(settings["workdir"])
-            ident = (spec.label, key, known_hosts, workdir)
+            ident = (spec.label, key, known_hosts, workdir, owner if account is not None else None)
             host = self.hosts.get(ident)
             if host is None:
                 host = self.hosts[ident] = Host(spec, key=key, known_hosts=known_hosts, workdir=workdir,
                                                 namespace=self.namespace, tuning=self.tuning, log=self.log,
-                                                count=self._count)
+                                                count=self._count, account=account)
             self._by_raw[raw] = host
         host.slots = int(settings.get("slots", DEFAULT_SLOTS))
         return host
 
     def _locate(self, handle: RunHandle) -> tuple[Host, str]:
         key, label = _split_id(handle.backend_id)
-        return self._host(handle.settings, label), key
+        return self._host(handle.settings, label, handle.owner), key
 
     def _spread(self, candidates: list[Host], runs: Sequence[RunSpec]) -> dict[Host, list[RunSpec]]:
         """Give each run to the host with the most free slots (never all to one while others have room).

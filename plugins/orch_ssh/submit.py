@@ -41,10 +41,15 @@ class SubmitMixin(SshBase):
         groups: dict[tuple[Any, ...], list[RunSpec]] = {}
         for run in runs:
             s = run.settings
-            ident = (tuple(s.get("hosts", ())), s.get("key"), known_hosts_of(s), s.get("workdir"))
+            ident = (tuple(s.get("hosts", ())), s.get("key"), known_hosts_of(s), s.get("workdir"), run.owner)
             groups.setdefault(ident, []).append(run)
         for group in groups.values():
-            candidates = [self._host(group[0].settings, label) for label in group[0].settings["hosts"]]
+            try:
+                candidates = [self._host(group[0].settings, label, group[0].owner)
+                              for label in group[0].settings["hosts"]]
+            except HostError as refused:  # the owner may not log in so (another user named, no account here)
+                self._reject(group, outcomes, str(refused))
+                continue
             pending: list[RunSpec] = list(group)
             errors: dict[str, str] = {}
             while pending and candidates:

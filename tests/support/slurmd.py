@@ -222,6 +222,7 @@ class SlurmCluster:
 def start_cluster(cpus: int = 2, extra_conf: tuple[str, ...] = ()) -> SlurmCluster:
     """A started private cluster; the caller ``cleanup()``s it."""
     root = Path(tempfile.mkdtemp(prefix="orch-slurm-", dir="/tmp"))
+    root.chmod(0o755)  # other users submit too (jobs run as their owners): they read slurm.conf
     cluster = SlurmCluster(root, cpus=cpus, extra_conf=extra_conf)
     try:
         cluster.start()

@@ -75,6 +75,12 @@ def login_user() -> str:
     return TEST_USER
 
 
+def allow_login(user: str) -> None:
+    """Let ``user`` log in with a key: sshd (without PAM) refuses a locked account ("!"), as ``useradd`` makes one."""
+    if _locked(user):
+        subprocess.run(["usermod", "--password", "*", user], check=True, capture_output=True)
+
+
 def _locked(user: str) -> bool:
     try:
         for line in Path("/etc/shadow").read_text().splitlines():
@@ -137,7 +143,8 @@ class Sshd:
         self.config = self.root / "sshd_config"
         self.config.write_text("\n".join([
             f"Port {self.port}", "ListenAddress 127.0.0.1", f"HostKey {self.host_key_path}",
-            f"AuthorizedKeysFile {self.authorized}", f"PidFile {self.pidfile}", "UsePAM no", "StrictModes no",
+            f"AuthorizedKeysFile {self.authorized} .ssh/authorized_keys",  # and users' own (owners)
+            f"PidFile {self.pidfile}", "UsePAM no", "StrictModes no",
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "PubkeyAuthentication yes",
             "PermitRootLogin prohibit-password", "Subsystem sftp internal-sftp", "MaxSessions 64",
             "MaxStartups 100:30:200", "LogLevel ERROR", "",
