@@ -30,6 +30,7 @@ from ..core.runlog import RunLog as RunLog  # what read_log answers, for drivers
 from ..core.runlog import parse_log
 from ..core.statuses import JobStatus
 from .contract import RunHandle, RunSpec, StatusUpdate
+from .users import Identity
 
 SCRIPTS = ("wrapper.sh", "orch-log", "orch-state", "orch-finish")
 RUNFILE = "run.env"
@@ -50,6 +51,7 @@ def boot_time() -> int:
 def install_scripts(bindir: Path) -> Path:
     """Copy the wrapper and its helpers into ``bindir``; return the wrapper's path."""
     bindir.mkdir(parents=True, exist_ok=True)
+    bindir.chmod(0o755)  # every run's user reads them (a multi-user service's owners too); nothing secret there
     package = resources.files("orchestrator") / "scripts"
     for name in SCRIPTS:
         target = bindir / name
@@ -163,17 +165,22 @@ def mark_top_dir(path: Path) -> bool:
         os.close(fd)
 
 
-def make_run_dirs(run: RunSpec) -> None:
+def make_run_dirs(run: RunSpec, owner: Identity | None = None) -> None:
     """Make what a run needs on this machine to start, and nothing more: its job dir, its output dir (emptied
     of an earlier attempt's files) and its work dir (three ``mkdir`` calls for a first attempt), and links to
     its input files. The wrapper makes the files (``orch.<attempt>.log``, ``stdout``, ``stderr``,
     ``orch.usage``) itself, in the run's own process. The directory that holds the job dirs is marked once as
-    the top of unrelated hierarchies (:func:`mark_top_dir`)."""
+    the top of unrelated hierarchies (:func:`mark_top_dir`).
+
+    ``owner``: the run's owner when it is not the orchestrator's own user: the directories (and the
+    subjobs' master's dir above them) become theirs, mode 0700, and the links to the inputs too."""
     parent = run.jobdir.parent
     if parent not in _top_dirs:
         parent.mkdir(parents=True, exist_ok=True)
         mark_top_dir(parent)
         _top_dirs.add(parent)
+    if owner is not None:
+        _own_master_dir(run, owner)
     with contextlib.suppress(FileExistsError):
         os.mkdir(run.jobdir)
     try:
@@ -182,16 +189,46 @@ def make_run_dirs(run: RunSpec) -> None:
         clear_outputs(run.outputdir)
     with contextlib.suppress(FileExistsError):  # an earlier attempt's, or the one its checkpoint state went into
         os.mkdir(run.workdir)
-    link_inputs(run)
+    if owner is not None:
+        for d in (run.jobdir, run.outputdir, run.workdir):
+            own_dir(d, owner)
+    link_inputs(run, owner)
 
 
-def link_inputs(run: RunSpec) -> None:
-    """Each input file as a link of the same name in the run's work dir (an earlier attempt's replaced)."""
+def own_dir(path: Path, owner: Identity, mode: int = 0o700) -> None:
+    """``path`` (a directory, never a link) made ``owner``'s, with ``mode``."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if (st.st_uid, st.st_gid) != (owner.uid, owner.gid):
+            os.fchown(fd, owner.uid, owner.gid)
+        if st.st_mode & 0o7777 != mode:
+            os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def _own_master_dir(run: RunSpec, owner: Identity) -> None:
+    """A subjob's master dir (``workspace/<id>``, holding its shared inputs) is the owner's, as its runs are."""
+    parent = run.jobdir.parent
+    if "." in run.fqid and (parent, owner.uid) not in _owned_dirs:
+        own_dir(parent, owner)
+        _owned_dirs.add((parent, owner.uid))
+
+
+_owned_dirs: set[tuple[Path, int]] = set()
+
+
+def link_inputs(run: RunSpec, owner: Identity | None = None) -> None:
+    """Each input file as a link of the same name in the run's work dir (an earlier attempt's replaced); the
+    links are ``owner``'s when given."""
     for src in run.inputs:
         link = run.workdir / src.name
         if link.is_symlink() or link.exists():
             link.unlink()
         link.symlink_to(src)
+        if owner is not None:
+            os.lchown(link, owner.uid, owner.gid)
 
 
 def prepare_local(run: RunSpec, *, bindir: Path, notify: Path | None = None) -> Path:
