@@ -116,7 +116,7 @@ def switch_argv(who: Identity) -> list[str]:
             f"--groups={groups}" if groups else "--clear-groups", "--"]
 
 
-def run_as(who: Identity, argv: Sequence[str], *, timeout: float = 60.0,
+def run_as(who: Identity, argv: Sequence[str], *, timeout: float | None = 60.0,
            input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     """Run ``argv`` (no shell) as ``who``, its output captured; stdin ``input`` or ``/dev/null``."""
     done: subprocess.CompletedProcess[bytes] = subprocess.run(

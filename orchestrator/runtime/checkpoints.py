@@ -31,6 +31,7 @@ from typing import Any
 from ..checkpoint import STATE_DIR, State, StateError, Steps, initial_text, relabel, write_state_dir
 from ..core.errors import ConfigError
 from ..plugin.contract import RunSpec
+from ..plugin.users import read_inside
 from .repository import Repository, StateRow
 
 _SETTINGS = {"states_kept": 1, "max_state_size": 1, "max_restarts_per_state": 0, "default_partitions": 1}
@@ -127,7 +128,7 @@ class Checkpoints:
         """The states a run saved since the last look, stored; the newest's record, or ``None``."""
         directory = workdir / STATE_DIR
         try:
-            current = int((directory / "current").read_text(encoding="ascii").strip())
+            current = int(read_inside(directory / "current", workdir).decode("ascii").strip())
         except (OSError, ValueError):
             return None
         known = int(self.record(fqid).get("seq", -1))
@@ -137,9 +138,11 @@ class Checkpoints:
         for seq in range(max(known + 1, current - self.keep + 1), current + 1):
             path = directory / f"{seq}.state"
             try:
-                if path.is_symlink():
-                    raise StateError(f"{path} is a symbolic link")
-                text = path.read_text(encoding="utf-8", errors="replace")
+                # never through a link out of the work dir (a link is refused): the run's owner made these files
+                try:
+                    text = read_inside(path, workdir).decode("utf-8", errors="replace")
+                except PermissionError as exc:
+                    raise StateError(f"{path}: {exc}") from None
                 state = State.from_text(text, fqid=fqid)
             except OSError:
                 continue  # pruned by the job meanwhile: newer ones follow

@@ -9,8 +9,8 @@ user. Otherwise it refuses to start, saying why and what to do.
 Every service runs with umask 077, and at start makes what already exists
 in its home its own alone: the repository, logs and backend ledgers 0600,
 their directories 0700, while the directories a run's owner must cross
-(the home, ``workspace``, ``backends/<name>``) stay traversable (0711) on a
-multi-user service. Each job's own directory is made its owner's when it
+(the home, ``workspace``, ``backends/<name>``) are made traversable (``workspace``
+and ``backends`` 0711, the home ``o+x``) on a multi-user service. Each job's own directory is made its owner's when it
 next runs.
 """
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -58,9 +59,12 @@ TRAVERSED = ("workspace", "backends")
 def lock_down(home: Path, multi: bool) -> None:
     """umask 077 from now on; what exists in ``home`` made the service's alone (see the module docstring)."""
     os.umask(0o077)
+    if multi:  # made now, traversable, before anything made with umask 077 would close them to the owners
+        for name in TRAVERSED:
+            (home / name).mkdir(exist_ok=True)
     with contextlib.suppress(OSError):
-        if multi:  # its owners cross it to their jobs' dirs and the wrapper's scripts; nobody lists it
-            os.chmod(home, 0o711)
+        if multi:  # its owners cross it to their jobs' dirs and the wrapper's scripts (nothing in it is open)
+            os.chmod(home, stat.S_IMODE(home.stat().st_mode) | 0o011)
     for entry in _entries(home):
         path = home / entry.name
         with contextlib.suppress(OSError):

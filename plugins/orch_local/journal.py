@@ -89,6 +89,9 @@ class Journal:
         if found is not None:
             return found[0]
         path = self.events.with_name(f"events.{owner}.log")
+        statedir = os.stat(path.parent)
+        if not statedir.st_mode & 0o001:  # the owner crosses this dir to append to their file (nothing is listed)
+            os.chmod(path.parent, (statedir.st_mode & 0o7777) | 0o011)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             os.fchown(fd, uid, gid)
