@@ -136,6 +136,28 @@ def test_a_local_job_runs_as_its_owner_and_cannot_act_as_the_service(team: Servi
     wait_status(home, victim, "killed")
 
 
+def test_what_the_service_reads_of_a_run_never_follows_its_links(team: Service, open_dir: Path) -> None:
+    """A run that makes its stderr and its log links to the service's token: the service, which reads them (the
+    reason of a failure quotes stderr's last lines), never reads the token for it; peek refuses the links."""
+    home = team.home
+    token = home / "service" / "token"
+    linker = script(open_dir, "linker.sh", f"""\
+        out=$(dirname "$PWD")/output
+        rm -f "$out/stderr" && ln -s {shlex.quote(str(token))} "$out/stderr"
+        ln -s {shlex.quote(str(token))} "$out/leak"
+        exit 3
+        """)
+    fqid = ok("bin", home, "submit", str(jobfile(open_dir, "linker", str(linker), []))).strip()
+    assert cli(home, "wait", fqid).returncode == 1
+    shown = cli_ok(home, "show", fqid)
+    assert "exit code 3" in shown or "exit 3" in shown, shown
+    assert team.token not in shown and team.token not in team.output()
+    for name in ("stderr", "leak"):
+        refused = as_user("bin", home, "peek", fqid, name)
+        assert refused.returncode == 2 and team.token not in refused.stdout, (name, refused.stdout)
+        assert "out of the job's directory" in refused.stderr, refused.stderr
+
+
 def test_an_input_file_the_owner_cannot_read_is_refused(team: Service, open_dir: Path) -> None:
     home = team.home
     secret = open_dir / "secret.txt"
@@ -234,6 +256,14 @@ def test_a_custom_merger_runs_as_the_owner_in_a_process_of_its_own(services: lis
     fqid = ok("bin", home, "submit", str(job)).strip()
     assert cli(home, "wait", fqid).returncode == 1
     assert "ValueError: no" in cli_ok(home, "show", fqid)
+
+    # The built-in TextMerger reads the runs' files as the owner too: the merged file is bin's.
+    job = jobfile(open_dir, "texts", "/bin/echo", [],
+                  '[splitter]\ntype = "args"\nargs = [["a"], ["b"]]\n[merger]\ntype = "text"\nfiles = ["stdout"]\n')
+    fqid = ok("bin", home, "submit", str(job)).strip()
+    assert cli(home, "wait", fqid).returncode == 0, cli_ok(home, "show", fqid)
+    merged = home / "workspace" / fqid / "output" / "stdout"
+    assert merged.read_text() == "a\nb\n" and merged.stat().st_uid == pwd.getpwnam("bin").pw_uid
 
 
 def test_a_multi_user_service_refuses_to_start_without_root(open_dir: Path) -> None:
