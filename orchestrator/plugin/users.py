@@ -130,6 +130,15 @@ def _plain_env() -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "LANG": "C.UTF-8"}
 
 
+def give_tree(path: Path, who: Identity) -> None:
+    """Make ``path`` and what is under it (made by the orchestrator for a run of ``who``) theirs; links are not
+    followed."""
+    os.lchown(path, who.uid, who.gid)
+    for root, dirs, files in os.walk(path, followlinks=False):
+        for name in (*dirs, *files):
+            os.lchown(os.path.join(root, name), who.uid, who.gid)
+
+
 def readable_by(who: Identity, path: Path) -> str | None:
     """Why ``who`` cannot read ``path`` (checked by opening it as them), or ``None`` when they can."""
     done = run_as(who, ["/usr/bin/env", "head", "-c", "0", "--", str(path)])
@@ -220,5 +229,5 @@ def site_dirs() -> list[str]:
     return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
 
 
-__all__ = ["Identity", "OwnerError", "can_switch", "configure_python", "copy_as", "identity", "lookup",
+__all__ = ["Identity", "OwnerError", "can_switch", "configure_python", "copy_as", "give_tree", "identity", "lookup",
            "python_for", "read_inside", "read_tail_as", "readable_by", "run_as", "setpriv", "site_dirs", "switch_argv"]

@@ -31,7 +31,7 @@ from typing import Any
 from ..checkpoint import STATE_DIR, State, StateError, Steps, initial_text, relabel, write_state_dir
 from ..core.errors import ConfigError
 from ..plugin.contract import RunSpec
-from ..plugin.users import read_inside
+from ..plugin.users import OwnerError, give_tree, identity, read_inside
 from .repository import Repository, StateRow
 
 _SETTINGS = {"states_kept": 1, "max_state_size": 1, "max_restarts_per_state": 0, "default_partitions": 1}
@@ -101,8 +101,11 @@ class Checkpoints:
                 else:
                     text, final, new = row.data, row.final, False
             try:
+                who = identity(run.owner)
                 write_state_dir(run.workdir / STATE_DIR, text, seq, await self._exports(run))
-            except OSError as exc:
+                if who is not None:  # the run's owner saves its states there: theirs, as the work dir is
+                    give_tree(run.workdir / STATE_DIR, who)
+            except (OSError, OwnerError) as exc:
                 unready[run.fqid] = f"could not write its starting state: {exc}"
                 continue
             if new:

@@ -31,7 +31,7 @@ from ..core.ids import fqid_str
 from ..core.instructions import CreateLinked, Prepare, Unprepare
 from ..core.splitters import Master, apply_delta, check_path
 from ..core.statuses import JobStatus
-from ..plugin.users import OwnerError, copy_as, identity, readable_by
+from ..plugin.users import Identity, OwnerError, copy_as, identity, readable_by
 from ..plugin.wrapper import own_dir
 from . import gcpause, registry
 from .definitions import Definitions
@@ -63,7 +63,11 @@ class Preparer:
         now = time.time()
         try:
             spec = self.definitions.spec(job)
-            self._configure_shared(job, spec)
+            if spec.get("owner") is not None and identity_of(spec, job) is not None:
+                # checked and copied as the owner, by short processes: off the event loop
+                await anyio.to_thread.run_sync(self._configure_shared, job, spec)
+            else:
+                self._configure_shared(job, spec)
             if spec.get("splitter") is None:
                 await self.post(Prepared(stimulus_id=ins.stimulus_id, time=now, job=job, n_subjobs=0))
                 return
@@ -122,10 +126,7 @@ class Preparer:
         A job of another user than the orchestrator's (a multi-user service): its directory and input dir are
         the owner's (mode 0700), and each input file is read and copied as the owner, so that a file the
         owner may not read is refused, naming ``inputfiles``, and the copies are theirs."""
-        try:
-            owner = identity(spec.get("owner"))
-        except OwnerError as exc:
-            raise JobError(str(exc), fqid=str(job), field="owner") from None
+        owner = identity_of(spec, job)
         target = self.workspace.inputdir((job,))
         names: set[str] = set()
         target.mkdir(parents=True, exist_ok=True)
@@ -187,6 +188,14 @@ class Preparer:
             job = await self.add_job(name, spec, (ins.master, ins.role))
         await self.post(LinkedAdded(stimulus_id=ins.stimulus_id, time=time.time(), job=job, master=ins.master,
                                     role=ins.role, profile=self.definitions.profile(job)))
+
+
+def identity_of(spec: Mapping[str, Any], job: int) -> Identity | None:
+    """The ids of the job's owner when they are not the orchestrator's own (:func:`identity`)."""
+    try:
+        return identity(spec.get("owner"))
+    except OwnerError as exc:
+        raise JobError(str(exc), fqid=str(job), field="owner") from None
 
 
 def subjob_names(deltas: Sequence[Mapping[str, Any]]) -> bool:

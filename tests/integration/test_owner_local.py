@@ -13,6 +13,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sysconfig
 import textwrap
 import time
 from collections.abc import Iterator
@@ -158,6 +159,36 @@ def test_what_the_service_reads_of_a_run_never_follows_its_links(team: Service, 
         assert "out of the job's directory" in refused.stderr, refused.stderr
 
 
+def test_a_checkpointed_job_of_another_owner_saves_its_states(team: Service, open_dir: Path) -> None:
+    """The starting state the service writes into a run's work dir is the owner's: the run saves into it."""
+    home = team.home
+    program = open_dir / "checkpointed.py"
+    program.write_text(textwrap.dedent(f"""\
+        import anyio
+        from orchestrator import Executable, Job, Orchestrator
+
+        async def main():
+            async with Orchestrator(home={str(home)!r}) as orch:
+                job = await orch.jobs.add(Job(name="cp", backend="local", steps="1..2", application=Executable(
+                    "/bin/sh", args=["-c", "$ORCH_STATE next-step && $ORCH_STATE save-value answer 42 && "
+                                           "$ORCH_STATE save"])))
+                await job.submit()
+                await job.wait(timeout=60)
+                print(job.fqid, job.status.value)
+
+        anyio.run(main)
+        """))
+    program.chmod(0o644)
+    boot = f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r}); exec(open({str(program)!r}).read())"
+    done = subprocess.run(["runuser", "-u", "bin", "--", _python_for("bin")[0], "-S", "-c", boot],
+                          capture_output=True, text=True, timeout=120, cwd=open_dir)
+    assert done.returncode == 0, done.stderr
+    fqid, status = done.stdout.split()
+    assert status == "completed", ok("bin", home, "show", fqid)
+    saved = ok("bin", home, "checkpoint", "get", fqid)
+    assert "answer" in saved and "42" in saved, saved
+
+
 def test_an_input_file_the_owner_cannot_read_is_refused(team: Service, open_dir: Path) -> None:
     home = team.home
     secret = open_dir / "secret.txt"
@@ -200,7 +231,8 @@ def test_nothing_of_a_job_or_of_the_service_is_readable_by_another_user(team: Se
         read = subprocess.run(["runuser", "-u", "bin", "--", "cat", str(path)], capture_output=True, timeout=30)
         assert read.returncode != 0 and b"private" not in read.stdout, path
     for d, _, _ in os.walk(jobdir):
-        assert stat.S_IMODE(os.stat(d).st_mode) == 0o700, d
+        assert stat.S_IMODE(os.stat(d).st_mode) == 0o700 and os.stat(d).st_uid == nobody, d
+    assert stat.S_IMODE((home / "workspace").stat().st_mode) == 0o711  # crossed by every owner, listed by none
     # The service's own files: its alone, whatever umask it was started with.
     for path in [home / "repository.sqlite", *(home / "backends" / "local").iterdir()]:
         if path.is_file():
