@@ -18,6 +18,9 @@ goes the single-user way, as fast as ever (:func:`identity` answers ``None``).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import errno
 import functools
 import os
@@ -27,7 +30,7 @@ import stat
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,13 +133,40 @@ def _plain_env() -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "LANG": "C.UTF-8"}
 
 
-def give_tree(path: Path, who: Identity) -> None:
-    """Make ``path`` and what is under it (made by the orchestrator for a run of ``who``) theirs; links are not
-    followed."""
-    os.lchown(path, who.uid, who.gid)
-    for root, dirs, files in os.walk(path, followlinks=False):
-        for name in (*dirs, *files):
-            os.lchown(os.path.join(root, name), who.uid, who.gid)
+class _FsIds:
+    """``setfsuid(2)`` and ``setfsgid(2)``: the ids a thread's file system accesses are checked with (Linux)."""
+
+    def __init__(self) -> None:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        self.setfsuid, self.setfsgid = libc.setfsuid, libc.setfsgid
+        for f in (self.setfsuid, self.setfsgid):
+            f.argtypes, f.restype = [ctypes.c_uint], ctypes.c_int
+
+
+@functools.lru_cache(maxsize=1)
+def _fs_ids() -> _FsIds:
+    try:
+        return _FsIds()
+    except (OSError, AttributeError) as exc:
+        raise OwnerError(f"cannot act as another user here: {exc}") from None
+
+
+@contextlib.contextmanager
+def fs_as(who: Identity) -> Iterator[None]:
+    """In this thread only, touch files as ``who``: every access checked with their uid and gid (the
+    orchestrator's file capabilities dropped meanwhile), every file made theirs. For files the orchestrator
+    makes in a directory of the owner's (a link there leads nowhere the owner could not go). The other threads
+    go on as before; the ids are restored on the way out."""
+    ids = _fs_ids()
+    old_gid = ids.setfsgid(who.gid)
+    old_uid = ids.setfsuid(who.uid)
+    try:
+        if ids.setfsuid(0xFFFFFFFF) != who.uid or ids.setfsgid(0xFFFFFFFF) != who.gid:  # -1: asks, changes nothing
+            raise OwnerError(f"cannot act as owner {who.name}: the file system ids were not taken")
+        yield
+    finally:
+        ids.setfsuid(old_uid)
+        ids.setfsgid(old_gid)
 
 
 def readable_by(who: Identity, path: Path) -> str | None:
@@ -229,5 +259,5 @@ def site_dirs() -> list[str]:
     return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
 
 
-__all__ = ["Identity", "OwnerError", "can_switch", "configure_python", "copy_as", "give_tree", "identity", "lookup",
+__all__ = ["Identity", "OwnerError", "can_switch", "configure_python", "copy_as", "fs_as", "identity", "lookup",
            "python_for", "read_inside", "read_tail_as", "readable_by", "run_as", "setpriv", "site_dirs", "switch_argv"]

@@ -30,7 +30,7 @@ from ..core.runlog import RunLog as RunLog  # what read_log answers, for drivers
 from ..core.runlog import parse_log
 from ..core.statuses import JobStatus
 from .contract import RunHandle, RunSpec, StatusUpdate
-from .users import Identity
+from .users import Identity, fs_as
 
 SCRIPTS = ("wrapper.sh", "orch-log", "orch-state", "orch-finish")
 RUNFILE = "run.env"
@@ -172,15 +172,28 @@ def make_run_dirs(run: RunSpec, owner: Identity | None = None) -> None:
     ``orch.usage``) itself, in the run's own process. The directory that holds the job dirs is marked once as
     the top of unrelated hierarchies (:func:`mark_top_dir`).
 
-    ``owner``: the run's owner when it is not the orchestrator's own user: the directories (and the
-    subjobs' master's dir above them) become theirs, mode 0700, and the links to the inputs too."""
+    ``owner``: the run's owner when it is not the orchestrator's own user. The subjobs' master's dir (and a
+    top-level job's own dir) is made theirs first (mode 0700); then everything inside is done with the
+    owner's file system ids (:func:`~.users.fs_as`), so the directories and links are theirs and a link the
+    owner left in place of one (``output`` pointing elsewhere) leads nowhere the owner could not go."""
     parent = run.jobdir.parent
     if parent not in _top_dirs:
         parent.mkdir(parents=True, exist_ok=True)
         mark_top_dir(parent)
         _top_dirs.add(parent)
-    if owner is not None:
-        _own_master_dir(run, owner)
+    if owner is None:
+        _make_dirs(run)
+        link_inputs(run)
+        return
+    _own_master_dir(run, owner)
+    with fs_as(owner):
+        _make_dirs(run)
+        for d in (run.jobdir, run.outputdir, run.workdir):
+            own_dir(d, owner)
+        link_inputs(run)
+
+
+def _make_dirs(run: RunSpec) -> None:
     with contextlib.suppress(FileExistsError):
         os.mkdir(run.jobdir)
     try:
@@ -189,10 +202,6 @@ def make_run_dirs(run: RunSpec, owner: Identity | None = None) -> None:
         clear_outputs(run.outputdir)
     with contextlib.suppress(FileExistsError):  # an earlier attempt's, or the one its checkpoint state went into
         os.mkdir(run.workdir)
-    if owner is not None:
-        for d in (run.jobdir, run.outputdir, run.workdir):
-            own_dir(d, owner)
-    link_inputs(run, owner)
 
 
 def own_dir(path: Path, owner: Identity, mode: int = 0o700) -> None:
@@ -209,26 +218,27 @@ def own_dir(path: Path, owner: Identity, mode: int = 0o700) -> None:
 
 
 def _own_master_dir(run: RunSpec, owner: Identity) -> None:
-    """A subjob's master dir (``workspace/<id>``, holding its shared inputs) is the owner's, as its runs are."""
-    parent = run.jobdir.parent
-    if "." in run.fqid and (parent, owner.uid) not in _owned_dirs:
-        own_dir(parent, owner)
-        _owned_dirs.add((parent, owner.uid))
+    """The dir the run's own dirs are made in, as the owner: a subjob's master dir (``workspace/<id>``, holding
+    its shared inputs), or a top-level job's own dir (made here if the job never had one). The owner's."""
+    top = run.jobdir.parent if "." in run.fqid else run.jobdir
+    if (top, owner.uid) in _owned_dirs:
+        return
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(top, 0o700)
+    own_dir(top, owner)
+    _owned_dirs.add((top, owner.uid))
 
 
 _owned_dirs: set[tuple[Path, int]] = set()
 
 
-def link_inputs(run: RunSpec, owner: Identity | None = None) -> None:
-    """Each input file as a link of the same name in the run's work dir (an earlier attempt's replaced); the
-    links are ``owner``'s when given."""
+def link_inputs(run: RunSpec) -> None:
+    """Each input file as a link of the same name in the run's work dir (an earlier attempt's replaced)."""
     for src in run.inputs:
         link = run.workdir / src.name
         if link.is_symlink() or link.exists():
             link.unlink()
         link.symlink_to(src)
-        if owner is not None:
-            os.lchown(link, owner.uid, owner.gid)
 
 
 def prepare_local(run: RunSpec, *, bindir: Path, notify: Path | None = None) -> Path:

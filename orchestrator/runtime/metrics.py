@@ -143,7 +143,8 @@ class Metrics:
             for fq in runs:
                 try:
                     out = self.outputdir(fq)
-                    attempts = parse_usage(read_inside(out / USAGE_FILE, out).decode(errors="replace"))
+                    top = out.parent.parent if len(fq) > 1 else out.parent  # the top-level job's dir
+                    attempts = parse_usage(read_inside(out / USAGE_FILE, top).decode(errors="replace"))
                 except OSError:
                     continue
                 key = (fq[0], fq[1] if len(fq) > 1 else None)

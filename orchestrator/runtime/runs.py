@@ -25,21 +25,23 @@ def read_ending(handle: RunHandle) -> Ending:
     """
     out = handle.outputdir
     path = log_path(out, handle.attempt)
+    # inside the top-level job's dir, which only the orchestrator may replace (all below may be the owner's)
+    top = handle.jobdir.parent if "." in handle.fqid else handle.jobdir
     try:
-        log = parse_log(read_inside(path, out).decode(errors="replace"))
+        log = parse_log(read_inside(path, top).decode(errors="replace"))
     except OSError:
         log = None
     else:
         if path.name != "orch.log":
             with contextlib.suppress(OSError):  # a read-only output dir: the attempt's name stays
                 path.replace(out / "orch.log")
-    return Ending(log=log, stderr_tail=stderr_tail(out / "stderr"))
+    return Ending(log=log, stderr_tail=stderr_tail(out / "stderr", top))
 
 
-def stderr_tail(path: Path, lines: int = STDERR_LINES) -> str | None:
+def stderr_tail(path: Path, within: Path | None = None, lines: int = STDERR_LINES) -> str | None:
     """The last non-empty lines of a file, joined with " | ", or ``None``."""
     try:
-        data = read_inside(path, path.parent, 4096).decode(errors="replace")
+        data = read_inside(path, within or path.parent, 4096).decode(errors="replace")
     except OSError:
         return None
     kept = [line.strip()[:STDERR_WIDTH] for line in data.splitlines() if line.strip()][-lines:]

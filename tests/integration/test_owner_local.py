@@ -159,6 +159,28 @@ def test_what_the_service_reads_of_a_run_never_follows_its_links(team: Service, 
         assert "out of the job's directory" in refused.stderr, refused.stderr
 
 
+def test_a_run_that_swaps_its_output_dir_for_a_link_harms_nothing_outside(team: Service, open_dir: Path) -> None:
+    """The next attempt empties the run's output dir: as its owner, so a link to a directory of root's that the
+    run left in its place leads to nothing the service deletes or reads."""
+    home = team.home
+    precious = open_dir / "precious"
+    precious.mkdir()
+    precious.chmod(0o755)
+    (precious / "keep.txt").write_text("root's\n")
+    (precious / "stderr").write_text("root's stderr, not for bin\n")
+    swapper = script(open_dir, "swapper.sh", f"""\
+        out=$(dirname "$PWD")/output
+        mv "$out" "$out.old" && ln -s {shlex.quote(str(precious))} "$out"
+        exit 1
+        """)
+    fqid = ok("bin", home, "submit", str(jobfile(open_dir, "swapper", str(swapper), []))).strip()
+    assert cli(home, "wait", fqid).returncode == 1
+    ok("bin", home, "resubmit", fqid)
+    assert cli(home, "wait", fqid).returncode == 1
+    assert sorted(p.name for p in precious.iterdir()) == ["keep.txt", "stderr"]
+    assert "not for bin" not in cli_ok(home, "show", fqid)
+
+
 def test_a_checkpointed_job_of_another_owner_saves_its_states(team: Service, open_dir: Path) -> None:
     """The starting state the service writes into a run's work dir is the owner's: the run saves into it."""
     home = team.home
