@@ -68,6 +68,7 @@ class Journal:
         self._lines = EventLines()
         #: The owners' own events files (``events.<owner>.log``), each read on from where it was left.
         self._owner_lines: dict[str, tuple[Path, EventLines]] = {}
+        self._owner_outs: dict[str, int] = {}
         for path in sorted(statedir.glob("events.*.log")):
             self._owner_lines[path.name[len("events."):-len(".log")]] = (path, EventLines())
         #: Every run the events file names, by key.
@@ -100,6 +101,18 @@ class Journal:
             os.close(fd)
         self._owner_lines[owner] = (path, EventLines())
         return path
+
+    def owner_out(self, owner: str, uid: int, gid: int) -> int:
+        """An open ``wrapper.<owner>.out`` (the owner's, 0600): where ``owner``'s wrappers leave their last words
+        (never in the file every other run's wrapper writes to)."""
+        fd = self._owner_outs.get(owner)
+        if fd is None:
+            path = self.events.with_name(f"wrapper.{owner}.out")
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            os.fchown(fd, uid, gid)
+            os.fchmod(fd, 0o600)
+            self._owner_outs[owner] = fd
+        return fd
 
     def read(self) -> list[tuple[str, str, Record]]:
         """The new lines of the events file (then of the owners' files), applied to :attr:`records`:
@@ -166,7 +179,7 @@ class Journal:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            for fd in (self._events_fd, self._submitted_fd):
+            for fd in (self._events_fd, self._submitted_fd, *self._owner_outs.values()):
                 os.close(fd)
 
 

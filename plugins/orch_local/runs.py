@@ -53,6 +53,8 @@ class Start:
     problem: str | None = None
     #: The owner to run as (``None``: the orchestrator's own user).
     owner: Identity | None = None
+    #: Where the wrapper's own stdout and stderr go (``None``: the driver's ``wrapper.out``).
+    out: int | None = None
 
 
 def start_all(starts: Sequence[Start], out: int) -> None:
@@ -68,7 +70,7 @@ def start_all(starts: Sequence[Start], out: int) -> None:
             start.problem = f"could not make the run's directories: {exc}"
             continue
         try:
-            start.pid = spawn_detached(start.argv, start.env, out=out)
+            start.pid = spawn_detached(start.argv, start.env, out=out if start.out is None else start.out)
         except SpawnError as exc:
             start.problem = str(exc)
 
@@ -93,11 +95,12 @@ def starts_of(batch: Sequence[Run], wrapper: Path, *, journal: Journal, boot: in
             try:
                 argv = [*switch_argv(who), *wrapper_argv(run.shell, wrapper, run.spec)]
                 own = str(journal.owner_events(who.name, who.uid, who.gid))
+                last_words = journal.owner_out(who.name, who.uid, who.gid)
             except (OwnerError, OSError) as exc:
                 out.append(Start(run, [], {}, run.spec, problem=f"cannot run as owner {who.name}: {exc}"))
                 continue
             env = wrapper_env(run.spec, who.env(base), bindir=bindir, notify=own, boot=boot)
-            out.append(Start(run, argv, env, run.spec, owner=who))
+            out.append(Start(run, argv, env, run.spec, owner=who, out=last_words))
         else:
             out.append(Start(run, [run.shell, str(wrapper), str(run.runfile)], dict(os.environ), None))
     return out

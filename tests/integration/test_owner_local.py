@@ -261,6 +261,7 @@ def test_nothing_of_a_job_or_of_the_service_is_readable_by_another_user(team: Se
             assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
     own = home / "backends" / "local" / "events.nobody.log"
     assert own.stat().st_uid == nobody  # the wrappers' ending records: nobody's own file, 0600
+    assert (home / "backends" / "local" / "wrapper.nobody.out").stat().st_uid == nobody  # its wrappers' last words
     assert (home / "backends" / "local" / "submitted.log").stat().st_uid == 0
     # All bin may read in the home, of what it may find: the wrapper's scripts.
     walked = subprocess.run(["runuser", "-u", "bin", "--", "find", str(home), "-type", "f", "-readable"],
