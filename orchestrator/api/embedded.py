@@ -11,10 +11,13 @@ makes a view per caller with :meth:`Embedded.as_caller`.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
+
+import anyio
 
 from ..core.errors import JobError, Lagging
 from ..core.events import (
@@ -30,6 +33,7 @@ from ..core.instructions import Reply
 from ..core.model import Backend
 from ..core.splitters import apply_delta
 from ..core.statuses import JobStatus
+from ..plugin.users import OwnerError, identity
 from ..runtime.runtime import Runtime
 from .definition import subjob_part
 from .owners import OWNER_KEY, Caller, OwnerBook, current_user, home_owner, refusal, visible_to
@@ -203,8 +207,13 @@ class Embedded:
             raise JobError("no such job", fqid=fqid_str(fq))
         status = self.status(fq)
         jobdir = self.workspace.joinpath(*map(str, fq))
-        return read_file(jobdir, name, tail, running=status in (JobStatus.RUNNING, JobStatus.COMPLETING),
-                         fqid=".".join(map(str, fq)))
+        try:
+            owner = identity(self.owners.owner(fq[0]))
+        except OwnerError as exc:
+            raise JobError(str(exc), fqid=fqid_str(fq)) from None
+        read = functools.partial(read_file, jobdir, name, tail, running=status in (JobStatus.RUNNING,
+                                 JobStatus.COMPLETING), fqid=".".join(map(str, fq)), owner=owner)
+        return read() if owner is None else await anyio.to_thread.run_sync(read)
 
     async def states(self, fq: FQID) -> list[dict[str, Any]]:
         self._check([fq])

@@ -5,14 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..core.errors import JobError
+from ..plugin.users import Identity, read_tail_as
 
 #: The most a peek reads of a file's end when ``tail`` is not given.
 MAX_BYTES = 4 * 1024 * 1024
 
 
-def read_file(jobdir: Path, name: str, tail: int | None, *, running: bool, fqid: str) -> str:
+def read_file(jobdir: Path, name: str, tail: int | None, *, running: bool, fqid: str,
+              owner: Identity | None = None) -> str:
     """``name`` in the output dir once the run ended, in its work dir while it runs (stdout and stderr are
-    always written to the output dir). ``tail``: the last n lines."""
+    always written to the output dir). ``tail``: the last n lines. Never through a link out of the job's
+    directory; ``owner`` (another user than the orchestrator's): read as that user, with their rights."""
     if not name or Path(name).is_absolute() or ".." in Path(name).parts:
         raise JobError(f"{name!r} is not a file of the job's directory", fqid=fqid, field="name")
     if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
@@ -25,13 +28,18 @@ def read_file(jobdir: Path, name: str, tail: int | None, *, running: bool, fqid:
             resolved = path.resolve()
             if not resolved.is_relative_to(jobdir.resolve()):
                 raise JobError(f"{name!r} leads out of the job's directory", fqid=fqid, field="name")
-            with resolved.open("rb") as f:
-                f.seek(0, 2)
-                size = f.tell()
-                f.seek(max(0, size - MAX_BYTES))
-                text = f.read().decode(errors="replace")
+            if owner is not None:
+                text = read_tail_as(owner, resolved, MAX_BYTES).decode(errors="replace")
+            else:
+                with resolved.open("rb") as f:
+                    f.seek(0, 2)
+                    size = f.tell()
+                    f.seek(max(0, size - MAX_BYTES))
+                    text = f.read().decode(errors="replace")
         except FileNotFoundError:
             continue
+        except PermissionError as exc:
+            raise JobError(f"cannot read {name!r}: {exc}", fqid=fqid, field="name") from None
         if tail is not None:
             lines = text.splitlines(keepends=True)
             return "".join(lines[-tail:]) if tail else ""

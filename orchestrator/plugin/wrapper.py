@@ -30,6 +30,7 @@ from ..core.runlog import RunLog as RunLog  # what read_log answers, for drivers
 from ..core.runlog import parse_log
 from ..core.statuses import JobStatus
 from .contract import RunHandle, RunSpec, StatusUpdate
+from .users import Identity, fs_as
 
 SCRIPTS = ("wrapper.sh", "orch-log", "orch-state", "orch-finish")
 RUNFILE = "run.env"
@@ -50,6 +51,7 @@ def boot_time() -> int:
 def install_scripts(bindir: Path) -> Path:
     """Copy the wrapper and its helpers into ``bindir``; return the wrapper's path."""
     bindir.mkdir(parents=True, exist_ok=True)
+    bindir.chmod(0o755)  # every run's user reads them (a multi-user service's owners too); nothing secret there
     package = resources.files("orchestrator") / "scripts"
     for name in SCRIPTS:
         target = bindir / name
@@ -163,17 +165,35 @@ def mark_top_dir(path: Path) -> bool:
         os.close(fd)
 
 
-def make_run_dirs(run: RunSpec) -> None:
+def make_run_dirs(run: RunSpec, owner: Identity | None = None) -> None:
     """Make what a run needs on this machine to start, and nothing more: its job dir, its output dir (emptied
     of an earlier attempt's files) and its work dir (three ``mkdir`` calls for a first attempt), and links to
     its input files. The wrapper makes the files (``orch.<attempt>.log``, ``stdout``, ``stderr``,
     ``orch.usage``) itself, in the run's own process. The directory that holds the job dirs is marked once as
-    the top of unrelated hierarchies (:func:`mark_top_dir`)."""
+    the top of unrelated hierarchies (:func:`mark_top_dir`).
+
+    ``owner``: the run's owner when it is not the orchestrator's own user. The subjobs' master's dir (and a
+    top-level job's own dir) is made theirs first (mode 0700); then everything inside is done with the
+    owner's file system ids (:func:`~.users.fs_as`), so the directories and links are theirs and a link the
+    owner left in place of one (``output`` pointing elsewhere) leads nowhere the owner could not go."""
     parent = run.jobdir.parent
     if parent not in _top_dirs:
         parent.mkdir(parents=True, exist_ok=True)
         mark_top_dir(parent)
         _top_dirs.add(parent)
+    if owner is None:
+        _make_dirs(run)
+        link_inputs(run)
+        return
+    _own_master_dir(run, owner)
+    with fs_as(owner):
+        _make_dirs(run)
+        for d in (run.jobdir, run.outputdir, run.workdir):
+            own_dir(d, owner)
+        link_inputs(run)
+
+
+def _make_dirs(run: RunSpec) -> None:
     with contextlib.suppress(FileExistsError):
         os.mkdir(run.jobdir)
     try:
@@ -182,7 +202,34 @@ def make_run_dirs(run: RunSpec) -> None:
         clear_outputs(run.outputdir)
     with contextlib.suppress(FileExistsError):  # an earlier attempt's, or the one its checkpoint state went into
         os.mkdir(run.workdir)
-    link_inputs(run)
+
+
+def own_dir(path: Path, owner: Identity, mode: int = 0o700) -> None:
+    """``path`` (a directory, never a link) made ``owner``'s, with ``mode``."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if (st.st_uid, st.st_gid) != (owner.uid, owner.gid):
+            os.fchown(fd, owner.uid, owner.gid)
+        if st.st_mode & 0o7777 != mode:
+            os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def _own_master_dir(run: RunSpec, owner: Identity) -> None:
+    """The dir the run's own dirs are made in, as the owner: a subjob's master dir (``workspace/<id>``, holding
+    its shared inputs), or a top-level job's own dir (made here if the job never had one). The owner's."""
+    top = run.jobdir.parent if "." in run.fqid else run.jobdir
+    if (top, owner.uid) in _owned_dirs:
+        return
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(top, 0o700)
+    own_dir(top, owner)
+    _owned_dirs.add((top, owner.uid))
+
+
+_owned_dirs: set[tuple[Path, int]] = set()
 
 
 def link_inputs(run: RunSpec) -> None:

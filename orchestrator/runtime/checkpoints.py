@@ -28,9 +28,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from ..checkpoint import STATE_DIR, State, StateError, Steps, initial_text, relabel, write_state_dir
 from ..core.errors import ConfigError
 from ..plugin.contract import RunSpec
+from ..plugin.users import Identity, OwnerError, fs_as, identity, read_inside
 from .repository import Repository, StateRow
 
 _SETTINGS = {"states_kept": 1, "max_state_size": 1, "max_restarts_per_state": 0, "default_partitions": 1}
@@ -100,8 +103,13 @@ class Checkpoints:
                 else:
                     text, final, new = row.data, row.final, False
             try:
-                write_state_dir(run.workdir / STATE_DIR, text, seq, await self._exports(run))
-            except OSError as exc:
+                who = identity(run.owner)
+                exported = await self._exports(run)
+                if who is None:
+                    write_state_dir(run.workdir / STATE_DIR, text, seq, exported)
+                else:  # in the owner's work dir, as the owner: the files are theirs, a link there leads nowhere else
+                    await anyio.to_thread.run_sync(_write_as, who, run.workdir / STATE_DIR, text, seq, exported)
+            except (OSError, OwnerError) as exc:
                 unready[run.fqid] = f"could not write its starting state: {exc}"
                 continue
             if new:
@@ -126,8 +134,9 @@ class Checkpoints:
     def harvest(self, fqid: str, workdir: Path) -> dict[str, Any] | None:
         """The states a run saved since the last look, stored; the newest's record, or ``None``."""
         directory = workdir / STATE_DIR
+        top = workdir.parent.parent if "." in fqid else workdir.parent  # the top-level job's dir: only ours to replace
         try:
-            current = int((directory / "current").read_text(encoding="ascii").strip())
+            current = int(read_inside(directory / "current", top).decode("ascii").strip())
         except (OSError, ValueError):
             return None
         known = int(self.record(fqid).get("seq", -1))
@@ -137,9 +146,11 @@ class Checkpoints:
         for seq in range(max(known + 1, current - self.keep + 1), current + 1):
             path = directory / f"{seq}.state"
             try:
-                if path.is_symlink():
-                    raise StateError(f"{path} is a symbolic link")
-                text = path.read_text(encoding="utf-8", errors="replace")
+                # never through a link out of the work dir (a link is refused): the run's owner made these files
+                try:
+                    text = read_inside(path, top).decode("utf-8", errors="replace")
+                except PermissionError as exc:
+                    raise StateError(f"{path}: {exc}") from None
                 state = State.from_text(text, fqid=fqid)
             except OSError:
                 continue  # pruned by the job meanwhile: newer ones follow
@@ -151,3 +162,8 @@ class Checkpoints:
             self.store(StateRow(fqid, seq, state.time or time.time(), state.final, text))
             newest = {"seq": seq, "label": f"{fqid}:{seq}", "final": state.final, "time": state.time}
         return newest
+
+
+def _write_as(who: Identity, directory: Path, text: str, seq: int, exported: dict[str, str] | None) -> None:
+    with fs_as(who):
+        write_state_dir(directory, text, seq, exported)

@@ -42,6 +42,7 @@ from ..core.machine import StateMachine
 from ..core.statuses import ALL_STATUSES, FINAL, JobStatus
 from ..core.step import Step
 from ..core.usage import USAGE_FILE, judge, parse_usage
+from ..plugin.users import read_inside
 
 #: Submission latencies, seconds: from a millisecond (sim) to minutes (a busy batch system).
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -141,7 +142,9 @@ class Metrics:
             useful = wasted = 0.0
             for fq in runs:
                 try:
-                    attempts = parse_usage((self.outputdir(fq) / USAGE_FILE).read_text(errors="replace"))
+                    out = self.outputdir(fq)
+                    top = out.parent.parent if len(fq) > 1 else out.parent  # the top-level job's dir
+                    attempts = parse_usage(read_inside(out / USAGE_FILE, top).decode(errors="replace"))
                 except OSError:
                     continue
                 key = (fq[0], fq[1] if len(fq) > 1 else None)

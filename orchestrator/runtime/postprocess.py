@@ -4,6 +4,11 @@ The job's ``postprocessors`` (and the older ``merger``) run in order; the
 first error is the master's reason (it is then ``failed``), and subjobs a
 checker failed are reported with their reasons. The outcome goes back to
 the state machine as ``PostprocessDone``.
+
+A job of another user than the orchestrator's (a multi-user service): every
+postprocessor but the notifications runs in a process of its own as the
+job's owner (:mod:`.postrun`), never in this one; its result comes back the
+same way.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from ..core.instructions import Notify, RunPostprocess
 from ..core.machine import StateMachine
 from ..core.statuses import JobStatus
 from ..plugin.postprocess import Notification, Outcome, PostprocessContext, PostprocessResult, SubjobOutput
+from ..plugin.users import Identity, OwnerError, identity
 from . import registry
 from .definitions import Definitions
+from .postrun import run_as_owner
 from .workspace import Workspace
 
 
@@ -35,11 +42,16 @@ class Postprocessing:
         self.log = log
 
     def postprocessors(self, job: int) -> list[Any]:
+        return [p for _, p in self._described(job)]
+
+    def _described(self, job: int) -> list[tuple[dict[str, Any], Any]]:
+        """Each postprocessor with its stored description (what a process as the owner rebuilds it from)."""
         spec = self.definitions.spec(job)
-        found = [registry.load_postprocessor(d) for d in spec.get("postprocessors") or []]
+        stored = list(spec.get("postprocessors") or [])
         if spec.get("merger"):
-            found.insert(0, registry.load_postprocessor(spec["merger"]))
-        return [p for p in found if p is not None]
+            stored.insert(0, spec["merger"])
+        found = [(d, registry.load_postprocessor(d)) for d in stored]
+        return [(d, p) for d, p in found if p is not None]
 
     def context(self, job: int) -> PostprocessContext:
         js = self.sm.job_state(job)
@@ -55,10 +67,21 @@ class Postprocessing:
         context = self.context(job)
         error: str | None = None
         failed: list[tuple[int, str]] = []
-        chosen = self.postprocessors(job)
-        for post in [p for p in chosen if not isinstance(p, Notification)]:
+        described = self._described(job)
+        chosen = [p for _, p in described]
+        owner: Identity | None = None
+        try:
+            owner = identity(self.definitions.spec(job).get("owner"))
+        except OwnerError as exc:
+            error = f"postprocessors not run: {exc}"
+            described = []
+        for data, post in [(d, p) for d, p in described if not isinstance(p, Notification)]:
             try:
-                result: PostprocessResult = await anyio.to_thread.run_sync(post.run, context)
+                if owner is not None:
+                    result: PostprocessResult = await anyio.to_thread.run_sync(
+                        run_as_owner, owner, data, context, type(post).__name__)
+                else:
+                    result = await anyio.to_thread.run_sync(post.run, context)
             except (OSError, ValueError, ImportError, AttributeError) as exc:  # a user's merger or checker
                 result = PostprocessResult(f"{type(post).__name__}: {type(exc).__name__}: {exc}")
             if result.error and error is None:

@@ -31,6 +31,8 @@ from ..core.ids import fqid_str
 from ..core.instructions import CreateLinked, Prepare, Unprepare
 from ..core.splitters import Master, apply_delta, check_path
 from ..core.statuses import JobStatus
+from ..plugin.users import Identity, OwnerError, copy_as, identity, readable_by
+from ..plugin.wrapper import own_dir
 from . import gcpause, registry
 from .definitions import Definitions
 from .repository import Repository, RunsRow
@@ -64,7 +66,11 @@ class Preparer:
         now = time.time()
         try:
             spec = self.definitions.spec(job)
-            self._configure_shared(job, spec)
+            if spec.get("owner") is not None and identity_of(spec, job) is not None:
+                # checked and copied as the owner, by short processes: off the event loop
+                await anyio.to_thread.run_sync(self._configure_shared, job, spec)
+            else:
+                self._configure_shared(job, spec)
             if spec.get("splitter") is None:
                 self.admit(job, spec, 1)
                 await self.post(Prepared(stimulus_id=ins.stimulus_id, time=now, job=job, n_subjobs=0))
@@ -120,18 +126,38 @@ class Preparer:
         return deltas
 
     def _configure_shared(self, job: int, spec: Mapping[str, Any]) -> None:
-        """The application's shared part, once: the input files, copied into the job's input dir."""
+        """The application's shared part, once: the input files, copied into the job's input dir.
+
+        A job of another user than the orchestrator's (a multi-user service): its directory and input dir are
+        the owner's (mode 0700), and each input file is read and copied as the owner, so that a file the
+        owner may not read is refused, naming ``inputfiles``, and the copies are theirs."""
+        owner = identity_of(spec, job)
         target = self.workspace.inputdir((job,))
         names: set[str] = set()
         target.mkdir(parents=True, exist_ok=True)
+        if owner is not None:
+            own_dir(target.parent, owner)
+            own_dir(target, owner)
         for f in spec.get("inputfiles", ()):
             src = Path(f).expanduser()
+            if owner is not None:
+                why = readable_by(owner, src)
+                if why is not None:
+                    raise JobError(f"input file {f!r} cannot be read by its owner {owner.name}: {why}",
+                                   fqid=str(job), field="inputfiles")
             if not src.is_file():
                 raise JobError(f"input file {f!r} does not exist or is not a file", fqid=str(job), field="inputfiles")
             if src.name in names:
                 raise JobError(f"two input files are named {src.name!r}", fqid=str(job), field="inputfiles")
             names.add(src.name)
-            shutil.copy2(src, target / src.name)
+            if owner is None:
+                shutil.copy2(src, target / src.name)
+                continue
+            try:
+                copy_as(owner, src, target / src.name)
+            except OSError as exc:
+                raise JobError(f"input file {f!r} could not be copied as its owner {owner.name}: {exc}",
+                               fqid=str(job), field="inputfiles") from None
 
     # ------------------------------------------------------------ undo
     async def unprepare(self, ins: Unprepare) -> None:
@@ -167,6 +193,14 @@ class Preparer:
             job = await self.add_job(name, spec, (ins.master, ins.role))
         await self.post(LinkedAdded(stimulus_id=ins.stimulus_id, time=time.time(), job=job, master=ins.master,
                                     role=ins.role, profile=self.definitions.profile(job)))
+
+
+def identity_of(spec: Mapping[str, Any], job: int) -> Identity | None:
+    """The ids of the job's owner when they are not the orchestrator's own (:func:`identity`)."""
+    try:
+        return identity(spec.get("owner"))
+    except OwnerError as exc:
+        raise JobError(str(exc), fqid=str(job), field="owner") from None
 
 
 def subjob_names(deltas: Sequence[Mapping[str, Any]]) -> bool:

@@ -48,19 +48,22 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from ..api.embedded import Embedded
 from ..api.orchestrator import Orchestrator, default_home
+from ..api.owners import current_user
 from ..api.paths import ServicePaths
 from ..core.errors import ConfigError, RepositoryError, RepositoryHeldError, leaves
 from ..plugin.logs import configure as configure_logs
 from ..plugin.logs import get_logger
+from ..plugin.users import configure_python
 from ..runtime.config import Config
 from ..runtime.homelock import SERVICE_ROLE, HomeLock
 from ..runtime.storage import Storage
-from .access import Access
+from .access import Access, TokenStore, names, tokens_path
 from .api import Api
 from .control import Control
 from .http import Limits, Request, Response, Server, raise_nofile
 from .quotas import Quotas
 from .standby import Standby
+from .trust import check_users, lock_down, others
 
 
 def read_token(path: Path, *, create: bool) -> str:
@@ -121,6 +124,11 @@ async def run_service(home: Path | None, *, tcp_port: int | None = None, token_f
         overrides["repository"] = {**overrides.get("repository", {}), "url": repository}
     path.mkdir(parents=True, exist_ok=True)
     settings = Config.load(path, overrides)
+    section = settings.section("service")
+    named = names(section, "users") | names(section, "admins") | set(TokenStore(tokens_path(path)).users())
+    check_users(named, current_user())  # a multi-user service needs root: refused here, before anything is made
+    configure_python(str(section.get("python") or "") or None)
+    lock_down(path, bool(others(named, current_user())))
     lock = HomeLock(path / "lock", SERVICE_ROLE)
     # Signals are caught from here on: a SIGTERM while the home loads waits, then stops the service cleanly;
     # SIGHUP reads the access settings again.

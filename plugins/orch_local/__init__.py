@@ -62,6 +62,12 @@ SPAWNERS = 4
 S = JobStatus
 
 
+def _owner_tag(run: Run) -> str:
+    """The INTENT line's value: the run's owner (whose events file may tell of it), ``-`` for none."""
+    owner = run.spec.owner if run.spec is not None else run.record.owner
+    return owner if owner and " " not in owner else "-"
+
+
 class LocalDriver(Driver):
     name = "local"
     capabilities = Capabilities(runs_wrapper=True, lookup=True, reports=True)
@@ -78,7 +84,8 @@ class LocalDriver(Driver):
         self.journal = Journal(context.statedir)
         self.events = self.journal.events
         #: The wrappers' own stdout and stderr (all runs: a wrapper writes there only when it fails before its log).
-        self._out = os.open(context.statedir / "wrapper.out", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._out = os.open(context.statedir / "wrapper.out", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.fchmod(self._out, 0o600)
         self._boot = boot_time()
         self._watcher = ExitWatcher()
         self._active: dict[str, Run] = {}
@@ -347,11 +354,11 @@ class LocalDriver(Driver):
         """INTENT lines (one write); the directories and the spawns, in a worker thread; LAUNCH lines (one write)."""
         self._counts["batches"] += 1
         try:
-            self.journal.write((run.key, "INTENT", "-") for run in batch)
+            self.journal.write((run.key, "INTENT", _owner_tag(run)) for run in batch)
             now = time.time()
             for run in batch:
                 run.record.intent_at = now
-            starts = starts_of(batch, self.wrapper, notify=str(self.journal.events), boot=self._boot)
+            starts = starts_of(batch, self.wrapper, journal=self.journal, boot=self._boot)
             await anyio.to_thread.run_sync(start_all, starts, self._out)
         except OSError as exc:  # no INTENT line could be written (a full disk...): nothing of the batch starts
             for run in batch:

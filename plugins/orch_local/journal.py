@@ -12,7 +12,14 @@ process accepted but died before starting is started by the next one from
 this line. The lines of the runs accepted in one tick go out in one write.
 
 Neither file is ever rewritten, only appended to, so a process that dies
-at any moment leaves them whole up to its last complete line.
+at any moment leaves them whole up to its last complete line. Both are the
+orchestrator's alone (mode 0600: ``submitted.log`` holds every run's env).
+
+Runs of another owner (a multi-user service, ``RunSpec.owner``) write their
+``START`` and ``END`` lines to ``events.<owner>.log`` instead, a file of the
+owner's own (mode 0600) that no other user may read or write; the driver
+writes their ``INTENT`` with the owner's name, and takes from an owner's
+file only the lines of that owner's runs.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ class Record:
     ended: bool = False
     end_code: int | None = None
     reason: str | None = None
+    #: The run's owner when it is not the orchestrator's own user (from its INTENT line).
+    owner: str | None = None
 
 
 def _append(fd: int, lines: Iterable[str]) -> None:
@@ -52,9 +61,16 @@ class Journal:
         self.events = statedir / "events.log"
         self.submitted = statedir / "submitted.log"
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
-        self._events_fd = os.open(self.events, flags, 0o644)
-        self._submitted_fd = os.open(self.submitted, flags, 0o644)
+        self._events_fd = os.open(self.events, flags, 0o600)
+        self._submitted_fd = os.open(self.submitted, flags, 0o600)
+        for fd in (self._events_fd, self._submitted_fd):  # made by an earlier version with others' read
+            os.fchmod(fd, 0o600)
         self._lines = EventLines()
+        #: The owners' own events files (``events.<owner>.log``), each read on from where it was left.
+        self._owner_lines: dict[str, tuple[Path, EventLines]] = {}
+        self._owner_outs: dict[str, int] = {}
+        for path in sorted(statedir.glob("events.*.log")):
+            self._owner_lines[path.name[len("events."):-len(".log")]] = (path, EventLines())
         #: Every run the events file names, by key.
         self.records: dict[str, Record] = {}
         self._unwritten: list[str] = []
@@ -68,18 +84,64 @@ class Journal:
         now = f"{time.time():.3f}"
         _append(self._events_fd, (f"{key} {word} {data} {now}\n" for key, word, data in events))
 
+    def owner_events(self, owner: str, uid: int, gid: int) -> Path:
+        """``events.<owner>.log``: made (the owner's, 0600) on first need; the wrappers of ``owner`` append to it."""
+        found = self._owner_lines.get(owner)
+        if found is not None:
+            return found[0]
+        path = self.events.with_name(f"events.{owner}.log")
+        statedir = os.stat(path.parent)
+        if not statedir.st_mode & 0o001:  # the owner crosses this dir to append to their file (nothing is listed)
+            os.chmod(path.parent, (statedir.st_mode & 0o7777) | 0o011)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            os.fchown(fd, uid, gid)
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+        self._owner_lines[owner] = (path, EventLines())
+        return path
+
+    def owner_out(self, owner: str, uid: int, gid: int) -> int:
+        """An open ``wrapper.<owner>.out`` (the owner's, 0600): where ``owner``'s wrappers leave their last words
+        (never in the file every other run's wrapper writes to)."""
+        fd = self._owner_outs.get(owner)
+        if fd is None:
+            path = self.events.with_name(f"wrapper.{owner}.out")
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            os.fchown(fd, uid, gid)
+            os.fchmod(fd, 0o600)
+            self._owner_outs[owner] = fd
+        return fd
+
     def read(self) -> list[tuple[str, str, Record]]:
-        """The new lines of the events file, applied to :attr:`records`: ``(key, word, record)`` for each."""
+        """The new lines of the events file (then of the owners' files), applied to :attr:`records`:
+        ``(key, word, record)`` for each."""
+        out = self._apply(self._lines.read(self.events), None)
+        for owner, (path, lines) in self._owner_lines.items():
+            try:
+                fresh = lines.read(path)
+            except OSError:
+                continue
+            out += self._apply(fresh, owner)
+        return out
+
+    def _apply(self, events: list[list[str]], owner: str | None) -> list[tuple[str, str, Record]]:
+        """``owner``: lines of that owner's own file, taken for that owner's runs only, START and END only."""
         out = []
-        for parts in self._lines.read(self.events):
+        for parts in events:
             key, word, value = parts[0], parts[1], parts[2]
             rec = self.records.get(key)
+            if owner is not None and (rec is None or rec.owner != owner or word not in ("START", "END")):
+                continue
             if rec is None:
                 rec = self.records[key] = Record()
             if word == "INTENT":
                 rec.intent_at = float(parts[3]) if len(parts) > 3 else time.time()
+                rec.owner = value if value != "-" else None
             elif word in ("LAUNCH", "START"):
-                rec.pid = int(value) if value.isdigit() else rec.pid
+                if owner is None or rec.pid is None:
+                    rec.pid = int(value) if value.isdigit() else rec.pid
                 rec.started = rec.started or word == "START"
             elif word == "END":
                 rec.ended, rec.end_code = True, int(value) if value.lstrip("-").isdigit() else None
@@ -117,7 +179,7 @@ class Journal:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            for fd in (self._events_fd, self._submitted_fd):
+            for fd in (self._events_fd, self._submitted_fd, *self._owner_outs.values()):
                 os.close(fd)
 
 
@@ -130,7 +192,7 @@ def spec_data(run: RunSpec) -> dict[str, Any]:
             "executable": run.executable, "args": list(run.args), "env": dict(run.env),
             "settings": dict(run.settings), "inputs": [str(p) for p in run.inputs],
             "outputfiles": list(run.outputfiles), **{k: str(getattr(run, k)) for k in _PATHS},
-            "mode": run.mode, "retry_count": run.retry_count, "retry_args": list(run.retry_args)}
+            "mode": run.mode, "retry_count": run.retry_count, "retry_args": list(run.retry_args), "owner": run.owner}
 
 
 def spec_from_data(data: dict[str, Any]) -> RunSpec:
@@ -138,4 +200,5 @@ def spec_from_data(data: dict[str, Any]) -> RunSpec:
                    executable=data["executable"], args=tuple(data["args"]), env=data["env"],
                    settings=data["settings"], inputs=tuple(Path(p) for p in data["inputs"]),
                    outputfiles=tuple(data["outputfiles"]), **{k: Path(data[k]) for k in _PATHS},
-                   mode=data["mode"], retry_count=data["retry_count"], retry_args=tuple(data["retry_args"]))
+                   mode=data["mode"], retry_count=data["retry_count"], retry_args=tuple(data["retry_args"]),
+                   owner=data.get("owner"))

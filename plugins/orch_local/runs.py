@@ -9,9 +9,10 @@ from pathlib import Path
 
 from orchestrator.plugin import RunSpec
 from orchestrator.plugin.processes import spawn_detached
+from orchestrator.plugin.users import Identity, OwnerError, identity, switch_argv
 from orchestrator.plugin.wrapper import SpawnError, base_environ, make_run_dirs, wrapper_argv, wrapper_env
 
-from .journal import Record
+from .journal import Journal, Record
 
 
 @dataclass(slots=True, eq=False)
@@ -50,35 +51,56 @@ class Start:
     spec: RunSpec | None
     pid: int | None = None
     problem: str | None = None
+    #: The owner to run as (``None``: the orchestrator's own user).
+    owner: Identity | None = None
+    #: Where the wrapper's own stdout and stderr go (``None``: the driver's ``wrapper.out``).
+    out: int | None = None
 
 
 def start_all(starts: Sequence[Start], out: int) -> None:
     """Make each run's directories and start its wrapper (in a worker thread: ``mkdir`` and ``spawn_detached`` let
     go of the interpreter lock, so the event loop, and the other workers, go on meanwhile)."""
     for start in starts:
-        if start.run.silent:  # killed meanwhile: not started
+        if start.run.silent or start.problem is not None:  # killed meanwhile, or not to be started: not started
             continue
         try:
             if start.spec is not None:
-                make_run_dirs(start.spec)
+                make_run_dirs(start.spec, owner=start.owner)
         except OSError as exc:
             start.problem = f"could not make the run's directories: {exc}"
             continue
         try:
-            start.pid = spawn_detached(start.argv, start.env, out=out)
+            start.pid = spawn_detached(start.argv, start.env, out=out if start.out is None else start.out)
         except SpawnError as exc:
             start.problem = str(exc)
 
 
-def starts_of(batch: Sequence[Run], wrapper: Path, *, notify: str, boot: int) -> list[Start]:
+def starts_of(batch: Sequence[Run], wrapper: Path, *, journal: Journal, boot: int) -> list[Start]:
     """Each run's command line and environment: ``sh wrapper.sh --env KEY COMMAND...`` (or, for a run accepted
-    by an earlier version of the driver, ``sh wrapper.sh RUNFILE``)."""
-    base, bindir = base_environ(), str(wrapper.parent)
+    by an earlier version of the driver, ``sh wrapper.sh RUNFILE``). A run of another owner starts under
+    ``setpriv`` with the owner's ids and environment, and notifies its owner's own events file."""
+    base, bindir, notify = base_environ(), str(wrapper.parent), str(journal.events)
     out = []
     for run in batch:
         if run.spec is not None:
-            out.append(Start(run, wrapper_argv(run.shell, wrapper, run.spec),
-                             wrapper_env(run.spec, base, bindir=bindir, notify=notify, boot=boot), run.spec))
+            try:
+                who = identity(run.spec.owner)
+            except OwnerError as exc:
+                out.append(Start(run, [], {}, run.spec, problem=str(exc)))
+                continue
+            if who is None:  # the single-user way, unchanged
+                out.append(Start(run, wrapper_argv(run.shell, wrapper, run.spec),
+                                 wrapper_env(run.spec, base, bindir=bindir, notify=notify, boot=boot), run.spec))
+                continue
+            try:
+                argv = [*switch_argv(who), *wrapper_argv(run.shell, wrapper, run.spec)]
+                own = str(journal.owner_events(who.name, who.uid, who.gid))
+                last_words = journal.owner_out(who.name, who.uid, who.gid)
+            except (OwnerError, OSError) as exc:
+                out.append(Start(run, [], {}, run.spec, problem=f"cannot run as owner {who.name}: {exc}"))
+                continue
+            env = wrapper_env(run.spec, who.env(base), bindir=bindir, notify=own, boot=boot)
+            out.append(Start(run, argv, env, run.spec, owner=who, out=last_words))
         else:
             out.append(Start(run, [run.shell, str(wrapper), str(run.runfile)], dict(os.environ), None))
     return out

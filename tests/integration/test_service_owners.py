@@ -1,8 +1,9 @@
 """Owners through a real service (``orchestrator serve`` subprocesses, stopped by PID): two users' jobs are
 invisible to each other and refused with a message naming the owner; an admin sees and acts on both.
 
-Over TCP, each user shows a token of their own (``orchestrator token USER``; no OS user is needed). On the
-Unix socket, real OS users (``nobody``, ``daemon``) run the command line, when the tests run as root.
+Over TCP, each user shows a token of their own (``orchestrator token USER``). Every user a service names is an
+OS user (``orch-alice``, ``orch-bob``, the admin ``daemon``), and a multi-user service runs as root: these tests
+run as root. On the Unix socket, the OS users (``nobody``, ``daemon``) run the command line themselves.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from orchestrator.api.client import ServiceClient
 from orchestrator.core import codec
 from orchestrator.core.errors import OrchestratorError
 
-TEAM_TOML = '[core]\npoll_interval = 0.05\n[service]\nusers = ["alice", "bob"]\nadmins = ["carol"]\n'
+TEAM_TOML = '[core]\npoll_interval = 0.05\n[service]\nusers = ["orch-alice", "orch-bob"]\nadmins = ["daemon"]\n'
 
 
 def sim_spec(name: str, seconds: float = 0.1) -> dict[str, Any]:
@@ -41,14 +42,23 @@ def sim_spec(name: str, seconds: float = 0.1) -> dict[str, Any]:
     return job.spec()
 
 
+def _multi_user_service() -> None:
+    """A service that names other users runs as root, and they are OS users."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a multi-user service runs as root")
+    for name in ("orch-alice", "orch-bob", "daemon"):
+        _user(name)
+
+
 @pytest.fixture
 def team(services: list[Service], tmp_path: Path) -> tuple[Service, dict[str, str]]:
-    """A service on TCP whose settings name users alice and bob and admin carol; each one's token."""
+    """A service on TCP whose settings name users orch-alice and orch-bob and admin daemon; each one's token."""
+    _multi_user_service()
     home = tmp_path / "home"
     home.mkdir()
     (home / "orchestrator.toml").write_text(TEAM_TOML)
     service = start(services, home, "--tcp-port", "0")
-    tokens = {user: cli_ok(home, "token", user).strip() for user in ("alice", "bob", "carol")}
+    tokens = {user: cli_ok(home, "token", user).strip() for user in ("orch-alice", "orch-bob", "daemon")}
     return service, tokens
 
 
@@ -64,19 +74,19 @@ def test_two_users_over_tcp_see_their_own_jobs_and_are_refused_the_others(team: 
     assert not any(t in store.read_text() for t in tokens.values())  # kept hashed only
 
     async def main() -> None:
-        async with client(service, tokens["alice"]) as alice, client(service, tokens["bob"]) as bob, \
-                client(service, tokens["carol"]) as carol, client(service, service.token) as owner:
-            a = await alice.add(name="alice-job", spec=sim_spec("alice-job"))
-            b = await bob.add(name="bob-job", spec=sim_spec("bob-job"))
-            assert (a["owner"], b["owner"]) == ("alice", "bob")
+        async with client(service, tokens["orch-alice"]) as alice, client(service, tokens["orch-bob"]) as bob, \
+                client(service, tokens["daemon"]) as carol, client(service, service.token) as owner:
+            a = await alice.add(name="orch-alice-job", spec=sim_spec("orch-alice-job"))
+            b = await bob.add(name="orch-bob-job", spec=sim_spec("orch-bob-job"))
+            assert (a["owner"], b["owner"]) == ("orch-alice", "orch-bob")
             a_id, b_id = a["fqid"], b["fqid"]
 
             # Invisible to each other; the admins (carol, and the service's own user) see both.
             assert [j["fqid"] for j in await alice.jobs()] == [a_id]
             assert [j["fqid"] for j in await bob.jobs()] == [b_id]
             for admin in (carol, owner):
-                assert {j["fqid"]: j["owner"] for j in await admin.jobs()} == {a_id: "alice", b_id: "bob"}
-            assert [j["fqid"] for j in await carol.jobs(owner="bob")] == [b_id]
+                assert {j["fqid"]: j["owner"] for j in await admin.jobs()} == {a_id: "orch-alice", b_id: "orch-bob"}
+            assert [j["fqid"] for j in await carol.jobs(owner="orch-bob")] == [b_id]
             assert [r["id"] for r in (await bob.describe())["jobs"]] == [int(b_id)]
             assert (await bob.health())["jobs"] == 1
 
@@ -93,10 +103,10 @@ def test_two_users_over_tcp_see_their_own_jobs_and_are_refused_the_others(team: 
             for method, kwargs in calls:
                 with pytest.raises(NotOwnerError) as refused:
                     await bob.call(method, **kwargs)
-                assert str(refused.value) == f"job {a_id} belongs to alice; you are bob", method
-                assert (refused.value.owner, refused.value.user) == ("alice", "bob")
+                assert str(refused.value) == f"job {a_id} belongs to orch-alice; you are orch-bob", method
+                assert (refused.value.owner, refused.value.user) == ("orch-alice", "orch-bob")
             assert (await bob.describe(jobs=[int(a_id)]))["jobs"] == []
-            assert (await bob.owner(job=int(a_id)))["owner"] == "alice"
+            assert (await bob.owner(job=int(a_id)))["owner"] == "orch-alice"
 
             # Refused means untouched: alice's job is still new, her comment unchanged; bob's own work goes on.
             shown = await alice.show(fqid=a_id)
@@ -107,16 +117,16 @@ def test_two_users_over_tcp_see_their_own_jobs_and_are_refused_the_others(team: 
             assert (await carol.submit(fqid=a_id))["acted"] == 1
             assert not (await carol.wait(fqid=a_id, timeout=30))["timed_out"]
             assert (await alice.show(fqid=a_id))["status"] == "completed"
-            c = await carol.add(name="carol-job", spec=sim_spec("carol-job"))
-            assert c["owner"] == "carol" and c["fqid"] not in {j["fqid"] for j in await alice.jobs()}
+            c = await carol.add(name="daemon-job", spec=sim_spec("daemon-job"))
+            assert c["owner"] == "daemon" and c["fqid"] not in {j["fqid"] for j in await alice.jobs()}
 
             # As the HTTP API says it: 403 "not owner", with the owner and the user.
             async with httpx.AsyncClient(base_url=service.url, timeout=10,
-                                         headers={"authorization": f"Bearer {tokens['bob']}"}) as raw:
+                                         headers={"authorization": f"Bearer {tokens['orch-bob']}"}) as raw:
                 answer = await raw.get("/api/show", params={"fqid": a_id})
                 assert answer.status_code == 403
                 assert answer.json() | {"message": None} == {"error": "not owner", "message": None, "fqid": a_id,
-                                                              "field": None, "owner": "alice", "user": "bob"}
+                                                              "field": None, "owner": "orch-alice", "user": "orch-bob"}
                 assert (await raw.get(f"/peek/{a_id}/stdout")).status_code == 403
 
             # A pre-job, added by the service when alice's partitioned job starts, is alice's too.
@@ -127,8 +137,8 @@ def test_two_users_over_tcp_see_their_own_jobs_and_are_refused_the_others(team: 
             await alice.submit(fqid=p_id)
             await alice.wait(fqid=p_id, timeout=30)
             hers = {j["name"]: j["owner"] for j in await alice.jobs()}
-            assert hers == {"alice-job": "alice", "part": "alice", "part-prejob": "alice"}
-            assert {j["name"] for j in await bob.jobs()} == {"bob-job"}
+            assert hers == {"orch-alice-job": "orch-alice", "part": "orch-alice", "part-prejob": "orch-alice"}
+            assert {j["name"] for j in await bob.jobs()} == {"orch-bob-job"}
 
     anyio.run(main)
 
@@ -147,7 +157,7 @@ def test_a_users_event_stream_carries_only_their_jobs(team: tuple[Service, dict[
                     return
 
     async def main() -> None:
-        async with client(service, tokens["alice"]) as alice, client(service, tokens["bob"]) as bob:
+        async with client(service, tokens["orch-alice"]) as alice, client(service, tokens["orch-bob"]) as bob:
             a = (await alice.add(name="a", spec=sim_spec("a", 0.05)))["fqid"]
             b = (await bob.add(name="b", spec=sim_spec("b", 1.0)))["fqid"]
             bob_seen: list[set[str]] = []
@@ -155,8 +165,8 @@ def test_a_users_event_stream_carries_only_their_jobs(team: tuple[Service, dict[
             with anyio.fail_after(60):
                 async with anyio.create_task_group() as tg:
                     opened = [anyio.Event(), anyio.Event()]
-                    tg.start_soon(follow, tokens["bob"], b, bob_seen, opened[0])
-                    tg.start_soon(follow, tokens["carol"], b, carol_seen, opened[1])
+                    tg.start_soon(follow, tokens["orch-bob"], b, bob_seen, opened[0])
+                    tg.start_soon(follow, tokens["daemon"], b, carol_seen, opened[1])
                     for o in opened:
                         await o.wait()
                     await alice.submit(fqid=a)
@@ -174,13 +184,13 @@ def test_tokens_are_given_to_named_users_only_and_can_be_revoked(team: tuple[Ser
     refused = cli(service.home, "token", "mallory")
     assert refused.returncode == 2 and "mallory is not named by [service] users or admins" in refused.stderr
     assert "Traceback" not in refused.stderr
-    assert cli_ok(service.home, "token", "--list").split() == ["alice", "bob", "carol"]
-    again = cli_ok(service.home, "token", "bob").strip()  # a new token replaces bob's old one
-    assert cli_ok(service.home, "token", "--revoke", "alice").strip() == "user alice: token revoked"
+    assert cli_ok(service.home, "token", "--list").split() == ["daemon", "orch-alice", "orch-bob"]
+    again = cli_ok(service.home, "token", "orch-bob").strip()  # a new token replaces bob's old one
+    assert cli_ok(service.home, "token", "--revoke", "orch-alice").strip() == "user orch-alice: token revoked"
 
     async def main() -> None:
-        for token, works in ((tokens["alice"], False), (tokens["bob"], False), (again, True),
-                             (tokens["carol"], True), (service.token, True)):
+        for token, works in ((tokens["orch-alice"], False), (tokens["orch-bob"], False), (again, True),
+                             (tokens["daemon"], True), (service.token, True)):
             async with client(service, token) as c:
                 if works:
                     await c.jobs()
@@ -207,15 +217,16 @@ def test_owners_survive_a_restart_and_old_jobs_belong_to_the_homes_owner(service
         async with Orchestrator(home=home) as orch:
             assert [j.owner for j in orch.jobs] == [me, me, me]
             assert [j.fqid for j in orch.jobs.select(owner=me)] == ["0", "1", "2"]
-            assert len(orch.jobs.select(owner="alice")) == 0
+            assert len(orch.jobs.select(owner="orch-alice")) == 0
 
     anyio.run(embedded)
     # A job stored before owners existed: its definition has no owner (as an older version wrote it).
     with sqlite3.connect(home / "repository.sqlite") as db:
         db.execute("UPDATE jobs SET spec = json_remove(spec, '$.owner') WHERE id = 2")
     (home / "orchestrator.toml").write_text(TEAM_TOML)
+    _multi_user_service()
     service = start(services, home, "--tcp-port", "0")
-    alice_token = cli_ok(home, "token", "alice").strip()
+    alice_token = cli_ok(home, "token", "orch-alice").strip()
 
     async def through_service(expect_alice: bool) -> None:
         async with client(service, alice_token) as alice, client(service, service.token) as owner:
@@ -223,8 +234,8 @@ def test_owners_survive_a_restart_and_old_jobs_belong_to_the_homes_owner(service
                 assert (await alice.add(name="hers", spec=sim_spec("hers")))["fqid"] == "3"
             assert [j["fqid"] for j in await alice.jobs()] == ["3"]
             listed = {j["fqid"]: j["owner"] for j in await owner.jobs()}
-            assert listed == {"0": me, "1": me, "2": me, "3": "alice"}  # the old job: the home's owner's
-            with pytest.raises(NotOwnerError, match=f"job 2 belongs to {me}; you are alice"):
+            assert listed == {"0": me, "1": me, "2": me, "3": "orch-alice"}  # the old job: the home's owner's
+            with pytest.raises(NotOwnerError, match=f"job 2 belongs to {me}; you are orch-alice"):
                 await alice.kill(fqid="2")
 
     anyio.run(through_service, False)
@@ -236,7 +247,7 @@ def test_owners_survive_a_restart_and_old_jobs_belong_to_the_homes_owner(service
 
     # Dropped from the settings: alice's token no longer lets her in.
     service.terminate()
-    (home / "orchestrator.toml").write_text(TEAM_TOML.replace('"alice", ', ""))
+    (home / "orchestrator.toml").write_text(TEAM_TOML.replace('"orch-alice", ', ""))
     service = start(services, home, "--tcp-port", "0")
 
     async def dropped() -> None:

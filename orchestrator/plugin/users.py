@@ -1,0 +1,263 @@
+"""Acting for a run's owner: who they are (uid, gid, groups), and doing things on this machine as them.
+
+A multi-user service runs as root and does everything for a user with that
+user's ids (``docs/reference.md``, "Running work as its owner"). A run whose
+owner is the orchestrator's own user (or ``None``) needs nothing of this: it
+goes the single-user way, as fast as ever (:func:`identity` answers ``None``).
+
+- :func:`identity`: the owner's ids, ``None`` for the orchestrator's own user;
+  :class:`OwnerError` when the run cannot be run as its owner (no such user,
+  or this process cannot switch users).
+- :func:`switch_argv`: ``setpriv`` arguments that put a command under the
+  owner's ids (``os.posix_spawn`` cannot switch users itself).
+- :func:`run_as`: a short command as the owner (read a file, copy one in).
+- :func:`python_for`: a Python the owner may run, with this installation's
+  packages, for work that must run in Python as the owner (user-named
+  postprocessors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import functools
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class OwnerError(Exception):
+    """The run cannot be run as its owner; the message is ready to serve as its reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """An OS user's ids, as a run of theirs gets them."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+    shell: str
+
+    def env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` with the owner's ``HOME``, ``USER`` and ``LOGNAME`` (never the service's)."""
+        return {**env, "HOME": self.home, "USER": self.name, "LOGNAME": self.name}
+
+
+@functools.lru_cache(maxsize=1)
+def _self_name() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def can_switch() -> bool:
+    """Whether this process may take other users' ids: root, or CAP_SETUID and CAP_SETGID (effective)."""
+    if os.geteuid() == 0:
+        return True
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    caps = int(line.split()[1], 16)
+                    return bool(caps & (1 << 6)) and bool(caps & (1 << 7))  # CAP_SETGID (6), CAP_SETUID (7)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+@functools.lru_cache(maxsize=256)
+def lookup(name: str) -> Identity:
+    """The ids of OS user ``name`` (:class:`OwnerError` if there is no such user)."""
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise OwnerError(f"owner {name!r} is not a user of this system") from None
+    try:
+        groups = tuple(sorted(set(os.getgrouplist(name, entry.pw_gid))))
+    except OSError:
+        groups = (entry.pw_gid,)
+    return Identity(name, entry.pw_uid, entry.pw_gid, groups, entry.pw_dir or "/", entry.pw_shell or "/bin/sh")
+
+
+def identity(owner: str | None) -> Identity | None:
+    """The ids to run ``owner``'s work with; ``None`` when it is the orchestrator's own user (nothing to switch)."""
+    if owner is None or owner == _self_name():
+        return None
+    found = lookup(owner)
+    if found.uid == os.getuid():
+        return None
+    if not can_switch():
+        raise OwnerError(f"cannot run as owner {owner!r}: this orchestrator runs as {_self_name()}, not as root")
+    return found
+
+
+@functools.lru_cache(maxsize=1)
+def setpriv() -> str:
+    found = shutil.which("setpriv") or ("/usr/bin/setpriv" if os.path.exists("/usr/bin/setpriv") else None)
+    if found is None:
+        raise OwnerError("cannot run as the owner: setpriv (util-linux) is not installed")
+    return found
+
+
+def switch_argv(who: Identity) -> list[str]:
+    """``setpriv`` taking ``who``'s uid, gid and groups, then exec'ing what follows (no shell: nothing quoted)."""
+    groups = ",".join(map(str, who.groups))
+    return [setpriv(), f"--reuid={who.uid}", f"--regid={who.gid}",
+            f"--groups={groups}" if groups else "--clear-groups", "--"]
+
+
+def run_as(who: Identity, argv: Sequence[str], *, timeout: float | None = 60.0,
+           input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    """Run ``argv`` (no shell) as ``who``, its output captured; stdin ``input`` or ``/dev/null``."""
+    done: subprocess.CompletedProcess[bytes] = subprocess.run(
+        list(argv), capture_output=True, timeout=timeout, input=input, env=who.env(_plain_env()), cwd="/",
+        stdin=None if input is not None else subprocess.DEVNULL, user=who.uid, group=who.gid,
+        extra_groups=list(who.groups))
+    return done
+
+
+def _plain_env() -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "LANG": "C.UTF-8"}
+
+
+class _FsIds:
+    """``setfsuid(2)`` and ``setfsgid(2)``: the ids a thread's file system accesses are checked with (Linux)."""
+
+    def __init__(self) -> None:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        self.setfsuid, self.setfsgid = libc.setfsuid, libc.setfsgid
+        for f in (self.setfsuid, self.setfsgid):
+            f.argtypes, f.restype = [ctypes.c_uint], ctypes.c_int
+
+
+@functools.lru_cache(maxsize=1)
+def _fs_ids() -> _FsIds:
+    try:
+        return _FsIds()
+    except (OSError, AttributeError) as exc:
+        raise OwnerError(f"cannot act as another user here: {exc}") from None
+
+
+@contextlib.contextmanager
+def fs_as(who: Identity) -> Iterator[None]:
+    """In this thread only, touch files as ``who``: every access checked with their uid and gid (the
+    orchestrator's file capabilities dropped meanwhile), every file made theirs. For files the orchestrator
+    makes in a directory of the owner's (a link there leads nowhere the owner could not go). The other threads
+    go on as before; the ids are restored on the way out."""
+    ids = _fs_ids()
+    old_gid = ids.setfsgid(who.gid)
+    old_uid = ids.setfsuid(who.uid)
+    try:
+        if ids.setfsuid(0xFFFFFFFF) != who.uid or ids.setfsgid(0xFFFFFFFF) != who.gid:  # -1: asks, changes nothing
+            raise OwnerError(f"cannot act as owner {who.name}: the file system ids were not taken")
+        yield
+    finally:
+        ids.setfsuid(old_uid)
+        ids.setfsgid(old_gid)
+
+
+def readable_by(who: Identity, path: Path) -> str | None:
+    """Why ``who`` cannot read ``path`` (checked by opening it as them), or ``None`` when they can."""
+    done = run_as(who, ["/usr/bin/env", "head", "-c", "0", "--", str(path)])
+    if done.returncode == 0:
+        return None
+    said = done.stderr.decode(errors="replace").strip().splitlines()
+    return said[-1].split(": ", 1)[-1] if said else f"exit code {done.returncode}"
+
+
+def copy_as(who: Identity, source: Path, target: Path) -> None:
+    """Copy ``source`` to ``target`` as ``who`` (read with their rights, the copy theirs); ``OSError`` says why not."""
+    done = run_as(who, ["/usr/bin/env", "cp", "--preserve=mode,timestamps", "--", str(source), str(target)])
+    if done.returncode != 0:
+        said = done.stderr.decode(errors="replace").strip().splitlines()
+        raise OSError(said[-1] if said else f"cp failed with exit code {done.returncode}")
+
+
+def read_tail_as(who: Identity, path: Path, most: int) -> bytes:
+    """The last ``most`` bytes of ``path``, read as ``who``: ``FileNotFoundError`` when there is no such file,
+    ``PermissionError`` when they may not read it."""
+    done = run_as(who, ["/usr/bin/env", "tail", "-c", str(most), "--", str(path)])
+    if done.returncode != 0:
+        said = done.stderr.decode(errors="replace")
+        if "No such file" in said:
+            raise FileNotFoundError(str(path))
+        raise PermissionError(f"user {who.name} may not read {path.name}")
+    return done.stdout
+
+
+def read_inside(path: Path, base: Path, most: int | None = None) -> bytes:
+    """The bytes of ``path`` (its last ``most``), a regular file that lies inside ``base`` once every link on the
+    way is followed, itself no link: how the orchestrator reads what a run wrote (a run's owner may have made
+    its files links to files only the orchestrator may read). ``FileNotFoundError`` when it is missing;
+    ``PermissionError`` when it leads out of ``base`` or is no regular file."""
+    real = os.path.realpath(path.parent)
+    if not (real + os.sep).startswith(os.path.realpath(base) + os.sep) and real != os.path.realpath(base):
+        raise PermissionError(f"{path.name} leads out of {base}")
+    try:
+        fd = os.open(os.path.join(real, path.name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise PermissionError(f"{path.name} is a symbolic link") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PermissionError(f"{path.name} is not a regular file")
+        if most is not None and st.st_size > most:
+            os.lseek(fd, st.st_size - most, os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+#: A ``[service] python`` setting: the interpreter to run owners' Python work with (else one is looked for).
+_configured: list[str] = []
+
+
+def configure_python(path: str | None) -> None:
+    _configured[:] = [path] if path else []
+    python_for.cache_clear()
+
+
+@functools.lru_cache(maxsize=64)
+def python_for(who: Identity) -> str | None:
+    """A Python interpreter ``who`` may run, of this one's version: ``[service] python``, this one, or the
+    system's (this one may live where they cannot go, e.g. under /root). ``None`` if there is none."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    candidates = [*_configured, sys.executable, shutil.which(version) or "", f"/usr/bin/{version}"]
+    for python in candidates:
+        if not python:
+            continue
+        try:
+            done = run_as(who, [python, "-S", "-c", "pass"], timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if done.returncode == 0:
+            return python
+    return None
+
+
+def site_dirs() -> list[str]:
+    """This installation's package directories, for a Python run as another user (``site.addsitedir`` each)."""
+    paths = sysconfig.get_paths()
+    return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
+
+
+__all__ = ["Identity", "OwnerError", "can_switch", "configure_python", "copy_as", "fs_as", "identity", "lookup",
+           "python_for", "read_inside", "read_tail_as", "readable_by", "run_as", "setpriv", "site_dirs", "switch_argv"]

@@ -1,0 +1,104 @@
+"""A job's postprocessors run as its owner, in a process of their own (a multi-user service).
+
+User-named postprocessors (``CustomMerger``, ``CustomChecker``, a third
+party's kinds) run the user's code; the built-in mergers and checkers read
+the files the user's runs wrote. For a job of another user than the
+orchestrator's, each runs in ``python -c`` as the owner, with the owner's
+uid, gid and groups, never in the service's process: :func:`run_as_owner`
+starts it and reads its answer, :func:`main` is the child's side. The child
+gets the postprocessor's stored description and the context as JSON on
+stdin, and answers ``{"error": ..., "failed_subjobs": [[index, reason]]}``
+on a descriptor of its own (what the user's code prints goes to stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..core.statuses import JobStatus
+from ..plugin.postprocess import PostprocessContext, PostprocessResult, SubjobOutput
+from ..plugin.users import Identity, python_for, run_as, site_dirs
+
+#: Most characters of the child's stderr quoted in a failure's reason.
+STDERR_QUOTED = 300
+
+
+def _boot(paths: list[str]) -> str:
+    return ("import site, sys\n"
+            f"for d in {site_dirs()!r}: site.addsitedir(d)\n"
+            f"sys.path.extend(p for p in {paths!r} if p not in sys.path)\n"
+            "from orchestrator.runtime.postrun import main\n"
+            "main()\n")
+
+
+def _request(descriptor: Mapping[str, Any], context: PostprocessContext) -> bytes:
+    return json.dumps({
+        "postprocessor": descriptor,
+        "context": {"fqid": context.fqid, "name": context.name, "outputdir": str(context.outputdir),
+                    "subjobs": [[s.index, s.status.value, str(s.outputdir), s.reason] for s in context.subjobs],
+                    "counts": dict(context.counts)},
+    }).encode()
+
+
+def run_as_owner(who: Identity, descriptor: Mapping[str, Any], context: PostprocessContext,
+                 kind: str) -> PostprocessResult:
+    """Run the postprocessor ``descriptor`` (``{"plugin": ..., "params": ...}``) as ``who``; its result, or one
+    whose error says why it could not run (blocking: run it in a worker thread)."""
+    python = python_for(who)
+    if python is None:
+        return PostprocessResult(f"{kind}: cannot run as its owner {who.name}: no python that {who.name} may run "
+                                 "(set [service] python to one)")
+    paths = [os.getcwd() if p == "" else p for p in sys.path]
+    try:
+        done = run_as(who, [python, "-S", "-c", _boot(paths)], input=_request(descriptor, context), timeout=None)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return PostprocessResult(f"{kind}: could not start as its owner {who.name}: {exc}")
+    said = done.stderr.decode(errors="replace").strip()
+    try:
+        answer = json.loads(done.stdout.decode(errors="replace").strip().splitlines()[-1])
+        error = answer.get("error")
+        failed = [(int(i), str(why)) for i, why in answer.get("failed_subjobs", [])]
+    except (ValueError, IndexError, TypeError, AttributeError):
+        tail = said[-STDERR_QUOTED:] if said else "no output"
+        return PostprocessResult(f"{kind}: its process (as {who.name}) ended with exit code {done.returncode} "
+                                 f"without an answer: {tail}")
+    return PostprocessResult(str(error) if error else None, failed)
+
+
+def main() -> None:
+    """The child: the answer on the original stdout, everything else (the user's prints) on stderr."""
+    answer_fd = os.dup(1)
+    os.dup2(2, 1)
+    request = json.loads(sys.stdin.buffer.read())
+    answer: dict[str, Any]
+    try:
+        answer = _run(request)
+    except Exception as exc:  # the user's code: any error is the postprocessor's failure, said as today
+        kind = request.get("postprocessor", {}).get("plugin", "postprocessor")
+        answer = {"error": f"{kind}: {type(exc).__name__}: {exc}", "failed_subjobs": []}
+    with os.fdopen(answer_fd, "w") as out:
+        out.write("\n" + json.dumps(answer) + "\n")
+
+
+def _run(request: Mapping[str, Any]) -> dict[str, Any]:
+    from . import registry  # the plugins' entry points, loaded in the child only
+
+    post = registry.load_postprocessor(dict(request["postprocessor"]))
+    if post is None:
+        return {"error": None, "failed_subjobs": []}
+    c = request["context"]
+    context = PostprocessContext(
+        c["fqid"], c["name"], Path(c["outputdir"]),
+        [SubjobOutput(int(i), JobStatus(status), Path(out), reason) for i, status, out, reason in c["subjobs"]],
+        c["counts"], {}, None)
+    try:
+        result = post.run(context)
+    except Exception as exc:
+        return {"error": f"{type(post).__name__}: {type(exc).__name__}: {exc}", "failed_subjobs": []}
+    return {"error": result.error, "failed_subjobs": [[i, why] for i, why in result.failed_subjobs]}
