@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import secrets
 import time
 from collections import deque
@@ -31,7 +32,7 @@ from typing import Any
 import anyio
 import asyncssh
 
-from orchestrator.plugin.accounts import Account, AccountError, read_as
+from orchestrator.plugin.accounts import Account, AccountError, give, read_as
 from orchestrator.plugin.wrapper import SCRIPTS, EventLines, script_text
 
 from . import scripts
@@ -416,6 +417,8 @@ class Host:
             if names:
                 local_dir.mkdir(parents=True, exist_ok=True)
                 await sftp.get([f"{remote_dir}/{n}" for n in names], str(local_dir), recurse=True, preserve=False)
+                if self.account is not None:  # what came back of an owner's run is the owner's, as the run was
+                    await anyio.to_thread.run_sync(_give_tree, self.account, local_dir, names)
         except asyncssh.SFTPNoSuchFile:
             return False
         except (asyncssh.Error, OSError, TimeoutError) as exc:
@@ -462,3 +465,14 @@ class Host:
             elif word == "CANCEL":
                 run.reason = run.reason or "cancelled before it started"
                 run.advance(KILLED)
+
+
+def _give_tree(account: Account, local_dir: Path, names: list[str]) -> None:
+    """``local_dir`` and the fetched ``names`` in it, with everything below them, made ``account``'s."""
+    give(account, local_dir)
+    for name in names:
+        top = local_dir / name
+        give(account, top)
+        if top.is_dir() and not top.is_symlink():
+            for root, dirs, files in os.walk(top):
+                give(account, *(os.path.join(root, n) for n in (*dirs, *files)))
