@@ -60,6 +60,8 @@ class DaskDriver(Driver):
         super().__init__(context)
         self.control = context.statedir / "control"
         self.bindir = context.statedir / "bin"
+        # crossed by every run's owner to the wrapper's scripts in bin/ (the control dir stays the service's)
+        context.statedir.chmod(0o711)
         self._clients: dict[str, Any] = {}  # scheduler address ("" for our LocalCluster) -> Client
         self._cluster: Any = None
         self._futures: dict[str, Any] = {}  # run key -> Future
