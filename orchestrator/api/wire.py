@@ -41,6 +41,8 @@ Count = Annotated[int, Meta(ge=0, le=2**31)]
 Limit = Annotated[int, Meta(ge=-(2**31), le=2**31)]
 Seconds = Annotated[float, Meta(ge=0, le=1e9)]
 Targets = Annotated[list[Fqid], Meta(max_length=MAX_ITEMS)]
+StatusName = Literal["new", "submitting", "submitted", "running", "completing", "completed", "failed", "killed",
+                     "held"]
 Free = dict[Annotated[str, Meta(max_length=1024)], Any]
 
 
@@ -127,7 +129,7 @@ class JobDefinition(Request):
 
 # ------------------------------------------------------------------ reads
 class JobsRequest(Request):
-    status: Annotated[list[Annotated[str, Meta(max_length=32)]], Meta(max_length=16)] | None = None
+    status: Annotated[list[StatusName], Meta(max_length=16)] | None = None
     name: Name | None = None
     owner: Name | None = None
 
@@ -227,7 +229,7 @@ class ReleaseRequest(Request):
 
 class ForceStatusRequest(Request):
     targets: Targets | None = None
-    status: Annotated[str, Meta(max_length=32)] = "failed"
+    status: StatusName = "failed"
     force: bool = False
     keep_going: bool = False
     fqid: Fqid | None = None
