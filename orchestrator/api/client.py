@@ -163,7 +163,7 @@ def _answer(response: httpx.Response) -> Any:
         error = {"message": response.text}
     message = str(error.get("message") or response.reason_phrase)
     if response.status_code == 400 and error.get("error") == "bad request":
-        raise wire.BadRequest(message, fqid=error.get("fqid"), field=error.get("field"))
+        raise wire.BadRequest.answered(message, fqid=error.get("fqid"), field=error.get("field"))
     if response.status_code == 404 and error.get("error") == "unknown job":
         raise UnknownJobError(message, fqid=error.get("fqid"))
     if response.status_code == 403 and error.get("error") == "not owner":

@@ -47,12 +47,16 @@ Free = dict[Annotated[str, Meta(max_length=1024)], Any]
 
 
 class BadRequest(JobError):
-    """A request that does not fit its method's type: the service answers 400 naming the field."""
+    """A request that does not fit its method's type: the service answers 400 naming the field (a
+    ``JobError``: its message names the job and the field as any other)."""
 
-    def __init__(self, message: str, *, fqid: str | None = None, field: str | None = None) -> None:
-        Exception.__init__(self, message)
-        self.fqid = fqid
-        self.field = field
+    @classmethod
+    def answered(cls, message: str, *, fqid: str | None, field: str | None) -> BadRequest:
+        """The service's 400 on the client's side: its message as it is, its ``fqid`` and ``field``."""
+        error = cls("")
+        error.args = (message,)
+        error.fqid, error.field = fqid, field
+        return error
 
 
 class Request(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):

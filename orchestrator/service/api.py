@@ -6,6 +6,10 @@
   "message", "fqid", "field"}`` with 404 (unknown job), 409 (refused), 400
   (bad request), and 403 ``"not owner"`` (another user's job; with
   ``owner`` and ``user``).
+- Every request is first decoded into its method's typed request
+  (:mod:`orchestrator.api.wire`): one that does not fit answers 400 naming
+  the field, before anything runs, so nothing of it is stored.
+  ``GET /api/openapi.json`` describes them (:mod:`.openapi`).
 - ``GET /api/events``: server-sent events: every event and every change, in
   order, encoded (:mod:`orchestrator.core.codec`) with ``seq``, the number
   of the step that made it.
