@@ -353,6 +353,8 @@ def _explain(text: str) -> tuple[str, str | None]:
     message, sep, where = text.rpartition(" - at `")
     if not sep:
         message, where = text, "$`"
+    for pattern, meaning in _PATTERNS.items():
+        message = message.replace(f"matching regex {pattern!r}", meaning)
     where = where.rstrip("`")
     if where.startswith("key` in `"):
         where = where.removeprefix("key` in `")
@@ -361,6 +363,11 @@ def _explain(text: str) -> tuple[str, str | None]:
         name = message.split("field `", 1)[1].split("`", 1)[0]
         path = f"{path}.{name}" if path else name
     return message, path or None
+
+
+#: What a pattern of the types means, for messages.
+_PATTERNS = {"^[^/\\x00]+$": "naming a file of the job's directory (no '/', no NUL)",
+             "^[0-9]{1,15}$": "that is a job id"}
 
 
 def _too_deep(value: Any) -> str | None:
