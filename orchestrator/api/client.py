@@ -25,8 +25,11 @@ import httpx
 
 from ..core.errors import JobError, Lagging, NotOwnerError, OrchestratorError, UnknownJobError
 from ..runtime.homelock import SERVICE_ROLE
+from . import wire
 from .owners import current_user
 from .paths import ServicePaths
+
+_JSON = {"content-type": "application/json"}
 
 
 class ServiceUnavailable(OrchestratorError):
@@ -80,6 +83,15 @@ class ServiceClient:
             raise ServiceUnavailable(f"the orchestrator service at {self.where} does not answer: {exc}") from exc
         return _answer(response)
 
+    async def send(self, request: wire.Request) -> Any:
+        """Send a typed request (:mod:`.wire`) to its method; the answer as :meth:`call` gives it."""
+        try:
+            response = await self._http.post(f"/api/{wire.METHOD_OF[type(request)]}", content=wire.encode(request),
+                                             headers=_JSON)
+        except httpx.TransportError as exc:
+            raise ServiceUnavailable(f"the orchestrator service at {self.where} does not answer: {exc}") from exc
+        return _answer(response)
+
     def __getattr__(self, name: str) -> Any:
         """``await client.submit(fqid="3")`` is ``await client.call("submit", fqid="3")``."""
         if name.startswith("_"):
@@ -123,13 +135,14 @@ class SyncCaller:
         self.timeout = timeout
         self._http: httpx.Client | None = None
 
-    def __call__(self, method: str, **kwargs: Any) -> Any:
+    def __call__(self, request: wire.Request) -> Any:
         if self._http is None:
             # plain HTTP on a Unix socket: no TLS, so no certificate store to load (verify=False)
             self._http = httpx.Client(transport=httpx.HTTPTransport(uds=os.fspath(self.socket), verify=False),
                                       base_url="http://orchestrator", timeout=self.timeout)
         try:
-            response = self._http.post(f"/api/{method}", json=kwargs)
+            response = self._http.post(f"/api/{wire.METHOD_OF[type(request)]}", content=wire.encode(request),
+                                       headers=_JSON)
         except httpx.TransportError as exc:
             raise ServiceUnavailable(f"the orchestrator service at {self.socket} does not answer: {exc}") from exc
         return _answer(response)
@@ -149,6 +162,8 @@ def _answer(response: httpx.Response) -> Any:
     except ValueError:
         error = {"message": response.text}
     message = str(error.get("message") or response.reason_phrase)
+    if response.status_code == 400 and error.get("error") == "bad request":
+        raise wire.BadRequest.answered(message, fqid=error.get("fqid"), field=error.get("field"))
     if response.status_code == 404 and error.get("error") == "unknown job":
         raise UnknownJobError(message, fqid=error.get("fqid"))
     if response.status_code == 403 and error.get("error") == "not owner":

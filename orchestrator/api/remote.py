@@ -42,6 +42,7 @@ from ..core.events import AddRequested, LinkedAdded, RemoveRequested, StatusChan
 from ..core.ids import FQID, fqid_str
 from ..core.statuses import ACTIVE, JobStatus
 from ..plugin.logs import get_logger
+from . import wire
 from .client import ServiceClient, ServiceUnavailable, SyncCaller, connect
 from .owners import Caller, current_user
 from .paths import ServicePaths
@@ -109,11 +110,11 @@ class Remote:
 
     # ------------------------------------------------------------ the mirror
     async def _load(self, jobs: Sequence[int] | None) -> None:
-        self._take(await self.client.call("describe", jobs=None if jobs is None else list(jobs)), jobs)
+        self._take(await self.client.send(wire.DescribeRequest(jobs=None if jobs is None else list(jobs))), jobs)
 
     def _fetch(self, job: int) -> None:
         """A job this mirror does not know yet (another client's): read on the spot."""
-        self._take(self._sync("describe", jobs=[job]), [job])
+        self._take(self._sync(wire.DescribeRequest(jobs=[job])), [job])
 
     def _take(self, answer: dict[str, Any], jobs: Sequence[int] | None) -> None:
         step = int(answer["step"])
@@ -224,7 +225,7 @@ class Remote:
         mirror = self._tops.get(job)
         if mirror is not None:
             return mirror.record.owner
-        return self._sync("owner", job=job)["owner"]  # type: ignore[no-any-return]
+        return self._sync(wire.OwnerRequest(job=job))["owner"]  # type: ignore[no-any-return]
 
     def exists(self, fq: FQID) -> bool:
         if fq[0] not in self._tops and fq[0] >= 0:
@@ -260,70 +261,80 @@ class Remote:
         return self.exists(fq) and self.status(fq) in ACTIVE
 
     def info(self, fq: FQID) -> dict[str, Any]:
-        return self._sync("info", fqid=fqid_str(fq))  # type: ignore[no-any-return]
+        return self._sync(wire.InfoRequest(fqid=fqid_str(fq)))  # type: ignore[no-any-return]
 
     def infos(self, fqs: Sequence[FQID]) -> list[dict[str, Any]]:
-        return self._sync("infos", fqids=[fqid_str(fq) for fq in fqs]) if fqs else []
+        return self._sync(wire.InfosRequest(fqids=[fqid_str(fq) for fq in fqs])) if fqs else []
 
     def splitter_spec(self, job: int) -> dict[str, Any] | None:
-        return self._sync("splitter_spec", job=job)  # type: ignore[no-any-return]
+        return self._sync(wire.SplitterSpecRequest(job=job))  # type: ignore[no-any-return]
 
     def backend_id(self, fq: FQID) -> str | None:
-        return self._sync("backend_id", fqid=fqid_str(fq))  # type: ignore[no-any-return]
+        return self._sync(wire.BackendIdRequest(fqid=fqid_str(fq)))  # type: ignore[no-any-return]
 
     def subjob_specs(self, job: int, indexes: Sequence[int]) -> dict[int, dict[str, Any]]:
-        got = self._sync("subjob_specs", job=job, indexes=list(indexes))
+        got = self._sync(wire.SubjobSpecsRequest(job=job, indexes=list(indexes)))
         return {int(k): v for k, v in got.items()}
 
     def annotate(self, job: int, comment: str | None, metadata: dict[str, Any] | None) -> None:
-        self._sync("annotate", job=job, comment=comment, metadata=metadata)
+        self._sync(wire.AnnotateRequest(job=job, comment=comment, metadata=metadata))
 
     # ------------------------------------------------------------ operations
-    async def _op(self, method: str, targets: Sequence[FQID], **kw: Any) -> Done:
+    async def _op(self, request: wire.Request, targets: Sequence[FQID]) -> Done:
         try:
-            answer = await self.client.call(method, targets=[fqid_str(fq) for fq in targets], **kw)
+            answer = await self.client.send(request)
         finally:
             await self._load(sorted({fq[0] for fq in targets}))
         return Done(int(answer.get("acted", 0)))
 
     async def add(self, name: str, spec: dict[str, Any]) -> int:
-        job = int((await self.client.call("add", name=name, spec=spec))["id"])
+        request = wire.AddRequest(name=name, spec=wire.job_spec(spec, f"(new {name or 'job'})"))
+        job = int((await self.client.send(request))["id"])
         await self._load([job])
         return job
 
     async def submit(self, targets: Sequence[FQID], keep_going: bool,
                      definitions: dict[int, tuple[str, dict[str, Any]]] | None = None) -> Done:
-        defs = {str(k): [name, spec] for k, (name, spec) in (definitions or {}).items()}
-        return await self._op("submit", targets, keep_going=keep_going, definitions=defs)
+        """New jobs go as they are defined now: their public definitions, which the service checks and builds."""
+        defs = {str(job): wire.JobDefinition(name=name, spec=wire.job_spec(spec, str(job)))
+                for job, (name, spec) in (definitions or {}).items()}
+        return await self._op(wire.SubmitRequest(targets=_ids(targets), keep_going=keep_going,
+                                                 definitions=defs or None), targets)
 
     async def kill(self, targets: Sequence[FQID], keep_going: bool) -> Done:
-        return await self._op("kill", targets, keep_going=keep_going)
+        return await self._op(wire.KillRequest(targets=_ids(targets), keep_going=keep_going), targets)
 
     async def resubmit(self, targets: Sequence[FQID], *, only_failed: bool, keep_going: bool,
                        backend: dict[str, Any] | None, from_state: str | None) -> Done:
-        return await self._op("resubmit", targets, only_failed=only_failed, keep_going=keep_going, backend=backend,
-                              from_state=from_state)
+        chosen = None
+        if backend is not None:
+            chosen = wire.BackendSpec(name=str(backend["name"]), settings=dict(backend.get("settings") or {}))
+        return await self._op(wire.ResubmitRequest(targets=_ids(targets), only_failed=only_failed,
+                                                   keep_going=keep_going, backend=chosen, from_state=from_state),
+                              targets)
 
     async def release(self, targets: Sequence[FQID], retry_args: Sequence[str] | None) -> Done:
-        return await self._op("release", targets, retry_args=list(retry_args) if retry_args is not None else None)
+        args = [str(a) for a in retry_args] if retry_args is not None else None
+        return await self._op(wire.ReleaseRequest(targets=_ids(targets), retry_args=args), targets)
 
     async def force_status(self, targets: Sequence[FQID], status: JobStatus, force: bool, keep_going: bool) -> Done:
-        return await self._op("force_status", targets, status=status.value, force=force, keep_going=keep_going)
+        return await self._op(wire.ForceStatusRequest(targets=_ids(targets), status=status.value, force=force,
+                                                      keep_going=keep_going), targets)
 
     async def remove(self, targets: Sequence[FQID], keep_going: bool) -> Done:
-        return await self._op("remove", targets, keep_going=keep_going)
+        return await self._op(wire.RemoveRequest(targets=_ids(targets), keep_going=keep_going), targets)
 
     async def wait(self, targets: Sequence[FQID], timeout: float | None) -> None:
-        answer = await self.client.call("wait", targets=[fqid_str(fq) for fq in targets], timeout=timeout)
+        answer = await self.client.send(wire.WaitRequest(targets=_ids(targets), timeout=timeout))
         await self._load(sorted({fq[0] for fq in targets}))
         if answer.get("timed_out"):
             raise TimeoutError(f"jobs {', '.join(fqid_str(fq) for fq in targets)} still active after {timeout} s")
 
     async def peek(self, fq: FQID, name: str, tail: int | None) -> str:
-        return str((await self.client.call("peek", fqid=fqid_str(fq), name=name, tail=tail))["text"])
+        return str((await self.client.send(wire.PeekRequest(fqid=fqid_str(fq), name=name, tail=tail)))["text"])
 
     async def states(self, fq: FQID) -> list[dict[str, Any]]:
-        return list(await self.client.call("states", fqid=fqid_str(fq)))
+        return list(await self.client.send(wire.StatesRequest(fqid=fqid_str(fq))))
 
     async def events(self) -> AsyncIterator[Any]:
         async with ServiceClient(socket=self.socket) as client:
@@ -332,11 +343,15 @@ class Remote:
                     yield codec.decode(item)
 
     async def refresh(self) -> None:
-        await self.client.call("refresh")
+        await self.client.send(wire.RefreshRequest())
         await self._load(None)
 
     async def metrics(self) -> dict[str, Any]:
-        return await self.client.call("metrics")  # type: ignore[no-any-return]
+        return await self.client.send(wire.MetricsRequest())  # type: ignore[no-any-return]
+
+
+def _ids(targets: Sequence[FQID]) -> list[str]:
+    return [fqid_str(fq) for fq in targets]
 
 
 async def connect_remote(home: Path, stack: AsyncExitStack, *, required: bool, client: ServiceClient | None = None,

@@ -25,9 +25,12 @@ from ..core.events import Profile
 from ..core.jobs import JobState
 from ..core.machine import StateMachine
 from ..core.table import RunExtra, RunTable
+from ..plugin.logs import get_logger
 from . import gcpause
 from .definitions import Definitions
 from .repository import Loaded, Repository, RunsRow, Save, StateRow, TopRow, dumps
+
+log = get_logger(component="writer")
 
 
 class Writer:
@@ -181,8 +184,16 @@ def restore(sm: StateMachine, loaded: Loaded, definitions: Definitions,
     ids = []
     for row in loaded.tops:
         assert row.spec is not None
-        definitions.add(row.id, row.name, row.spec)
-        profile: Profile = definitions.profile(row.id)
+        try:
+            if not isinstance(row.spec, dict):
+                raise TypeError(f"a definition is a JSON object, not {type(row.spec).__name__}")
+            definitions.add(row.id, row.name, row.spec)
+            profile: Profile = definitions.profile(row.id)
+        except Exception as exc:  # defence in depth: one unreadable stored definition never stops the rest
+            definitions.forget(row.id)
+            log.error("a stored job definition is unreadable: the job is left out until it is mended", fqid=str(row.id),
+                      error=f"{type(exc).__name__}: {exc}")
+            continue
         info = row.info
         stored = loaded.runs.get(row.id)
         table = None

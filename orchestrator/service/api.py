@@ -6,6 +6,10 @@
   "message", "fqid", "field"}`` with 404 (unknown job), 409 (refused), 400
   (bad request), and 403 ``"not owner"`` (another user's job; with
   ``owner`` and ``user``).
+- Every request is first decoded into its method's typed request
+  (:mod:`orchestrator.api.wire`): one that does not fit answers 400 naming
+  the field, before anything runs, so nothing of it is stored.
+  ``GET /api/openapi.json`` describes them (:mod:`.openapi`).
 - ``GET /api/events``: server-sent events: every event and every change, in
   order, encoded (:mod:`orchestrator.core.codec`) with ``seq``, the number
   of the step that made it.
@@ -30,7 +34,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import inspect
 import json
 import re
 from collections.abc import AsyncIterator, Callable
@@ -40,6 +43,7 @@ from typing import Any
 
 import anyio
 
+from ..api import wire
 from ..api.owners import Caller, visible_to
 from ..core import codec
 from ..core.errors import JobError, Lagging, NotOwnerError, OrchestratorError, UnknownJobError
@@ -49,11 +53,10 @@ from ..runtime.bus import Bus
 from .access import Access
 from .control import METHODS, READ_ONLY, Control
 from .http import Request, Response
+from .openapi import openapi_document
 
 log = get_logger(component="api")
 
-#: Parameters that are lists when passed in a query string.
-LIST_PARAMS = frozenset({"targets", "retry_args", "jobs", "indexes"})
 #: Seconds between two keep-alive comments on an idle event stream.
 HEARTBEAT = 15.0
 #: Seconds between two checks that an event stream's caller still has access.
@@ -118,7 +121,11 @@ class Api:
         """``/peek/3.1/stderr``: a run's file as text, for the links of a master's page."""
         fqid, _, name = rest.partition("/")
         try:
-            answer = await control.peek(fqid, name or "stdout")
+            request = wire.convert("peek", {"fqid": fqid, "name": name or "stdout"})
+        except wire.BadRequest as exc:
+            return _error(400, "bad request", str(exc), fqid=exc.fqid, field=exc.field)
+        try:
+            answer = await control.peek(**wire.arguments(request))
         except UnknownJobError as exc:
             return _error(404, "unknown job", str(exc), fqid=fqid)
         except NotOwnerError as exc:
@@ -129,26 +136,24 @@ class Api:
 
     # ------------------------------------------------------------ methods
     async def _call(self, req: Request, control: Control, method: str) -> Response:
+        if method == "openapi.json" and req.method in ("GET", "HEAD"):
+            return Response(200, openapi_document())
         if method not in METHODS:
             return _error(404, "not found", f"no method {method!r}")
-        if req.method == "GET" and method in READ_ONLY:
-            kwargs: Any = {k: (v if k in LIST_PARAMS else v[-1]) for k, v in req.query.items()}
-        elif req.method == "POST":
-            try:
-                kwargs = req.json()
-            except (ValueError, UnicodeDecodeError) as exc:
-                return _error(400, "bad request", f"the body is not JSON: {exc}")
-            if not isinstance(kwargs, dict):
-                return _error(400, "bad request", "the body must be a JSON object of arguments")
-        else:
-            return _error(405, "method not allowed", f"{req.method} /api/{method}")
-        call = getattr(control, method)
+        try:  # the one checked boundary: nothing runs on a request that does not fit its type
+            if req.method == "GET" and method in READ_ONLY:
+                request = wire.decode_query(method, req.query)
+            elif req.method == "POST":
+                request = wire.decode(method, req.body)
+            else:
+                return _error(405, "method not allowed", f"{req.method} /api/{method}")
+        except wire.BadRequest as exc:
+            return _error(400, "bad request", str(exc), fqid=exc.fqid, field=exc.field)
+        kwargs = wire.arguments(request)
         try:
-            inspect.signature(call).bind(**kwargs)
-        except TypeError as exc:  # arguments that do not fit the method (a TypeError inside it is a bug: 500)
-            return _error(400, "bad request", f"{method}: {exc}")
-        try:
-            result = await call(**kwargs)
+            result = await getattr(control, method)(**kwargs)
+        except wire.BadRequest as exc:
+            return _error(400, "bad request", str(exc), fqid=exc.fqid or _fqid(kwargs), field=exc.field)
         except UnknownJobError as exc:
             return _error(404, "unknown job", str(exc), fqid=exc.fqid or _fqid(kwargs))
         except NotOwnerError as exc:

@@ -32,10 +32,14 @@ import anyio
 from ..api import views
 from ..api.definition import without_splitter
 from ..api.embedded import Embedded
+from ..api.job import Job
 from ..api.owners import Caller
 from ..api.registry import JobRegistry
+from ..api.validate import checked_backend, validate
+from ..api.wire import BadRequest
 from ..core.errors import JobError, UnknownJobError
-from ..core.ids import FQID, parse_fqid
+from ..core.ids import FQID, fqid_str, parse_fqid
+from ..core.model import Backend
 from ..core.statuses import JobStatus, parse_status
 from .quotas import Quotas
 
@@ -48,6 +52,18 @@ def _fq(value: Any) -> FQID:
         return parse_fqid(value)
     except ValueError:
         raise UnknownJobError(f"no job {value}", fqid=str(value)) from None
+
+
+def _built(name: str, spec: dict[str, Any], fqid: str | None) -> Job:
+    """A job built from a client's definition and checked as ``orch.jobs.add()`` checks it (``fqid``: the
+    job's, ``None`` for a new one): the service trusts no one, and stores only what it built (``job.spec()``),
+    never what it was sent."""
+    try:
+        job = Job.from_spec(name, spec)
+        validate(job, fqid or job.fqid_or_new)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise JobError(f"unreadable job definition: {type(exc).__name__}: {exc}", fqid=fqid or "(new)") from None
+    return job
 
 
 class Control:
@@ -77,7 +93,7 @@ class Control:
     def _targets(self, targets: Sequence[Any] | None, fqid: str | None = None) -> list[FQID]:
         named = list(targets or ()) + ([fqid] if fqid is not None else [])
         if not named:
-            raise TypeError("name the jobs: targets=[...] or fqid=...")
+            raise BadRequest("name the jobs: targets=[...] or fqid=...", field="targets")
         return [self._known(_fq(t)) for t in named]
 
     def _answer(self, acted: int, fqid: str | None) -> dict[str, Any]:
@@ -171,21 +187,21 @@ class Control:
 
     # ------------------------------------------------------------ operations
     async def add(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-        from ..api.job import Job
-        from ..api.validate import validate
-
-        try:
-            job = Job.from_spec(name, spec)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise JobError(f"unreadable job definition: {type(exc).__name__}: {exc}", fqid="(new)") from None
-        validate(job, job.fqid_or_new)  # what a client checked, checked again: the service trusts no one
+        job = _built(name, spec, None)
         job_id = await self.t.add(name, job.spec())
         return {"id": job_id, **views.summary(self.jobs_.top(job_id))}
 
     async def submit(self, targets: Sequence[str] | None = None, keep_going: bool = False,
-                     definitions: dict[str, Any] | None = None, fqid: str | None = None) -> dict[str, Any]:
-        defs = {int(k): (v[0], v[1]) for k, v in (definitions or {}).items()}
-        return self._answer((await self.t.submit(self._targets(targets, fqid), keep_going, defs)).acted, fqid)
+                     definitions: dict[int, Any] | None = None, fqid: str | None = None) -> dict[str, Any]:
+        chosen = self._targets(targets, fqid)
+        tops = {fq[0] for fq in chosen if len(fq) == 1}
+        defs = {}
+        for job, given in (definitions or {}).items():
+            if int(job) not in tops:
+                raise BadRequest(f"a definition for job {job}, which the request does not submit",
+                                 fqid=str(job), field=f"definitions.{job}")
+            defs[int(job)] = (given["name"], _built(given["name"], given["spec"], str(job)).spec())
+        return self._answer((await self.t.submit(chosen, keep_going, defs)).acted, fqid)
 
     async def kill(self, targets: Sequence[str] | None = None, keep_going: bool = False,
                    fqid: str | None = None) -> dict[str, Any]:
@@ -198,6 +214,8 @@ class Control:
         self.t._check(chosen)  # another user's job: refused as not theirs before any quota is counted
         if self.quotas is not None:
             self.quotas.check_resubmit(chosen, only_failed)
+        if backend is not None:  # checked by its driver, as resubmit(backend=...) checks it embedded
+            backend = checked_backend(Backend.from_dict(backend), fqid_str(chosen[0])).to_dict()
         done = await self.t.resubmit(chosen, only_failed=only_failed, keep_going=keep_going,
                                      backend=backend, from_state=from_state)
         return self._answer(done.acted, fqid)
