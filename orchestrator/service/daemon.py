@@ -3,7 +3,8 @@
 It holds the home's lock (so no embedded orchestrator opens it meanwhile),
 runs the monitoring loop for every active job on every backend, keeps the
 event bus, advances workflows, and answers the control API on a Unix socket
-(and, when asked, on 127.0.0.1 with a token). Logs are structlog JSON on
+(and, when asked, on TCP with a token: on 127.0.0.1 by default, beyond
+loopback only with TLS, :mod:`.tls`). Logs are structlog JSON on
 stdout, for supervisord to keep.
 
 It is built to be killed. Every submission is written ahead (``submitting``
@@ -56,6 +57,7 @@ from .api import Api
 from .control import Control
 from .http import Request, Response, serve_connection
 from .standby import Standby
+from .tls import HANDSHAKE_TIMEOUT, QuietTLSListener, TcpSettings, tcp_settings
 
 
 def read_token(path: Path, *, create: bool) -> str:
@@ -104,7 +106,8 @@ class Front:
 
 
 async def run_service(home: Path | None, *, tcp_port: int | None = None, token_file: Path | None = None,
-                      config: dict[str, Any] | None = None, repository: str | None = None) -> int:
+                      config: dict[str, Any] | None = None, repository: str | None = None,
+                      tcp_host: str | None = None) -> int:
     """Serve ``home`` until SIGTERM or SIGINT (or, active on a shared repository, until it loses the lease);
     returns the exit code."""
     configure_logs(json=True, level="INFO", stream=sys.stdout)
@@ -122,7 +125,7 @@ async def run_service(home: Path | None, *, tcp_port: int | None = None, token_f
         lock.acquire()
         try:
             service = Service(path, overrides, settings, lock, started, log)
-            code = await service.run(signals, tcp_port, token_file)
+            code = await service.run(signals, tcp_port, token_file, tcp_host)
         finally:
             lock.release()
     log.info("stopped", seconds=round(time.time() - started, 3), code=code)
@@ -145,7 +148,8 @@ class Service:
         self.stop_asked = anyio.Event()
         self.signalled = 0.0
 
-    async def run(self, signals: Any, tcp_port: int | None, token_file: Path | None) -> int:
+    async def run(self, signals: Any, tcp_port: int | None, token_file: Path | None,
+                  tcp_host: str | None = None) -> int:
         section = self.settings.section("service")
         grace = float(section["stop_timeout"])
         port = tcp_port if tcp_port is not None else int(section["tcp_port"])
@@ -156,6 +160,7 @@ class Service:
         if tokens is not None and port < 0:
             raise ConfigError("a token file is for the TCP listener: give --tcp-port (or [service] tcp_port) too")
         self.token_path = tokens or self.paths.dir / "token"
+        self.tcp = tcp_settings(section, tcp_host) if port >= 0 else TcpSettings("127.0.0.1", None)
         self.access = Access.of(section, self.home, read_token(self.token_path, create=True) if port >= 0 else None)
         try:
             return await self._serve(signals, port, max_body, grace)
@@ -226,12 +231,19 @@ class Service:
         tg.start_soon(_accept, unix, front, "unix", tg, max_body)
         if port < 0:
             return None
+        host = self.tcp.host
         try:
-            tcp = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port, family=socket.AF_INET)
+            tcp = await anyio.create_tcp_listener(local_host=host, local_port=port,
+                                                  family=socket.AF_INET if host == "127.0.0.1" else socket.AF_UNSPEC)
         except OSError as exc:
-            raise ConfigError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}") from None
-        tg.start_soon(_accept, tcp, front, "tcp", tg, max_body)
-        return int(tcp.extra(anyio.abc.SocketAttribute.local_port))
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        bound = int(tcp.extra(anyio.abc.SocketAttribute.local_port))
+        listener: Listener[Any] = tcp
+        if self.tcp.tls is not None:  # HTTPS: the handshake first, then h11 as on the socket
+            listener = QuietTLSListener(tcp, self.tcp.tls, standard_compatible=False,
+                                        handshake_timeout=HANDSHAKE_TIMEOUT)
+        tg.start_soon(_accept, listener, front, "tcp", tg, max_body)
+        return bound
 
     async def _wait_and_open(self, stack: AsyncExitStack, standby: Standby) -> Orchestrator | None:
         """As a standby: look at the lease until it is free, then open the home (``None``: asked to stop)."""
@@ -271,9 +283,10 @@ class Service:
         front.handler = api
         address = self._write_info(bound, "active")
         await runtime.repo.announce(address)
-        page = (f"http://127.0.0.1:{bound}/?token=$(cat {self.token_path})" if bound is not None else
+        page = (f"{self.tcp.url(bound)}/?token=$(cat {self.token_path})" if bound is not None else
                 "off: it needs TCP; start with --tcp-port PORT (0: any free port) or set [service] tcp_port")
         self.log.info("service ready", home=str(self.home), socket=str(self.paths.socket), tcp_port=bound,
+                      tcp_host=self.tcp.host if bound is not None else None, tls=self.tcp.tls is not None,
                       repository=self.storage.where, jobs=len(runtime.sm.job_ids()),
                       start_seconds=round(time.time() - self.started, 3), status_page=page,
                       owner=self.access.owner, users=sorted(self.access.users), admins=sorted(self.access.admins))
@@ -305,7 +318,9 @@ class Service:
 
     def _write_info(self, bound: int | None, role: str) -> dict[str, Any]:
         """``<home>/service/service.json``: where this service answers; also what the lease publishes."""
-        info = {"pid": os.getpid(), "socket": str(self.paths.socket), "tcp_port": bound, "host": "127.0.0.1",
+        tcp = getattr(self, "tcp", TcpSettings("127.0.0.1", None))
+        info = {"pid": os.getpid(), "socket": str(self.paths.socket), "tcp_port": bound, "host": tcp.host,
+                "tls": tcp.tls is not None, "url": tcp.url(bound) if bound is not None else None,
                 "hostname": socket.gethostname(), "home": str(self.home), "started": self.started, "role": role}
         tmp = self.paths.info.with_suffix(".tmp")
         tmp.write_text(json.dumps(info) + "\n")
