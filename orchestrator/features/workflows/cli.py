@@ -28,6 +28,7 @@ from rich.tree import Tree
 from ...api.orchestrator import Orchestrator
 from ...cli.app import CliError, Group, home_of, home_option
 from ...cli.render import console as _console
+from ...cli.render import safe
 from .handle import PackageView, WorkflowRun
 from .runner import Workflows
 from .toml import load_workflow
@@ -123,27 +124,27 @@ def show(wf_id: str, home: Path | None) -> None:
 def render_tree(run: WorkflowRun) -> Tree:
     """The workflow's tree, one row per package."""
     spec = run.spec
-    head = Text(f"workflow {run.id}  ", style="bold").append_text(_state(run.status))
+    head = Text(f"workflow {safe(run.id)}  ", style="bold").append_text(_state(run.status))
     facts = [f"originator {spec.originator or '-'}", f"priority {spec.priority}",
              f"slots {spec.slots or '-'}", "held" if run.hold_flag else ""]
-    head.append("  " + ", ".join(f for f in facts if f), style="dim")
+    head.append(safe("  " + ", ".join(f for f in facts if f)), style="dim")
     tree = Tree(head)
-    tree.add(Text(f"data {run.datadir}", style="dim"))
+    tree.add(Text(safe(f"data {run.datadir}"), style="dim"))
     packages = run.packages
     for stage in spec.stages:
-        st = tree.add(Text(f"stage {stage.id}" + (f" ({stage.name})" if stage.name else ""), style="bold"))
+        st = tree.add(Text(safe(f"stage {stage.id}" + (f" ({stage.name})" if stage.name else "")), style="bold"))
         for line in stage.lines:
             label = f"line {stage.id}.{line.id}" + (" early_start" if line.early_start else "")
-            ln = st.add(Text(label))
+            ln = st.add(Text(safe(label)))
             for pkg in line.packages:
                 ln.add(_package_row(packages[f"{stage.id}.{line.id}.{pkg.id}"]))
     return tree
 
 
 def _package_row(p: PackageView) -> Text:
-    row = Text(f"package {p.key}  ").append_text(_state(p.state))
+    row = Text(f"package {safe(p.key)}  ").append_text(_state(p.state))
     binaries = " | ".join(b.name or Path(b.executable).name for b in p.spec.binaries)
-    row.append(f"  [{binaries}]")
+    row.append(safe(f"  [{binaries}]"))
     if p.job is not None:
         row.append(f"  job {p.job.fqid}, {p.job.info.submit_counter} submit(s)", style="dim")
     if p.spec.priority:
@@ -152,12 +153,12 @@ def _package_row(p: PackageView) -> Text:
         row.append("  hold", style="bright_red")
     if p.state in ("waiting", "held") and p.waiting_for:
         shown = ", ".join(p.waiting_for[:4]) + (f" (+{len(p.waiting_for) - 4})" if len(p.waiting_for) > 4 else "")
-        row.append(f"  waits for {shown}", style="dim")
+        row.append(safe(f"  waits for {shown}"), style="dim")
     reason = p.job.info.reason if p.job is not None else None
     if p.state == "failed":
         reason = reason or next((e["reason"] for e in reversed(p.history)), None)
     if reason and p.state in ("failed", "held", "killed"):
-        row.append(f"  {reason}", style="red")
+        row.append(f"  {safe(reason)}", style="red")
     return row
 
 
