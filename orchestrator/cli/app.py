@@ -104,7 +104,8 @@ def job_id_argument(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def home_option(f: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None,
+    # readable=False: the users of a team's home need only execute (x) on it, never to list it
+    return click.option("--home", type=click.Path(file_okay=False, readable=False, path_type=Path), default=None,
                         help="Orchestrator home (default: $ORCHESTRATOR_HOME or ~/.orchestrator).")(f)
 
 

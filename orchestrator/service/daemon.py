@@ -29,6 +29,7 @@ supervisord to start it again, as a standby.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -193,8 +194,8 @@ class Service:
                     if orch is not None:
                         async with anyio.create_task_group() as tg:
                             # a damaged workflows.sqlite refuses the start, as the repository does
-                            await tg.start(_host_workflows, orch)
-                            code = await self._active(orch, front, bound, grace)
+                            workflows = await tg.start(_host_workflows, orch)
+                            code = await self._active(orch, front, bound, grace, workflows)
                             tg.cancel_scope.cancel()
                     front.handler = None
                     front.stopping = True
@@ -275,11 +276,12 @@ class Service:
             await watch.close()
         return None
 
-    async def _active(self, orch: Orchestrator, front: Front, bound: int | None, grace: float) -> int:
+    async def _active(self, orch: Orchestrator, front: Front, bound: int | None, grace: float,
+                      workflows: Any = None) -> int:
         """Answer, monitor and write until a signal (exit 0) or the lease's loss (:data:`STEP_DOWN`)."""
         runtime = orch.runtime
         api = Api(Control(Embedded(runtime)), runtime.bus, access=self.access,
-                  metrics=runtime.enable_prometheus().render)
+                  metrics=runtime.enable_prometheus().render, workflows=workflows)
         front.handler = api
         address = self._write_info(bound, "active")
         await runtime.repo.announce(address)
@@ -336,12 +338,14 @@ async def _accept(listener: Listener[Any], api: Any, via: str, tg: TaskGroup, ma
         await listener.serve(connection, task_group=tg)
 
 
-async def _host_workflows(orch: Orchestrator, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-    """Workflows advance while the service runs, not only while a user's ``Workflows(orch)`` is open."""
+async def _host_workflows(orch: Orchestrator, *, task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED) -> None:
+    """Workflows advance while the service runs, not only while a user's ``Workflows(orch)`` is open; started,
+    it gives the API its handler of workflow commands (``orchestrator workflow ...`` through the service)."""
+    from ..features.workflows.cli import serve_command
     from ..features.workflows.runner import Workflows
 
-    async with Workflows(orch):
-        task_status.started()
+    async with Workflows(orch) as wfs:
+        task_status.started(functools.partial(serve_command, wfs))
         await anyio.sleep_forever()
 
 

@@ -37,6 +37,8 @@ import anyio
 
 from ...api.job import Job
 from ...api.orchestrator import Orchestrator
+from ...api.owners import Caller
+from ...api.registry import JobRegistry
 from ...api.validate import checked_backend
 from ...core.errors import OrchestratorError, leaves
 from ...core.model import Backend, Executable
@@ -75,6 +77,7 @@ class Workflows:
         self._closing = False
         self._evict_check = True
         self._completed_seen = -1
+        self._registries: dict[str, JobRegistry] = {}
         self.log = get_logger(component="workflows")
 
     @property
@@ -185,8 +188,11 @@ class Workflows:
         return len(self._runs)
 
     # --------------------------------------------------------------- submit
-    async def submit(self, workflow: Workflow) -> WorkflowRun:
+    async def submit(self, workflow: Workflow, owner: str | None = None) -> WorkflowRun:
         """Check, store and start a workflow; its ready packages are submitted before this returns.
+
+        ``owner``: the user a service submits it for (its packages' jobs are that user's); ``None``: this
+        orchestrator's user.
 
         Raises :class:`WorkflowError` (naming the file for a cycle or a missing
         producer, the field for a bad value) and leaves nothing behind.
@@ -223,6 +229,8 @@ class Workflows:
                 raise WorkflowError(f"prefetch of {spec_file.name!r} failed: {exc}", workflow=wf_id,
                                     file=spec_file.name) from None
             state = {"hold": spec.hold, "dropped": [], "deleted": {}, "evictable": {}, "evicted": {}}
+            if owner is not None and owner != self.orch.user:
+                state["owner"] = owner
             packages = {key: StoredPackage(None, {"hold": p.hold}) for key, _, _, p in spec.packages()}
             seq = await self.store.add(wf_id, spec.to_dict(), state, packages)
             run = WorkflowRun(self, spec, seq, dag, state, packages)
@@ -319,7 +327,7 @@ class Workflows:
                 clear_markers(run.package_dir(key))
                 script = run.write_script(key)
                 backend = pkg.backend or run.spec.backend
-                job = await self.orch.jobs.add(Job(
+                job = await self._jobs_of(run.owner).add(Job(
                     name=_job_name(run.id, key), application=Executable("/bin/sh", args=[str(script)]),
                     backend=backend.copy() if isinstance(backend, Backend) else backend,
                     retry=(pkg.retry or run.spec.retry or None)))
@@ -335,6 +343,18 @@ class Workflows:
             return False
         run.log.info("package started", package=key, job=job.id)
         return True
+
+    def _jobs_of(self, owner: str | None) -> JobRegistry:
+        """Where a workflow's package jobs are added: as its owner (a service's user), else as this orchestrator."""
+        if owner is None:
+            return self.orch.jobs
+        registry = self._registries.get(owner)
+        if registry is None:
+            as_caller = getattr(self.orch.transport, "as_caller", None)
+            if as_caller is None:  # a workflow with an owner advances only in a service (whose transport is here)
+                raise OrchestratorError(f"workflow packages of {owner} are added by the service only")
+            registry = self._registries[owner] = JobRegistry(as_caller(Caller(owner)))
+        return registry
 
     # ---------------------------------------------------------- dispositions
     async def _dispose(self, run: WorkflowRun, a: Assessment) -> None:
