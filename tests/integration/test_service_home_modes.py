@@ -121,6 +121,15 @@ def test_listed_users_work_with_execute_only_permission_on_the_home(services: li
     taken = _file(crossable / "taken.toml", WORKFLOW.format(id="flow", seconds=0.05))
     refused = as_user(bob, home, "workflow", "submit", str(taken))
     assert refused.returncode == 2 and "is taken" in refused.stderr, refused.stderr
+    # A file the service would fetch as itself (prefetch) is refused in a user's workflow: it would read as root.
+    secret = crossable / "secret.dat"
+    _file(secret, "root's only\n").chmod(0o600)
+    prefetch = _file(crossable / "prefetch.toml", WORKFLOW.format(id="grab", seconds=0.05).replace(
+        'name = "make"', f'name = "make"\ninputs = [{{ name = "s.dat", locator = "{secret}", acquisition = '
+                         f'"prefetch" }}]'))
+    refused = as_user(alice, home, "workflow", "submit", str(prefetch))
+    assert refused.returncode == 2 and "prefetch is done by the service" in refused.stderr, refused.stderr
+    assert not (home / "workflows" / "grab").exists()
     # The service's own user (an admin) sees every workflow, with its owner.
     assert "flow  completed  2 packages: completed 2  owner orch-alice" in cli_ok(home, "workflow", "list")
 

@@ -206,9 +206,14 @@ class Workflows:
         wf_id = spec.id
         if wf_id in self._runs:
             raise WorkflowError("a workflow with this id exists in this home", workflow=wf_id)
-        for _, _, _, p in spec.packages():
+        user = owner is not None and owner != self.orch.user
+        for key, _, _, p in spec.packages():
             for b in p.binaries:
                 for f in b.inputs:
+                    if user and f.acquisition == "prefetch":  # the service would read the file as itself
+                        raise WorkflowError(f"package {key}: input {f.name!r}: prefetch is done by the service, "
+                                            f"so a user's workflow may not ask for it: use acquisition = \"copy\" "
+                                            f"(the package copies it, as its owner)", workflow=wf_id, file=f.name)
                     if f.locator is not None:
                         f.locator = os.path.abspath(os.path.expanduser(f.locator))
         datadir = self.root / wf_id / "data"
