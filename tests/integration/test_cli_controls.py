@@ -48,12 +48,14 @@ def test_jobs_and_show_escape_control_characters_and_json_stays_exact(tmp_path: 
     fqid = add_hostile_job(home)
     listing = orch(home, "jobs")
     shown = orch(home, "show", fqid)
-    for done in (listing, shown):
+    report = orch(home, "report", fqid)
+    for done in (listing, shown, report):
         assert done.returncode == 0, done.stderr
         out = done.stdout
         assert not any(c in out for c in "\x1b\x07\x08\x9b\x85\u202e"), repr(out)
     assert "a\\x1b[2Jb" in listing.stdout
     assert "a\\x1b[2Jb" in shown.stdout
+    assert "a\\x1b[2Jb" in report.stdout
     assert "c\\x07d\\x9b2Je\\x1b]0;owned\\x07f\\x08g\\u202eh" in shown.stdout
     assert "v\\u001b[31m\\x85" in shown.stdout  # JSON escapes C0 itself
     # --json: the values exactly, as JSON writes them.
