@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import os
 import ssl
 import subprocess
 from pathlib import Path
@@ -104,6 +105,13 @@ def test_a_service_on_all_addresses_speaks_https_and_a_client_with_the_ca_works(
     listed = cli(elsewhere, "--url", url, "--token-file", str(token_file), "--ca", str(ca), "jobs", "--json")
     assert listed.returncode == 0, listed.stderr
     assert '"name": "far"' in listed.stdout
+    # Or from the environment, the CA from the client home's [service] tls_ca.
+    elsewhere.mkdir()
+    (elsewhere / "orchestrator.toml").write_text(f'[service]\ntls_cert = ""\ntls_ca = "{ca}"\n')
+    env = {**os.environ, "ORCHESTRATOR_URL": url, "ORCHESTRATOR_TOKEN_FILE": str(token_file)}
+    shown = subprocess.run([str(ORCH), "--home", str(elsewhere), "show", "0", "--json"], capture_output=True,
+                           text=True, timeout=60, stdin=subprocess.DEVNULL, env=env)
+    assert shown.returncode == 0 and '"status": "completed"' in shown.stdout, shown.stderr
     # Plain HTTP on that port gets nothing: the listener speaks TLS only.
     with pytest.raises(httpx.TransportError), httpx.Client(timeout=5) as plain:
         plain.get(f"http://127.0.0.1:{service.port}/health", headers={"authorization": f"Bearer {service.token}"})
