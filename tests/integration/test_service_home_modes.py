@@ -72,7 +72,7 @@ def test_listed_users_work_with_execute_only_permission_on_the_home(services: li
     home.mkdir()
     (home / "orchestrator.toml").write_text('[core]\npoll_interval = 0.05\n[service]\n'
                                             f'users = ["{USERS[0]}", "{USERS[1]}"]\n')
-    start(services, home)
+    service = start(services, home)
     home.chmod(0o711)  # the docs' promise: users need only to cross it
     assert stat.S_IMODE(home.stat().st_mode) == 0o711 and home.stat().st_uid == 0
     quick = _file(crossable / "quick.toml", 'name = "quick"\n[application]\nexe = "/bin/true"\n'
@@ -130,6 +130,12 @@ def test_listed_users_work_with_execute_only_permission_on_the_home(services: li
     refused = as_user(alice, home, "workflow", "submit", str(prefetch))
     assert refused.returncode == 2 and "prefetch is done by the service" in refused.stderr, refused.stderr
     assert not (home / "workflows" / "grab").exists()
+    # Requests of the wrong shape are refused, never a 5xx.
+    with service.client() as raw:
+        assert raw.post("/api/workflow/nonsense", json={}).status_code == 404
+        for body in ({"workflow": [1]}, {"workflow": {"stages": 3}}, {"wf_id": "flow", "extra": 1}, [1]):
+            answer = raw.post("/api/workflow/submit" if "workflow" in str(body) else "/api/workflow/show", json=body)
+            assert answer.status_code in (400, 409), (body, answer.status_code, answer.text)
     # The service's own user (an admin) sees every workflow, with its owner.
     assert "flow  completed  2 packages: completed 2  owner orch-alice" in cli_ok(home, "workflow", "list")
 

@@ -115,8 +115,6 @@ class Mine:
 Command = Callable[..., Awaitable[int | None]]
 #: The commands, by name: each runs on a home's workflows (here, or in the service for its caller).
 COMMANDS: dict[str, Command] = {}
-#: Those that drive workflows until something happens (here they need the runner's loop).
-AUTORUN = {"wait"}
 
 
 def command(name: str) -> Callable[[Command], Command]:
@@ -137,7 +135,7 @@ def _run(home: Path | None, name: str, args: dict[str, Any], *, autorun: bool = 
                   else await connect(path))
         if client is not None:
             async with client:
-                answer = await client.call(f"workflow/{name}", **args)
+                answer = await client.call(f"workflow/{name}", **args, width=_console().width)
             _replay(answer["out"])
             return int(answer["code"] or 0)
         async with Orchestrator(home=path, service=False) as orch, Workflows(orch, autorun=autorun) as wfs:
@@ -169,6 +167,8 @@ async def serve_command(wfs: Workflows, caller: Caller, name: str, args: dict[st
         code = await found(Mine(wfs, caller), out, **args)
     except click.ClickException as exc:
         raise WorkflowError(exc.message) from None
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:  # arguments of the wrong shape: refused
+        raise WorkflowError(f"workflow {name}: {type(exc).__name__}: {exc}") from None
     return {"out": out.chunks, "code": int(code or 0)}
 
 
