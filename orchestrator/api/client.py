@@ -1,4 +1,5 @@
-"""A client of the service's control API (httpx, over the Unix socket or TCP with a token).
+"""A client of the service's control API (httpx, over the Unix socket, or TCP with a token and, beyond
+loopback, TLS: the service's certificate verified against a CA file or the system's CAs).
 
 ``ServiceClient.call(method, **arguments)`` calls one of the service's
 control methods (the transport's operations, as JSON) and raises the same
@@ -15,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import TracebackType
@@ -44,21 +46,56 @@ class StandbyService(ServiceUnavailable):
         self.leader = leader
 
 
+def tls_context(ca: str | os.PathLike[str] | None) -> ssl.SSLContext:
+    """What a client trusts for an ``https://`` service: the CA file given, else the system's CAs. The
+    certificate and the host name are always verified; there is no way to turn that off."""
+    if ca is None:
+        return ssl.create_default_context()
+    path = Path(ca).expanduser()
+    try:
+        return ssl.create_default_context(cafile=os.fspath(path))
+    except (OSError, ssl.SSLError) as exc:
+        raise OrchestratorError(f"CA file {path}: cannot be read as PEM certificates: {exc}") from None
+
+
+def _refused(where: str, exc: httpx.TransportError) -> ServiceUnavailable:
+    """The error for a request that did not get through: a certificate that cannot be verified says so."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, ssl.SSLCertVerificationError):
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return ServiceUnavailable(
+            f"the orchestrator service at {where} cannot be verified: {cause.verify_message or cause}; give the "
+            f"PEM file of the CA that signed its certificate with --ca FILE, $ORCHESTRATOR_CA or [service] tls_ca")
+    return ServiceUnavailable(f"the orchestrator service at {where} does not answer: {exc}")
+
+
 class ServiceClient:
-    """``ServiceClient(socket=...)`` on this machine, or ``ServiceClient(url=..., token=...)`` over TCP."""
+    """``ServiceClient(socket=...)`` on this machine, or ``ServiceClient(url=..., token=..., ca=...)`` over TCP
+    (``https://`` verified against ``ca``, a PEM file of CA certificates, or else the system's CAs)."""
 
     def __init__(self, *, socket: str | os.PathLike[str] | None = None, url: str | None = None,
-                 token: str | None = None) -> None:
+                 token: str | None = None, ca: str | os.PathLike[str] | None = None) -> None:
         if (socket is None) == (url is None):
             raise ValueError("give either socket= or url=")
         #: The Unix socket this client speaks on (``None``: TCP).
         self.socket = Path(socket) if socket is not None else None
+        self.url, self.token, self.ca = url, token, ca
         headers = {"authorization": f"Bearer {token}"} if token else {}
         # plain HTTP on a Unix socket: no TLS, so no certificate store to load (verify=False; ~20 ms each)
         transport = httpx.AsyncHTTPTransport(uds=os.fspath(socket), verify=False) if socket is not None else None
         self.where = os.fspath(socket) if socket is not None else str(url)
+        verify: ssl.SSLContext | bool = tls_context(ca) if str(url or "").startswith("https:") else False
         self._http = httpx.AsyncClient(transport=transport, base_url=url or "http://orchestrator", headers=headers,
-                                       timeout=httpx.Timeout(None, connect=5.0))
+                                       timeout=httpx.Timeout(None, connect=5.0), verify=verify)
+
+    def twin(self) -> ServiceClient:
+        """A new client of the same service (its own connections)."""
+        return ServiceClient(socket=self.socket, url=self.url, token=self.token, ca=self.ca)
+
+    def sync(self) -> SyncCaller:
+        """Blocking calls on the same service (:class:`SyncCaller`)."""
+        return SyncCaller(self.socket, url=self.url, token=self.token, ca=self.ca)
 
     @classmethod
     def for_home(cls, home: str | os.PathLike[str]) -> ServiceClient:
@@ -80,7 +117,7 @@ class ServiceClient:
         try:
             response = await self._http.post(f"/api/{method}", json=kwargs)
         except httpx.TransportError as exc:
-            raise ServiceUnavailable(f"the orchestrator service at {self.where} does not answer: {exc}") from exc
+            raise _refused(self.where, exc) from exc
         return _answer(response)
 
     async def send(self, request: wire.Request) -> Any:
@@ -130,21 +167,29 @@ class SyncCaller:
     """Blocking calls on the service's socket (the API's synchronous reads of details, as the embedded
     API reads SQLite), over one kept connection: a new client per call costs ~20 ms of TLS setup alone."""
 
-    def __init__(self, socket: Path, timeout: float = 60.0) -> None:
+    def __init__(self, socket: Path | None, timeout: float = 60.0, *, url: str | None = None,
+                 token: str | None = None, ca: str | os.PathLike[str] | None = None) -> None:
         self.socket = socket
         self.timeout = timeout
+        self.url, self.token, self.ca = url, token, ca
         self._http: httpx.Client | None = None
 
     def __call__(self, request: wire.Request) -> Any:
         if self._http is None:
-            # plain HTTP on a Unix socket: no TLS, so no certificate store to load (verify=False)
-            self._http = httpx.Client(transport=httpx.HTTPTransport(uds=os.fspath(self.socket), verify=False),
-                                      base_url="http://orchestrator", timeout=self.timeout)
+            if self.socket is not None or self.url is None:
+                # plain HTTP on a Unix socket: no TLS, so no certificate store to load (verify=False)
+                self._http = httpx.Client(transport=httpx.HTTPTransport(uds=os.fspath(self.socket or ""), verify=False),
+                                          base_url="http://orchestrator", timeout=self.timeout)
+            else:
+                self._http = httpx.Client(
+                    base_url=self.url, timeout=self.timeout,
+                    headers={"authorization": f"Bearer {self.token}"} if self.token else {},
+                    verify=tls_context(self.ca) if self.url.startswith("https:") else False)
         try:
             response = self._http.post(f"/api/{wire.METHOD_OF[type(request)]}", content=wire.encode(request),
                                        headers=_JSON)
         except httpx.TransportError as exc:
-            raise ServiceUnavailable(f"the orchestrator service at {self.socket} does not answer: {exc}") from exc
+            raise _refused(str(self.socket or self.url), exc) from exc
         return _answer(response)
 
     def close(self) -> None:

@@ -34,6 +34,7 @@ from ..core.model import Backend
 from ..core.splitters import apply_delta
 from ..core.statuses import JobStatus
 from ..plugin.users import OwnerError, identity
+from ..runtime.recipients import check_spec
 from ..runtime.runtime import Runtime
 from .definition import subjob_part
 from .owners import OWNER_KEY, Caller, OwnerBook, current_user, home_owner, refusal, visible_to
@@ -117,7 +118,12 @@ class Embedded:
         return {i: apply_delta(master, delta) for i, delta in defs.deltas(job, indexes).items()}
 
     # ------------------------------------------------------------ operations
+    def _check_recipients(self, spec: dict[str, Any], fqid: str) -> None:
+        """A notification may mail its owner, and whom ``[postprocess] allowed_recipients`` lists: nothing else."""
+        check_spec(spec, self.caller.name, self.runtime.config.section("postprocess"), fqid)
+
     async def add(self, name: str, spec: dict[str, Any]) -> int:
+        self._check_recipients(spec, f"(new {name or 'job'})")
         return await self.runtime.add(name, {**spec, OWNER_KEY: self.caller.name})  # whoever adds it owns it
 
     async def _ask(self, make: Any, kind: str) -> Done:
@@ -136,6 +142,8 @@ class Embedded:
                 spec = {k: v for k, v in spec.items() if k != OWNER_KEY}  # never taken from a client
                 if stored is not None:
                     spec[OWNER_KEY] = stored
+                check_spec(spec, str(stored or self.owners.default), self.runtime.config.section("postprocess"),
+                           str(job))
                 self.runtime.definitions.add(job, name, spec)
                 self.runtime.definitions.dirty.add(job)
                 profiles[job] = self.runtime.definitions.profile(job)

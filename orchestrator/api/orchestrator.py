@@ -57,11 +57,20 @@ class Orchestrator:
     service answers on this machine, ``orch`` goes through that one.
     ``lock``: the home's lock, held already by this process (the service,
     which held it while it waited as a standby).
+
+    ``url``: a service to reach over TCP instead of the home's socket (a
+    client on another host): ``https://host:8750`` (default
+    ``$ORCHESTRATOR_URL``), with ``token`` (default: the content of
+    ``$ORCHESTRATOR_TOKEN_FILE``) and ``ca``, the PEM file of the CA that
+    signed the service's certificate (default ``$ORCHESTRATOR_CA``, else the
+    home's ``[service] tls_ca``, else the system's CAs). The certificate and
+    its host name are always verified.
     """
 
     def __init__(self, home: str | os.PathLike[str] | None = None, config: dict[str, Any] | None = None, *,
                  role: str = "", service: bool | None = None, readonly: bool = False,
-                 repository: str | None = None, lock: HomeLock | None = None) -> None:
+                 repository: str | None = None, lock: HomeLock | None = None, url: str | None = None,
+                 token: str | None = None, ca: str | os.PathLike[str] | None = None) -> None:
         self.home = Path(home).expanduser().resolve() if home is not None else default_home()
         self._given = config
         self._overrides = config
@@ -72,6 +81,8 @@ class Orchestrator:
         self._role = SERVICE_ROLE if role == "service" else role
         self._service = service
         self._readonly = readonly
+        self._url = url or os.environ.get("ORCHESTRATOR_URL") or None
+        self._token, self._ca = token, ca
         self._stack: AsyncExitStack | None = None
         self._transport: Transport | None = None
         self._registry: JobRegistry | None = None
@@ -167,6 +178,8 @@ class Orchestrator:
             return None
         from .remote import connect_remote
 
+        if self._url is not None:
+            return await connect_remote(self.home, stack, required=True, client=await self._tcp_client())
         transport = await connect_remote(self.home, stack, required=False, relocate=self._find_service)
         if transport is None:
             leader = await self._active_service()
@@ -182,6 +195,26 @@ class Orchestrator:
             structlog.get_logger().warning("config overrides are ignored: the service's own settings apply",
                                            home=str(self.home))
         return transport
+
+    async def _tcp_client(self) -> ServiceClient:
+        """A client of the service at ``url``, verified and answering (a certificate that cannot be verified,
+        or a wrong token, is refused here, at once and saying so)."""
+        from .client import ServiceClient
+
+        token = self._token
+        if token is None and os.environ.get("ORCHESTRATOR_TOKEN_FILE"):
+            token = Path(os.environ["ORCHESTRATOR_TOKEN_FILE"]).expanduser().read_text(encoding="utf-8").strip()
+        ca = self._ca or os.environ.get("ORCHESTRATOR_CA") or None
+        if ca is None and (self.home / "orchestrator.toml").exists():
+            ca = Config.load(self.home).section("service").get("tls_ca") or None
+        client = ServiceClient(url=self._url, token=token, ca=ca)
+        try:
+            async with client.twin() as probe:
+                await probe.call("health")
+        except BaseException:
+            await client.aclose()
+            raise
+        return client
 
     async def _find_service(self) -> ServiceClient | None:
         """The service to talk to now: the home's own (a standby leads to the active one), else a shared

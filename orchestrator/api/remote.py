@@ -43,7 +43,7 @@ from ..core.ids import FQID, fqid_str
 from ..core.statuses import ACTIVE, JobStatus
 from ..plugin.logs import get_logger
 from . import wire
-from .client import ServiceClient, ServiceUnavailable, SyncCaller, connect
+from .client import ServiceClient, ServiceUnavailable, connect
 from .owners import Caller, current_user
 from .paths import ServicePaths
 from .transport import Done, JobRecord
@@ -74,7 +74,7 @@ class Remote:
         self.socket = client.socket or ServicePaths(home).socket
         #: Told by the service at the first read (a shared repository keeps it in its shared directory).
         self.workspace = home / "workspace"
-        self._sync = SyncCaller(self.socket)
+        self._sync = client.sync()
         self._tops: dict[int, Mirror] = {}
         self._stale: set[int] = set()
         self._wake = anyio.Event()
@@ -165,7 +165,7 @@ class Remote:
         await found.__aenter__()
         old, self.client, self.socket = self.client, found, found.socket or self.socket
         self._sync.close()
-        self._sync = SyncCaller(self.socket)
+        self._sync = found.sync()
         await old.aclose()
         log.info("following the active service", socket=str(self.socket))
 
@@ -337,7 +337,7 @@ class Remote:
         return list(await self.client.send(wire.StatesRequest(fqid=fqid_str(fq))))
 
     async def events(self) -> AsyncIterator[Any]:
-        async with ServiceClient(socket=self.socket) as client:
+        async with self.client.twin() as client:
             async for item in client.events():
                 if "type" in item:
                     yield codec.decode(item)

@@ -38,7 +38,10 @@ class CliError(click.ClickException):
     exit_code = 2
 
     def show(self, file: Any = None) -> None:
-        Console(stderr=True).print(Text(f"error: {self.message}", style="red"), soft_wrap=True, highlight=False)
+        from .render import safe  # a message may quote a job's name, a field's value: never raw on a terminal
+
+        Console(stderr=True).print(Text(f"error: {safe(self.message)}", style="red"), soft_wrap=True,
+                                   highlight=False)
 
 
 #: The entry-point group of the commands plugins add (``orchestrator wms``, ``orchestrator workflow``...).
@@ -101,13 +104,35 @@ def job_id_argument(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def home_option(f: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None,
+    # readable=False: the users of a team's home need only execute (x) on it, never to list it
+    return click.option("--home", type=click.Path(file_okay=False, readable=False, path_type=Path), default=None,
                         help="Orchestrator home (default: $ORCHESTRATOR_HOME or ~/.orchestrator).")(f)
 
 
 def repository_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--repository", metavar="URL", default=None,
                         help="A PostgreSQL repository (postgresql://...) instead of the home's [repository] url.")(f)
+
+
+def remote_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--url``, ``--token-file`` and ``--ca``: a service reached over TCP (a client on another host)."""
+    f = click.option("--ca", type=click.Path(dir_okay=False, path_type=Path), default=None, envvar="ORCHESTRATOR_CA",
+                     help="With --url https://...: the PEM file of the CA that signed the service's certificate "
+                          "(default: $ORCHESTRATOR_CA, the home's [service] tls_ca, the system's CAs).")(f)
+    f = click.option("--token-file", "token_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     envvar="ORCHESTRATOR_TOKEN_FILE", help="With --url: the file holding your bearer token.")(f)
+    return click.option("--url", default=None, metavar="URL", envvar="ORCHESTRATOR_URL",
+                        help="Reach the service at URL (https://host:port) instead of the home's socket.")(f)
+
+
+def remote_of() -> dict[str, Any]:
+    """``url``, ``token`` and ``ca`` given to ``orchestrator`` (:func:`remote_options`), for ``Orchestrator``."""
+    params = click.get_current_context().find_root().params
+    if not params.get("url"):
+        return {}
+    token_file = params.get("token_file")
+    token = Path(token_file).expanduser().read_text(encoding="utf-8").strip() if token_file else None
+    return {"url": params["url"], "token": token, "ca": params.get("ca")}
 
 
 def repository_of(repository: str | None = None) -> str | None:
@@ -133,11 +158,12 @@ def run(home: Path | None, body: Callable[[Orchestrator], Awaitable[T]], *, refr
     """
     path = home_of(home)
     url = repository_of()
+    remote = remote_of()
 
     async def main(readonly: bool) -> T:
         role = READER_ROLE if read_only else ""  # a writer that comes meanwhile waits for us, not fails
         async with Orchestrator(home=path, readonly=readonly, service=False if readonly else None,
-                                role=role, repository=url) as orch:
+                                role=role, repository=url, **remote) as orch:
             if refresh and not orch.remote and not readonly:
                 await orch.transport.refresh()
                 with anyio.move_on_after(30):  # what the news set going (a merge) finishes first

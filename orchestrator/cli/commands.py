@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from .app import (
     home_option,
     job_id_argument,
     nothing_to_do,
+    remote_options,
     repository_of,
     repository_option,
     run,
@@ -58,7 +60,9 @@ def _lookup(orch: Orchestrator, ident: str) -> Job:
 @home_option
 @repository_option
 @click.option("-v", "--verbose", is_flag=True, help="Log the orchestrator's work (INFO) on stderr.")
-def cli(home: Path | None, repository: str | None, verbose: bool) -> None:
+@remote_options
+def cli(home: Path | None, repository: str | None, verbose: bool, url: str | None, token_file: Path | None,
+        ca: Path | None) -> None:
     """An asynchronous job orchestrator for batch and grid computing.
 
     \b
@@ -186,8 +190,10 @@ def peek(job_id: str, name: str, tail: int | None, as_json: bool, home: Path | N
         text = await _lookup(orch, job_id).peek(name, tail=tail)
         if as_json:
             print_json({"schema": 1, "fqid": job_id, "name": name, "text": text})
-        else:
-            click.echo(text, nl=not text.endswith("\n") and bool(text))
+        elif sys.stdout.isatty():  # on a terminal, the file's control characters escaped
+            click.echo(render.safe(text, keep="\n\t"), nl=not text.endswith("\n") and bool(text))
+        else:  # a pipe or a file gets the text as the run wrote it
+            click.echo(text, nl=not text.endswith("\n") and bool(text), color=True)
 
     run(home, body, refresh=True, read_only=True)
 
@@ -337,7 +343,7 @@ async def _follow(job: Job, timeout: float | None) -> int:
     if record["counts"]:
         line.append(" (").append_text(render.counts_text(record["counts"])).append(")")
     if record["reason"]:
-        line.append(f"; {record['reason']}", style="red")
+        line.append(f"; {render.safe(record['reason'])}", style="red")
     console.print(line, soft_wrap=True)
     if timed_out:
         Console(stderr=True).print(Text(f"timed out after {timeout:g} s; job {job.fqid} goes on", style="yellow"),

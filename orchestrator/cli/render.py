@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import shlex
 from collections.abc import Mapping
 from typing import Any
@@ -18,6 +19,25 @@ from ..core.statuses import ALL_STATUSES, FINAL, JobStatus
 S = JobStatus
 STYLES = {S.NEW: "dim", S.SUBMITTING: "cyan", S.SUBMITTED: "cyan", S.RUNNING: "yellow", S.COMPLETING: "yellow",
           S.COMPLETED: "green", S.FAILED: "red", S.KILLED: "magenta", S.HELD: "bright_red"}
+
+
+#: What never reaches a terminal raw: C0 controls (ESC among them), DEL, C1 controls, and the Unicode controls
+#: that reorder text (bidirectional embeddings, overrides and isolates).
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def safe(text: str, keep: str = "") -> str:
+    """``text`` from a job (a name, a comment, a reason, a file's content...) as it may be shown on a terminal:
+    every control character is written as its escape (ESC as ``\\x1b``), so that none moves the cursor, clears
+    the screen or retitles the window; the characters in ``keep`` (``"\\n\\t"`` for a file) stay."""
+    if keep:
+        return _CONTROLS.sub(lambda m: m.group() if m.group() in keep else _escape(m), text)
+    return _CONTROLS.sub(_escape, text)
 
 
 def console() -> Console:
@@ -92,8 +112,8 @@ def jobs_table(summaries: list[dict[str, Any]], width: int | None = None) -> Tex
     rows: list[list[tuple[str, str | None]]] = []
     for j in summaries:
         c = j["counts"]
-        rows.append([(j["fqid"], None), (j["name"], None), (j.get("owner") or "-", None),
-                     (j["status"], STYLES[JobStatus(j["status"])]), (j["backend"], None),
+        rows.append([(j["fqid"], None), (safe(j["name"]), None), (safe(j.get("owner") or "-"), None),
+                     (j["status"], STYLES[JobStatus(j["status"])]), (safe(j["backend"]), None),
                      (str(j["subjobs"]) if c else "", None),
                      *((str(c.get(s.value, "")), STYLES[s]) for s in shown),
                      (when(j["submitted_at"]), None), (duration(j["elapsed"]), None)])
@@ -136,8 +156,8 @@ def show(detail: dict[str, Any], out: Console, listed: bool = False) -> None:
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
 
-    def row(key: str, value: Any) -> None:
-        grid.add_row(key, value if isinstance(value, Text) else Text(str(value)))
+    def row(key: str, value: Any) -> None:  # every value is escaped (lists are escaped item by item first)
+        grid.add_row(key, value if isinstance(value, Text) else Text(safe(str(value), keep="\n")))
 
     row("job", Text(detail["fqid"], style="bold"))
     if detail["master"] is not None:
@@ -146,19 +166,19 @@ def show(detail: dict[str, Any], out: Console, listed: bool = False) -> None:
     row("owner", detail.get("owner") or "-")
     row("status", status_text(detail["status"]))
     settings = ", ".join(f"{k}={short(v, 60)}" for k, v in detail["backend_settings"].items())
-    row("backend", detail["backend"] + (f" ({settings})" if settings else ""))
+    row("backend", safe(detail["backend"] + (f" ({settings})" if settings else "")))
     app = detail["application"]
     if app is not None:
-        row("application", shlex.join([app["exe"], *app.get("args", [])]))
+        row("application", safe(shlex.join([app["exe"], *app.get("args", [])])))
         if app.get("env"):
-            row("env", " ".join(f"{k}={v}" for k, v in app["env"].items()))
-    row("inputfiles", "\n".join(detail["inputfiles"]) or "-")
-    row("outputfiles", "\n".join(detail["outputfiles"]) or "-")
+            row("env", safe(" ".join(f"{k}={v}" for k, v in app["env"].items())))
+    row("inputfiles", "\n".join(map(safe, detail["inputfiles"])) or "-")
+    row("outputfiles", "\n".join(map(safe, detail["outputfiles"])) or "-")
     row("mode", detail["mode"])
     if detail.get("comment"):
-        row("comment", detail["comment"])
+        row("comment", detail["comment"])  # its own lines kept, every other control escaped
     if detail.get("metadata"):
-        row("metadata", json.dumps(detail["metadata"], sort_keys=True, ensure_ascii=False))
+        row("metadata", safe(json.dumps(detail["metadata"], sort_keys=True, ensure_ascii=False)))
     for key in ("splitter", "merger"):
         if detail[key] is not None:
             row(key, short(detail[key]))
@@ -170,11 +190,11 @@ def show(detail: dict[str, Any], out: Console, listed: bool = False) -> None:
     if detail.get("submitted_at") is not None:
         row("elapsed", duration(detail.get("elapsed")))
     if info.get("reason"):
-        row("reason", Text(info["reason"], style="red"))
+        row("reason", Text(safe(info["reason"]), style="red"))
     for i, entry in enumerate(info.get("history", [])):
-        row("history" if i == 0 else "", ", ".join(f"{k}={short(v, 80)}" for k, v in entry.items()))
+        row("history" if i == 0 else "", safe(", ".join(f"{k}={short(v, 80)}" for k, v in entry.items())))
     if info.get("retry_args"):
-        row("retry_args", " ".join(info["retry_args"]))
+        row("retry_args", safe(" ".join(info["retry_args"])))
     row("outputdir", detail["outputdir"])
     cpu = detail.get("cpu")
     if cpu is None and "cpu" in detail:
@@ -210,6 +230,7 @@ def subjobs_table(rows: list[dict[str, Any]]) -> Table:
     for col in ("id", "status", "args", "submits", "backend_id", "reason"):
         table.add_column(col, no_wrap=col in ("id", "status", "submits"), overflow="fold")
     for sub in rows:
-        table.add_row(sub["fqid"], status_text(sub["status"]), Text(short(" ".join(sub["args"]), 60)),
-                      str(sub["submits"]), Text(sub["backend_id"] or "-"), Text(sub["reason"] or "", style="red"))
+        table.add_row(sub["fqid"], status_text(sub["status"]), Text(safe(short(" ".join(sub["args"]), 60))),
+                      str(sub["submits"]), Text(safe(sub["backend_id"] or "-")),
+                      Text(safe(sub["reason"] or ""), style="red"))
     return table

@@ -43,13 +43,13 @@ def report_command(job_id: str, as_json: bool, home: Path | None) -> None:
         grid = Table.grid(padding=(0, 2))
         grid.add_column(style="bold")
         grid.add_column(justify="right")
-        grid.add_row("job", f"{record['fqid']} ({record['name']}, {record['status']})")
+        grid.add_row("job", Text(render.safe(f"{record['fqid']} ({record['name']}, {record['status']})")))
         grid.add_row("attempts", str(record["attempts"]))
         grid.add_row("cpu", f"{record['cpu']:.2f} s")
         grid.add_row("useful", Text(f"{record['useful']:.2f} s", style="green"))
         grid.add_row("wasted", Text(f"{record['wasted']:.2f} s", style="red" if record["wasted"] else ""))
         for cause, seconds in record["wasted_by_cause"].items():
-            grid.add_row(f"  {cause}", f"{seconds:.2f} s")
+            grid.add_row(Text(render.safe(f"  {cause}")), f"{seconds:.2f} s")
         grid.add_row("wall", f"{record['wall']:.2f} s (all attempts)")
         out.print(grid)
 

@@ -67,8 +67,8 @@ def list_states(job_id: str, home: Path | None) -> None:
         for row in rows:
             where, values = _describe(row)
             saved = dt.datetime.fromtimestamp(row.time).astimezone().isoformat(timespec="seconds") if row.time else "-"
-            table.add_row(row.label, saved, Text("yes", style="green") if row.final else "no", where,
-                          str(len(row.data.encode())), Text(values))
+            table.add_row(Text(render.safe(row.label)), saved, Text("yes", style="green") if row.final else "no",
+                          Text(render.safe(where)), str(len(row.data.encode())), Text(render.safe(values)))
         console.print(table)
 
     run(home, body)

@@ -1,15 +1,19 @@
 """``Notifier``: one mail per master when it ends (DØ's notify-on-failure, Ganga's Notifier), over SMTP.
 
 The mail names the job, its ending, its subjobs per status and the first
-failure reasons. It goes to ``to``, by default the job owner's address: the
-user who runs the orchestrator, at ``[postprocess] mail_domain`` (this host's
-name when that is empty). SMTP settings come from ``[postprocess]``:
+failure reasons. It goes to ``to``, by default the job owner's address
+(``[postprocess] mail_addresses``, else the owner at ``mail_domain``, this
+host's name when that is empty). ``to`` may name the owner's address and
+those ``[postprocess] allowed_recipients`` lists, nothing else
+(:mod:`orchestrator.runtime.recipients`): the mail goes through the
+orchestrator's SMTP login, which a team's users must not turn on anyone. SMTP settings come from ``[postprocess]``:
 ``smtp_host``, ``smtp_port``, ``smtp_sender``, ``smtp_starttls``,
 ``smtp_user`` and ``smtp_password_file`` (a file holding the password, so
 that it is never in a settings file), and ``smtp_ca_file``: the certificates
 to trust for STARTTLS instead of the system's (a site's own CA). The server's
 certificate and host name are always checked; there is no setting to turn
-that off. The standard library's ``smtplib`` speaks SMTP: nothing more is
+that off, and a login is never sent without STARTTLS (the settings that would
+are refused when they are loaded). The standard library's ``smtplib`` speaks SMTP: nothing more is
 needed for one mail per master.
 """
 
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..plugin.postprocess import Notification, Outcome, PostprocessContext
+from ..runtime.recipients import owner_address, refused
 
 ENDINGS = ("completed", "failed", "killed", "held")
 
@@ -49,9 +54,8 @@ class Notifier(Notification):
     def params(self) -> dict[str, Any]:
         return {"to": self.to, "on": list(self.on)}
 
-    def recipients(self, config: Mapping[str, Any]) -> list[str]:
-        domain = str(config.get("mail_domain") or socket.getfqdn())
-        return self.to or [f"{getpass.getuser()}@{domain}"]
+    def recipients(self, config: Mapping[str, Any], owner: str | None = None) -> list[str]:
+        return self.to or [owner_address(owner or getpass.getuser(), config)]
 
     def message(self, context: PostprocessContext, outcome: Outcome) -> EmailMessage:
         config = context.config
@@ -60,7 +64,7 @@ class Notifier(Notification):
         label = f"job {context.fqid}" + (f" ({context.name})" if context.name else "")
         mail["Subject"] = f"orchestrator: {label} {outcome.status}: {counts}"
         mail["From"] = str(config.get("smtp_sender") or f"orchestrator@{socket.getfqdn()}")
-        mail["To"] = ", ".join(self.recipients(config))
+        mail["To"] = ", ".join(self.recipients(config, context.owner))
         lines = [f"{label} {outcome.status} on {socket.gethostname()}.", "", "Subjobs per status:"]
         lines += [f"  {status:<10} {n}" for status, n in outcome.counts.items()]
         if outcome.error:
@@ -73,6 +77,12 @@ class Notifier(Notification):
 
     def send(self, context: PostprocessContext, outcome: Outcome) -> None:
         config = context.config
+        owner = context.owner or getpass.getuser()
+        bad = refused(self.recipients(config, owner), owner, config)
+        if bad:  # a job stored before the rule, or settings changed since: checked again, nothing sent
+            raise ValueError(f"{', '.join(bad)}: not {owner}'s address, nor in [postprocess] allowed_recipients")
+        if config.get("smtp_user") and not config.get("smtp_starttls"):
+            raise ValueError("an SMTP login needs smtp_starttls = true: it is never sent in clear")
         host, port = str(config.get("smtp_host") or "localhost"), int(config.get("smtp_port") or 25)
         with smtplib.SMTP(host, port, timeout=30) as smtp:
             if config.get("smtp_starttls"):

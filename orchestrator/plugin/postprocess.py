@@ -41,6 +41,8 @@ class PostprocessContext:
     #: ``[postprocess]`` of the configuration (SMTP settings for a notifier...).
     config: Mapping[str, Any] = field(default_factory=dict)
     log: Any = None
+    #: The OS user the master belongs to (``None``: the orchestrator's own user).
+    owner: str | None = None
 
 
 @dataclass(slots=True)

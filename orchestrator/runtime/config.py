@@ -23,10 +23,14 @@ def _defaults() -> dict[str, Any]:
     return tomllib.loads(text)
 
 
+#: Tables whose keys are the user's own (backend names, user names), not settings to check against the defaults.
+OPEN_TABLES = ("backends.", "postprocess.mail_addresses.")
+
+
 def _merge(base: dict[str, Any], over: dict[str, Any], where: str, prefix: str = "") -> None:
     for key, value in over.items():
         name = f"{prefix}{key}"
-        if key not in base and not prefix.startswith("backends."):
+        if key not in base and not prefix.startswith(OPEN_TABLES):
             raise ConfigError(f"{where}: unknown setting {name!r}")
         if isinstance(value, dict) and isinstance(base.get(key), dict):
             _merge(base[key], value, where, f"{name}.")
@@ -76,6 +80,9 @@ class Config:
         chunk = core["submit_chunk"]
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise ConfigError(f"{where}: core.submit_chunk must be an integer >= 1, not {chunk!r}")
+        from .recipients import check_settings
+
+        check_settings(self.section("postprocess"), where)
         try:
             parse_rules(self.data.get("actions", []))
         except ConfigError as exc:

@@ -59,8 +59,10 @@ class Postprocessing:
         subjobs = [SubjobOutput(i, JobStatus.from_code(code), self.workspace.outputdir((job, i)),
                                 js.runs.extras[i].reason if i in js.runs.extras else None)
                    for i, code in enumerate(statuses)]
+        owner = self.definitions.spec(job).get("owner")
         return PostprocessContext(str(job), self.definitions.names.get(job, ""), self.workspace.outputdir((job,)),
-                                  subjobs, {s.value: n for s, n in js.counts().items()}, self.settings, self.log)
+                                  subjobs, {s.value: n for s, n in js.counts().items()}, self.settings, self.log,
+                                  str(owner) if owner else None)
 
     async def run(self, ins: RunPostprocess) -> None:
         job = ins.job

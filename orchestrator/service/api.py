@@ -13,6 +13,10 @@
 - ``GET /api/events``: server-sent events: every event and every change, in
   order, encoded (:mod:`orchestrator.core.codec`) with ``seq``, the number
   of the step that made it.
+- ``POST /api/workflow/<command>``: a workflow command (``orchestrator
+  workflow ...``) run by the service on its workflows for the caller
+  (:func:`orchestrator.features.workflows.cli.serve_command`): what it
+  printed, and its exit code.
 - ``GET /health``: 200 while the service runs.
 - ``GET /``: the live status page.
 
@@ -36,7 +40,7 @@ import base64
 import hashlib
 import json
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -61,14 +65,17 @@ log = get_logger(component="api")
 HEARTBEAT = 15.0
 #: Seconds between two checks that an event stream's caller still has access.
 RECHECK = 0.5
+#: Runs a workflow command for a caller: ``(caller, command, arguments) -> {"out": [...], "code": int}``.
+WorkflowHandler = Callable[[Caller, str, dict[str, Any]], Awaitable[dict[str, Any]]]
 #: Prometheus's text exposition format.
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class Api:
     def __init__(self, control: Control, bus: Bus, *, access: Access,
-                 metrics: Callable[[], bytes] | None = None) -> None:
+                 metrics: Callable[[], bytes] | None = None, workflows: WorkflowHandler | None = None) -> None:
         self.control = control
+        self.workflows = workflows
         self.bus = bus
         self.metrics = metrics
         self.access = access
@@ -97,6 +104,8 @@ class Api:
             return Response(200, self.metrics(), METRICS_TYPE)
         if req.path == "/api/events" and req.method == "GET":
             return Response(200, content_type="text/event-stream", stream=self._events(control, req))
+        if req.path.startswith("/api/workflow/") and req.method == "POST":
+            return await self._workflow(req, control.t.caller, req.path.removeprefix("/api/workflow/"))
         if req.path.startswith("/api/"):
             return await self._call(req, control, req.path.removeprefix("/api/"))
         return _error(404, "not found", f"no route {req.method} {req.path}")
@@ -163,6 +172,27 @@ class Api:
         except OrchestratorError as exc:
             return _error(409, "refused", str(exc), fqid=_fqid(kwargs))
         return Response.json(result)
+
+    async def _workflow(self, req: Request, caller: Caller, command: str) -> Response:
+        """A workflow command, run here for ``caller`` on the service's workflows."""
+        if self.workflows is None:
+            return _error(404, "not found", "this service does not run workflows")
+        try:
+            kwargs = req.json()
+        except (ValueError, UnicodeDecodeError) as exc:
+            return _error(400, "bad request", f"the body is not JSON: {exc}")
+        if not isinstance(kwargs, dict):
+            return _error(400, "bad request", "the body must be a JSON object of arguments")
+        try:
+            return Response.json(await self.workflows(caller, command, kwargs))
+        except KeyError as exc:
+            return _error(404, "not found", str(exc.args[0]) if exc.args else f"no workflow command {command!r}")
+        except TypeError as exc:
+            return _error(400, "bad request", f"workflow {command}: {exc}")
+        except JobError as exc:
+            return _error(409, "refused", str(exc), fqid=exc.fqid, field=exc.field)
+        except OrchestratorError as exc:
+            return _error(409, "refused", str(exc), field=getattr(exc, "field", None))
 
     async def _events(self, control: Control, req: Request) -> AsyncIterator[bytes]:
         """Every event and change of the caller's jobs (all, for an admin), in order, until the client or the

@@ -17,13 +17,17 @@ from .daemon import run_service
 
 @click.command()
 @click.option("--tcp-port", type=int, default=None,
-              help="Also listen on 127.0.0.1:PORT (0: any free port), bearer token required. Default: [service].")
+              help="Also listen on TCP port PORT (0: any free port), bearer token required. Default: [service].")
+@click.option("--tcp-host", default=None, metavar="HOST",
+              help="Where the TCP port listens (default: [service] tcp_host, 127.0.0.1); beyond loopback only with "
+                   "TLS ([service] tls_cert and tls_key).")
 @click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The bearer token for TCP clients (created, mode 0600, if missing). "
                    "Default: [service] token_file, else <home>/service/token.")
 @repository_option
 @home_option
-def serve(tcp_port: int | None, token_file: Path | None, repository: str | None, home: Path | None) -> None:
+def serve(tcp_port: int | None, tcp_host: str | None, token_file: Path | None, repository: str | None,
+          home: Path | None) -> None:
     """Run the service on a home until SIGTERM: monitoring, control API on a Unix socket, status page.
 
     On a shared (PostgreSQL) repository, the service that holds its lease is active and the others wait as
@@ -32,7 +36,7 @@ def serve(tcp_port: int | None, token_file: Path | None, repository: str | None,
     path = home_of(home)
     url = repository_of(repository)
     click.get_current_context().exit(anyio.run(lambda: run_service(path, tcp_port=tcp_port, token_file=token_file,
-                                                                   repository=url)))
+                                                                   repository=url, tcp_host=tcp_host)))
 
 
 @click.command()

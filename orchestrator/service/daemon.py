@@ -3,7 +3,8 @@
 It holds the home's lock (so no embedded orchestrator opens it meanwhile),
 runs the monitoring loop for every active job on every backend, keeps the
 event bus, advances workflows, and answers the control API on a Unix socket
-(and, when asked, on 127.0.0.1 with a token). Logs are structlog JSON on
+(and, when asked, on TCP with a token: on 127.0.0.1 by default, beyond
+loopback only with TLS, :mod:`.tls`). Logs are structlog JSON on
 stdout, for supervisord to keep.
 
 It is built to be killed. Every submission is written ahead (``submitting``
@@ -32,6 +33,7 @@ supervisord to start it again, as a standby.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -63,6 +65,7 @@ from .control import Control
 from .http import Limits, Request, Response, Server, raise_nofile
 from .quotas import Quotas
 from .standby import Standby
+from .tls import HANDSHAKE_TIMEOUT, TcpSettings, tcp_settings
 from .trust import check_users, lock_down, others
 
 
@@ -112,7 +115,8 @@ class Front:
 
 
 async def run_service(home: Path | None, *, tcp_port: int | None = None, token_file: Path | None = None,
-                      config: dict[str, Any] | None = None, repository: str | None = None) -> int:
+                      config: dict[str, Any] | None = None, repository: str | None = None,
+                      tcp_host: str | None = None) -> int:
     """Serve ``home`` until SIGTERM or SIGINT (or, active on a shared repository, until it loses the lease);
     returns the exit code."""
     configure_logs(json=True, level="INFO", stream=sys.stdout)
@@ -136,7 +140,7 @@ async def run_service(home: Path | None, *, tcp_port: int | None = None, token_f
         lock.acquire()
         try:
             service = Service(path, overrides, settings, lock, started, log)
-            code = await service.run(signals, tcp_port, token_file)
+            code = await service.run(signals, tcp_port, token_file, tcp_host)
         finally:
             lock.release()
     log.info("stopped", seconds=round(time.time() - started, 3), code=code)
@@ -159,7 +163,8 @@ class Service:
         self.stop_asked = anyio.Event()
         self.signalled = 0.0
 
-    async def run(self, signals: Any, tcp_port: int | None, token_file: Path | None) -> int:
+    async def run(self, signals: Any, tcp_port: int | None, token_file: Path | None,
+                  tcp_host: str | None = None) -> int:
         section = self.settings.section("service")
         grace = float(section["stop_timeout"])
         port = tcp_port if tcp_port is not None else int(section["tcp_port"])
@@ -169,6 +174,7 @@ class Service:
         if tokens is not None and port < 0:
             raise ConfigError("a token file is for the TCP listener: give --tcp-port (or [service] tcp_port) too")
         self.token_path = tokens or self.paths.dir / "token"
+        self.tcp = tcp_settings(section, tcp_host) if port >= 0 else TcpSettings("127.0.0.1", None)
         self.access = Access.of(section, self.home, read_token(self.token_path, create=True) if port >= 0 else None)
         nofile = raise_nofile()
         self.limits = limits.fitted(nofile)
@@ -207,8 +213,8 @@ class Service:
                     if orch is not None:
                         async with anyio.create_task_group() as tg:
                             # a damaged workflows.sqlite refuses the start, as the repository does
-                            await tg.start(_host_workflows, orch)
-                            code = await self._active(orch, front, bound, grace)
+                            workflows = await tg.start(_host_workflows, orch)
+                            code = await self._active(orch, front, bound, grace, workflows)
                             tg.cancel_scope.cancel()
                     front.handler = None
                     front.stopping = True
@@ -265,12 +271,14 @@ class Service:
         tg.start_soon(server.serve, unix, "unix", tg)
         if port < 0:
             return None
+        host = self.tcp.host
         try:
-            tcp = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port, family=socket.AF_INET)
+            tcp = await anyio.create_tcp_listener(local_host=host, local_port=port,
+                                                  family=socket.AF_INET if host == "127.0.0.1" else socket.AF_UNSPEC)
         except OSError as exc:
-            raise ConfigError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}") from None
-        for one in tcp.listeners:
-            tg.start_soon(server.serve, one, "tcp", tg)
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        for one in tcp.listeners:  # HTTPS with TLS: each connection's handshake first, then h11 as on the socket
+            tg.start_soon(server.serve, one, "tcp", tg, self.tcp.tls, HANDSHAKE_TIMEOUT)
         return int(tcp.extra(anyio.abc.SocketAttribute.local_port))
 
     async def _wait_and_open(self, stack: AsyncExitStack, standby: Standby) -> Orchestrator | None:
@@ -303,20 +311,22 @@ class Service:
             await watch.close()
         return None
 
-    async def _active(self, orch: Orchestrator, front: Front, bound: int | None, grace: float) -> int:
+    async def _active(self, orch: Orchestrator, front: Front, bound: int | None, grace: float,
+                      workflows: Any = None) -> int:
         """Answer, monitor and write until a signal (exit 0) or the lease's loss (:data:`STEP_DOWN`)."""
         runtime = orch.runtime
         embedded = Embedded(runtime)
         quotas = Quotas(self.settings.section("service"), runtime.sm, embedded.owner_of)
         runtime.admission = quotas.admit
         api = Api(Control(embedded, quotas), runtime.bus, access=self.access,
-                  metrics=runtime.enable_prometheus().render)
+                  metrics=runtime.enable_prometheus().render, workflows=workflows)
         front.handler = api
         address = self._write_info(bound, "active")
         await runtime.repo.announce(address)
-        page = (f"http://127.0.0.1:{bound}/?token=$(cat {self.token_path})" if bound is not None else
+        page = (f"{self.tcp.url(bound)}/?token=$(cat {self.token_path})" if bound is not None else
                 "off: it needs TCP; start with --tcp-port PORT (0: any free port) or set [service] tcp_port")
         self.log.info("service ready", home=str(self.home), socket=str(self.paths.socket), tcp_port=bound,
+                      tcp_host=self.tcp.host if bound is not None else None, tls=self.tcp.tls is not None,
                       repository=self.storage.where, jobs=len(runtime.sm.job_ids()),
                       start_seconds=round(time.time() - self.started, 3), status_page=page,
                       owner=self.access.owner, users=sorted(self.access.users), admins=sorted(self.access.admins))
@@ -348,7 +358,9 @@ class Service:
 
     def _write_info(self, bound: int | None, role: str) -> dict[str, Any]:
         """``<home>/service/service.json``: where this service answers; also what the lease publishes."""
-        info = {"pid": os.getpid(), "socket": str(self.paths.socket), "tcp_port": bound, "host": "127.0.0.1",
+        tcp = getattr(self, "tcp", TcpSettings("127.0.0.1", None))
+        info = {"pid": os.getpid(), "socket": str(self.paths.socket), "tcp_port": bound, "host": tcp.host,
+                "tls": tcp.tls is not None, "url": tcp.url(bound) if bound is not None else None,
                 "hostname": socket.gethostname(), "home": str(self.home), "started": self.started, "role": role}
         tmp = self.paths.info.with_suffix(".tmp")
         tmp.write_text(json.dumps(info) + "\n")
@@ -371,12 +383,14 @@ def limits_of(section: dict[str, Any]) -> Limits:
                   header_timeout=number("header_timeout", 0.1, float), idle_timeout=number("idle_timeout", 0.1, float))
 
 
-async def _host_workflows(orch: Orchestrator, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-    """Workflows advance while the service runs, not only while a user's ``Workflows(orch)`` is open."""
+async def _host_workflows(orch: Orchestrator, *, task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED) -> None:
+    """Workflows advance while the service runs, not only while a user's ``Workflows(orch)`` is open; started,
+    it gives the API its handler of workflow commands (``orchestrator workflow ...`` through the service)."""
+    from ..features.workflows.cli import serve_command
     from ..features.workflows.runner import Workflows
 
-    async with Workflows(orch):
-        task_status.started()
+    async with Workflows(orch) as wfs:
+        task_status.started(functools.partial(serve_command, wfs))
         await anyio.sleep_forever()
 
 

@@ -15,6 +15,7 @@ import contextlib
 import json
 import resource
 import socket
+import ssl
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
@@ -26,6 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 import anyio
 import h11
 from anyio.abc import ByteStream, Listener, SocketAttribute, SocketListener, TaskGroup
+from anyio.streams.tls import TLSStream
 
 from ..plugin.logs import get_logger
 
@@ -176,9 +178,11 @@ class Server:
         self.gate = Gate(limits.max_connections, limits.max_per_peer)
         self._warned = 0.0
 
-    async def serve(self, listener: Listener[Any], via: str, tg: TaskGroup) -> None:
+    async def serve(self, listener: Listener[Any], via: str, tg: TaskGroup, tls: ssl.SSLContext | None = None,
+                    handshake_timeout: float = 10.0) -> None:
         """Accept until cancelled. Out of descriptors (EMFILE, ENFILE), it waits a little and tries again: the
-        listener stays open, whatever the clients do."""
+        listener stays open, whatever the clients do. ``tls``: each connection's TLS handshake comes first (HTTPS),
+        within ``handshake_timeout``."""
         assert isinstance(listener, SocketListener), listener
         async with listener:
             while True:
@@ -190,7 +194,7 @@ class Server:
                     self._warn(exc)
                     await anyio.sleep(ACCEPT_BACKOFF)
                     continue
-                tg.start_soon(self._connection, stream, via)
+                tg.start_soon(self._connection, stream, via, tls, handshake_timeout)
 
     def _warn(self, exc: BaseException) -> None:
         now = time.monotonic()
@@ -200,15 +204,25 @@ class Server:
             log.warning("cannot accept a connection; trying again", error=f"{type(cause).__name__}: {cause}",
                         open=self.gate.count)
 
-    async def _connection(self, stream: ByteStream, via: str) -> None:
+    async def _connection(self, stream: ByteStream, via: str, tls: ssl.SSLContext | None = None,
+                          handshake_timeout: float = 10.0) -> None:
         uid = peer_uid(stream) if via == "unix" else None
         peer: Hashable = ("uid", uid) if via == "unix" else ("address", _remote_host(stream))
         slot = self.gate.admit(peer)
         try:
             if slot is None:
-                with anyio.move_on_after(1.0):
-                    await stream.send(BUSY)
+                if tls is None:
+                    with anyio.move_on_after(1.0):
+                        await stream.send(BUSY)
                 return
+            if tls is not None:
+                try:
+                    with anyio.fail_after(handshake_timeout):
+                        stream = await TLSStream.wrap(stream, server_side=True, ssl_context=tls,
+                                                      standard_compatible=False)
+                except (TimeoutError, ssl.SSLError, anyio.EndOfStream) as exc:  # a scanner, an untrusting client
+                    log.info("TLS handshake failed", error=f"{type(exc).__name__}: {exc}")
+                    return
             with slot.scope:
                 await serve_connection(stream, self.handler, via, self.limits.max_body, limits=self.limits,
                                        slot=slot)

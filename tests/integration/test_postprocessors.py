@@ -64,7 +64,8 @@ def home_with_smtp(tmp_path: Path, port: int) -> Path:
     home = tmp_path / "home"
     home.mkdir()
     (home / "orchestrator.toml").write_text(
-        f'[postprocess]\nsmtp_host = "127.0.0.1"\nsmtp_port = {port}\nsmtp_sender = "orch@test.invalid"\n')
+        f'[postprocess]\nsmtp_host = "127.0.0.1"\nsmtp_port = {port}\nsmtp_sender = "orch@test.invalid"\n'
+        'allowed_recipients = ["@example.org"]\n')
     return home
 
 
@@ -242,7 +243,8 @@ async def test_notifier_over_starttls_with_a_login_trusting_the_sites_ca(
     password = tmp_path / "smtp-password"
     password.write_text("s3cret pass\n")
     settings = (f'[postprocess]\nsmtp_host = "127.0.0.1"\nsmtp_port = {port}\nsmtp_sender = "orch@test.invalid"\n'
-                f'smtp_starttls = true\nsmtp_user = "prod"\nsmtp_password_file = "{password}"\n')
+                f'smtp_starttls = true\nsmtp_user = "prod"\nsmtp_password_file = "{password}"\n'
+                'allowed_recipients = ["ops@example.org"]\n')
     job = Job(name="tls", application=Executable("/bin/true"), splitter=ArgSplitter([["0"], ["1"]]),
               backend=Backend("sim", run_seconds=0.02), postprocessors=[Notifier(to="ops@example.org")])
 

@@ -128,6 +128,12 @@ class WorkflowRun:
     def hold_flag(self) -> bool:
         return bool(self.state.get("hold"))
 
+    @property
+    def owner(self) -> str | None:
+        """The user who submitted it through a service (its packages' jobs are theirs); ``None``: the home's."""
+        owner = self.state.get("owner")
+        return str(owner) if owner else None
+
     def where(self, key: str) -> tuple[Stage, Line, Package]:
         return self._where[key]
 

@@ -37,6 +37,8 @@ import anyio
 
 from ...api.job import Job
 from ...api.orchestrator import Orchestrator
+from ...api.owners import Caller
+from ...api.registry import JobRegistry
 from ...api.validate import checked_backend
 from ...core.errors import OrchestratorError, leaves
 from ...core.model import Backend, Executable
@@ -75,6 +77,7 @@ class Workflows:
         self._closing = False
         self._evict_check = True
         self._completed_seen = -1
+        self._registries: dict[str, JobRegistry] = {}
         self.log = get_logger(component="workflows")
 
     @property
@@ -185,8 +188,11 @@ class Workflows:
         return len(self._runs)
 
     # --------------------------------------------------------------- submit
-    async def submit(self, workflow: Workflow) -> WorkflowRun:
+    async def submit(self, workflow: Workflow, owner: str | None = None) -> WorkflowRun:
         """Check, store and start a workflow; its ready packages are submitted before this returns.
+
+        ``owner``: the user a service submits it for (its packages' jobs are that user's); ``None``: this
+        orchestrator's user.
 
         Raises :class:`WorkflowError` (naming the file for a cycle or a missing
         producer, the field for a bad value) and leaves nothing behind.
@@ -200,9 +206,14 @@ class Workflows:
         wf_id = spec.id
         if wf_id in self._runs:
             raise WorkflowError("a workflow with this id exists in this home", workflow=wf_id)
-        for _, _, _, p in spec.packages():
+        user = owner is not None and owner != self.orch.user
+        for key, _, _, p in spec.packages():
             for b in p.binaries:
                 for f in b.inputs:
+                    if user and f.acquisition == "prefetch":  # the service would read the file as itself
+                        raise WorkflowError(f"package {key}: input {f.name!r}: prefetch is done by the service, "
+                                            f"so a user's workflow may not ask for it: use acquisition = \"copy\" "
+                                            f"(the package copies it, as its owner)", workflow=wf_id, file=f.name)
                     if f.locator is not None:
                         f.locator = os.path.abspath(os.path.expanduser(f.locator))
         datadir = self.root / wf_id / "data"
@@ -223,6 +234,8 @@ class Workflows:
                 raise WorkflowError(f"prefetch of {spec_file.name!r} failed: {exc}", workflow=wf_id,
                                     file=spec_file.name) from None
             state = {"hold": spec.hold, "dropped": [], "deleted": {}, "evictable": {}, "evicted": {}}
+            if owner is not None and owner != self.orch.user:
+                state["owner"] = owner
             packages = {key: StoredPackage(None, {"hold": p.hold}) for key, _, _, p in spec.packages()}
             seq = await self.store.add(wf_id, spec.to_dict(), state, packages)
             run = WorkflowRun(self, spec, seq, dag, state, packages)
@@ -319,7 +332,7 @@ class Workflows:
                 clear_markers(run.package_dir(key))
                 script = run.write_script(key)
                 backend = pkg.backend or run.spec.backend
-                job = await self.orch.jobs.add(Job(
+                job = await self._jobs_of(run.owner).add(Job(
                     name=_job_name(run.id, key), application=Executable("/bin/sh", args=[str(script)]),
                     backend=backend.copy() if isinstance(backend, Backend) else backend,
                     retry=(pkg.retry or run.spec.retry or None)))
@@ -335,6 +348,18 @@ class Workflows:
             return False
         run.log.info("package started", package=key, job=job.id)
         return True
+
+    def _jobs_of(self, owner: str | None) -> JobRegistry:
+        """Where a workflow's package jobs are added: as its owner (a service's user), else as this orchestrator."""
+        if owner is None:
+            return self.orch.jobs
+        registry = self._registries.get(owner)
+        if registry is None:
+            as_caller = getattr(self.orch.transport, "as_caller", None)
+            if as_caller is None:  # a workflow with an owner advances only in a service (whose transport is here)
+                raise OrchestratorError(f"workflow packages of {owner} are added by the service only")
+            registry = self._registries[owner] = JobRegistry(as_caller(Caller(owner)))
+        return registry
 
     # ---------------------------------------------------------- dispositions
     async def _dispose(self, run: WorkflowRun, a: Assessment) -> None:
