@@ -12,8 +12,9 @@ in order:
 
 Directives, HTML comments a reader does not see rendered (the skip's visible sentence is the rule, below):
 
-- ``<!-- file: PATH -->`` just before a block: write the block to PATH in the working directory, for the blocks
-  after it (Python is compiled, TOML and JSON parsed; a written block is not run itself);
+- ``<!-- file: PATH -->`` just before a block (of any language, ``text`` included): write the block to PATH in the
+  working directory, for the blocks after it (Python is compiled, TOML and JSON parsed, shell made executable; a
+  written block is not run itself);
 - ``<!-- docs: job -->`` just before a ``sh`` block: it is a job's script (it uses ``$ORCH_LOG``...): run it as a
   job on ``local`` and require that the job completed;
 - ``<!-- docs: serve -->`` on a line of its own: start ``orchestrator serve`` on the document's home, stopped by
@@ -241,13 +242,13 @@ class BlockParser:
             yield Region(match.start(), match.end(), parsed=match.group("arg"), evaluator=serve)
         for region in self.lexer(document):
             language = LANGUAGES.get(str(region.lexemes["language"]).strip())
-            if language is None:
-                continue
+            before = document.text[: region.start].rstrip()
+            directive = DIRECTIVE.search(before[before.rfind("\n") + 1:])
+            if language is None and not (directive and directive.group("kind") == "file"):
+                continue  # prose: a diagram, a layout, sample output
             source = region.lexemes["source"]
             assert isinstance(source, Lexeme)
             region.parsed = source
-            before = document.text[: region.start].rstrip()
-            directive = DIRECTIVE.search(before[before.rfind("\n") + 1:])
             if directive and directive.group("kind") == "file":
                 region.evaluator = write_file(directive.group("arg"), language)
             elif directive and directive.group("arg") == "job":
