@@ -261,7 +261,7 @@ class BlockParser:
                 region.evaluator = run_python
             elif language == "shell":
                 region.evaluator = run_shell
-            else:
+            elif language is not None:
                 region.evaluator = parse_only(language)
             yield region
 
