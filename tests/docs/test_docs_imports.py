@@ -116,3 +116,14 @@ def test_a_documented_object_exists(where: str, path: str) -> None:
 @pytest.mark.parametrize("path", documents(), ids=lambda p: p.name)
 def test_every_skipped_block_says_why_to_the_reader(path: Path) -> None:
     assert unexplained_skips(path.read_text()) == [], "a skip directive without '(illustration, not run: ...)'"
+
+
+@pytest.mark.parametrize("path", documents(), ids=lambda p: p.name)
+def test_every_block_is_run_or_plainly_prose(path: Path) -> None:
+    """A block's language says what the docs tests do with it: run (python, sh), parse (toml, json), or nothing
+    (``text`` for output, no language for diagrams); any other language would be passed over unseen."""
+    from docblocks import LANGUAGES
+
+    unknown = [(line, lang) for line, lang, _ in code_blocks(path.read_text())
+               if lang not in LANGUAGES and lang not in ("", "text")]
+    assert unknown == [], f"blocks in a language the docs tests neither run nor parse: {unknown}"
