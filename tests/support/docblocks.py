@@ -102,7 +102,25 @@ def teardown(namespace: dict[str, Any]) -> None:
         service.stop()
     stop_background_service(session.home)
     stop_supervisord(session.home)
-    shutil.rmtree(session.base, ignore_errors=True)
+    try:
+        left = active_jobs(session.home)
+        assert not left, f"the document left jobs running (wait for them in the doc): {left}"
+    finally:
+        shutil.rmtree(session.base, ignore_errors=True)
+
+
+def active_jobs(home: Path) -> list[str]:
+    """The jobs of the home still active as last stored: a document waits for what it starts."""
+    from orchestrator import Orchestrator
+
+    if not (home / "repository.sqlite").exists():
+        return []
+
+    async def read() -> list[str]:
+        async with Orchestrator(home=home, readonly=True, service=False) as orch:
+            return [str(job.fqid) for job in orch.jobs if job.is_active()]
+
+    return anyio.run(read)
 
 
 def stop_background_service(home: Path) -> None:
