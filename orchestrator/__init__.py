@@ -1,5 +1,6 @@
 """orchestrator: an asynchronous, event-driven job orchestrator for batch and grid computing."""
 
+from .api.client import ServiceUnavailable
 from .api.job import Job, SubjobList
 from .api.orchestrator import Orchestrator
 from .api.slices import JobSlice
@@ -19,15 +20,18 @@ from .core.statuses import JobStatus
 from .features.notifier import Notifier
 from .features.partitioning import StepSplitter
 from .features.postprocessors import CustomChecker, CustomMerger, FileChecker, TextMerger
+from .plugin.contract import Capabilities, Driver, RunHandle, RunSpec, StatusUpdate, SubmitError
 from .plugin.postprocess import Merger, Postprocessor
+from .plugin.settings import Settings, SettingsError
 from .runtime import registry as plugins  # what is installed: plugins.backend_names(), plugins.refresh()
 
 __version__ = "0.2.0"
 
 __all__ = [
-    "ArgSplitter", "Backend", "ConfigError", "CustomChecker", "CustomMerger", "Executable", "FileChecker",
-    "FileSplitter", "GenericSplitter", "HomeLockedError", "Job", "JobError", "JobInfo", "JobSlice", "JobStatus",
-    "Lagging", "Merger", "NotOwnerError", "Notifier", "Orchestrator", "OrchestratorError", "Postprocessor",
-    "RepositoryError", "RepositoryHeldError", "RetryPolicy", "plugins", "Splitter", "StepSplitter", "SubjobList",
-    "TextMerger",
+    "ArgSplitter", "Backend", "Capabilities", "ConfigError", "CustomChecker", "CustomMerger", "Driver", "Executable",
+    "FileChecker", "FileSplitter", "GenericSplitter", "HomeLockedError", "Job", "JobError", "JobInfo", "JobSlice",
+    "JobStatus", "Lagging", "Merger", "NotOwnerError", "Notifier", "Orchestrator", "OrchestratorError",
+    "Postprocessor", "RepositoryError", "RepositoryHeldError", "RetryPolicy", "RunHandle", "RunSpec",
+    "ServiceUnavailable", "Settings", "SettingsError", "plugins", "Splitter", "StatusUpdate", "StepSplitter",
+    "SubjobList", "SubmitError", "TextMerger",
 ]

@@ -51,6 +51,8 @@ class Bus:
         self.hooks: list[Callable[[Event, Step], None]] = []
         self.handled = 0
         self.closed = False
+        #: An event taken from the queue is being handled and carried out (a closing home waits for it).
+        self.busy = False
 
     async def post(self, event: Event) -> None:
         """Queue an event. Once the bus is closed (the home is closing) an event is dropped: what it
@@ -62,17 +64,21 @@ class Bus:
 
     async def run(self) -> None:
         async for event in self._out:
+            if self.closed:  # the home is closing: what is still queued is dropped, as post() drops it
+                continue
+            self.busy = True
             with structlog.contextvars.bound_contextvars(stimulus_id=event.stimulus_id):
-                step = self.sm.handle(event)
-                self.handled += 1
-                for refusal in step.refusals:
-                    self.log.info("refused", fqid=".".join(map(str, refusal.fqid)), reason=refusal.reason)
-                self._tell(event, step)
-                for hook in self.hooks:
-                    hook(event, step)
                 try:
+                    step = self.sm.handle(event)
+                    self.handled += 1
+                    for refusal in step.refusals:
+                        self.log.info("refused", fqid=".".join(map(str, refusal.fqid)), reason=refusal.reason)
+                    self._tell(event, step)
+                    for hook in self.hooks:
+                        hook(event, step)
                     await self.executor.carry_out(step)
                 finally:
+                    self.busy = False
                     self._changed.set()
                     self._changed = anyio.Event()
 

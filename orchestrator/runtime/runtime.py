@@ -228,6 +228,9 @@ class Runtime:
                         except Exception as exc:  # a driver's close must not lose the home's state
                             self.log.warning("driver close failed", backend=driver.name, error=repr(exc))
                     self.bus.close()
+                    with anyio.move_on_after(float(self.config.core["close_grace"])):
+                        while self.bus.busy:  # the step under way (past settle's grace) writes before the file closes
+                            await self.bus.changed()
                     await self.repo.close()
         finally:
             self._lock.release()
@@ -247,9 +250,9 @@ class Runtime:
             for actor in list(self._actors.values()):
                 await actor.drained()
             stats = self.bus._in.statistics()
-            if stats.current_buffer_used == 0 and not self.executor.busy and not self._retrying():
+            if stats.current_buffer_used == 0 and not self.executor.busy and not self.bus.busy and not self._retrying():
                 await anyio.sleep(0)
-                if self.bus._in.statistics().current_buffer_used == 0 and not self.executor.busy:
+                if self.bus._in.statistics().current_buffer_used == 0 and not self.executor.busy and not self.bus.busy:
                     return
             await self.bus.changed()
 
