@@ -26,6 +26,7 @@ from ..api.orchestrator import Orchestrator, default_home
 from ..core.errors import HomeLockedError, OrchestratorError, RepositoryHeldError
 from ..core.ids import fqid_str, parse_fqid
 from ..runtime.homelock import READER_ROLE
+from ..runtime.sqlite import on_read_only_media
 
 T = TypeVar("T")
 #: Exit code of a command that found nothing to do.
@@ -133,6 +134,9 @@ def run(home: Path | None, body: Callable[[Orchestrator], Awaitable[T]], *, refr
     """
     path = home_of(home)
     url = repository_of()
+    if read_only and not path.is_dir():  # a reader never makes a home: a mistyped --home says so
+        raise CliError(f"no home at {path}: check --home or $ORCHESTRATOR_HOME (a command that adds a job, "
+                       "such as 'orchestrator submit', makes one)")
 
     async def main(readonly: bool) -> T:
         role = READER_ROLE if read_only else ""  # a writer that comes meanwhile waits for us, not fails
@@ -144,6 +148,8 @@ def run(home: Path | None, body: Callable[[Orchestrator], Awaitable[T]], *, refr
                     await orch.runtime.settle()
             return await body(orch)
 
+    if read_only and on_read_only_media(path):  # nobody writes it: read it as it is, without a lock
+        return anyio.run(main, True)
     try:
         return anyio.run(main, False)
     except HomeLockedError as exc:

@@ -180,7 +180,8 @@ def _resubmit_targets(js: JobState, fq: FQID, only_failed: bool) -> list[int]:
     if status == S.HELD:
         raise refused("is held (use release())", fq)
     if status not in RESUBMITTABLE:
-        raise refused(f"cannot resubmit a job that is {status.value}", fq)
+        step = "; kill it first, then resubmit it" if status in ACTIVE else ""
+        raise refused(f"cannot resubmit a job that is {status.value}{step}", fq)
     return [i]
 
 
