@@ -313,6 +313,9 @@ class Remote:
     async def remove(self, targets: Sequence[FQID], keep_going: bool) -> Done:
         return await self._op("remove", targets, keep_going=keep_going)
 
+    async def merge(self, targets: Sequence[FQID]) -> Done:
+        return await self._op("merge", targets)
+
     async def wait(self, targets: Sequence[FQID], timeout: float | None) -> None:
         answer = await self.client.call("wait", targets=[fqid_str(fq) for fq in targets], timeout=timeout)
         await self._load(sorted({fq[0] for fq in targets}))

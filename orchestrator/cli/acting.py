@@ -1,4 +1,4 @@
-"""The commands that act on jobs: kill, resubmit, release, remove, force-status.
+"""The commands that act on jobs: kill, resubmit, release, remove, force-status, merge.
 
 Each takes several ids and ranges (:mod:`.targets`): ``kill 3.1 3.4``, ``resubmit 3.[0-9]``, ``release 3-5``.
 Every id is looked up first, then each is acted on in the order given, one line each; exit 3 when nothing
@@ -160,4 +160,37 @@ def force_status(job_ids: Sequence[Named], status: str, force: bool, keep_going:
     _end(run(home, body))
 
 
-__all__ = ["force_status", "kill", "release", "remove", "resubmit"]
+@cli.command()
+@job_ids_argument
+@click.option("--timeout", type=float, default=None, help="Give up waiting after this many seconds (exit 1).")
+@home_option
+def merge(job_ids: Sequence[Named], timeout: float | None, home: Path | None) -> None:
+    """Run the postprocessors of ended masters (ID...) again over every subjob, and wait for them: mergers
+    replace their own earlier output. (They also run again by themselves once resubmitted subjobs end.)
+    Exit 1 when a postprocessor failed (the line says why)."""
+
+    async def body(orch: Orchestrator) -> int:
+        targets = resolve(orch, job_ids)
+        for target in targets:
+            if target.indexes is not None:
+                raise CliError(f"job {target.label}: a master's postprocessors go over all its subjobs; "
+                               f"name the master ('orchestrator merge {target.job.fqid}')")
+        code = 0
+        for target in targets:
+            job = target.job
+            await job.merge()
+            try:
+                await job.wait(timeout=timeout)
+            except TimeoutError:
+                click.echo(f"job {job.fqid}: still postprocessing after {timeout:g} s")
+                code = 1
+                continue
+            reason = f"; {job.info.reason}" if job.info.reason else ""
+            click.echo(f"job {job.fqid}: merged; {job.status.value}{reason}")
+            code = code or (1 if job.info.reason else 0)  # a postprocessor said why it failed
+        return code
+
+    click.get_current_context().exit(run(home, body))
+
+
+__all__ = ["force_status", "kill", "merge", "release", "remove", "resubmit"]
