@@ -207,14 +207,31 @@ class Orchestrator:
         view = await read_lease(storage.url)
         return await follow(view.address) if view is not None and not view.free else None
 
+    def _left_active(self) -> bool:
+        """Whether closing leaves jobs active on a home nobody else will watch (:mod:`.watcher`)."""
+        runtime = self._runtime
+        if runtime is None or self._readonly or self._role == SERVICE_ROLE or runtime.lost:
+            return False
+        from .watcher import autostart
+
+        if not autostart(self.home, bool(runtime.config.section("service").get("autostart", True))):
+            return False
+        sm = runtime.sm
+        return any(sm.active((job,)) for job in sm.job_ids())
+
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
+        watch = self._left_active()
         stack, self._stack = self._stack, None
         self._transport, self._registry, self._runtime = None, None, None
         if stack is None:
             return
         try:
             await stack.__aexit__(exc_type, exc, tb)
+            if watch:
+                from .watcher import start_watcher
+
+                start_watcher(self.home, (self._overrides or {}).get("repository", {}).get("url"))
         except BaseExceptionGroup as group:
             # The task group wraps the body's own exception: let the original through unwrapped.
             inner = leaves(group)

@@ -266,10 +266,12 @@ class Runtime:
         interval = float(self.config.core["flush_interval"])
         while True:
             await anyio.sleep(interval)
+            if self.closing:  # close() writes the last changes itself, before the repository closes
+                return
             try:
                 await self.writer.flush()
             except Exception as exc:  # the repository's fault: logged, the changes stay to be written
-                if self.lost:
+                if self.lost or self.closing:
                     return
                 self.log.error("could not write to the repository", error=repr(exc))
 
