@@ -4,6 +4,7 @@ home under supervisord never gets a second one; with autostart off, the listings
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
-import psutil
 import pytest
 from supervised import Supervised
 
@@ -36,13 +36,19 @@ def cli(home: Path, *args: str, code: int | None = 0) -> subprocess.CompletedPro
     return done
 
 
-def watchers(home: Path) -> list[psutil.Process]:
-    """The live ``serve --watcher`` processes of ``home``."""
+def watchers(home: Path) -> list[int]:
+    """The PIDs of the live ``serve --watcher`` processes of ``home`` (read from /proc)."""
     found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        line = proc.info["cmdline"] or []
-        if "--watcher" in line and str(home) in line and proc.info["status"] != psutil.STATUS_ZOMBIE:
-            found.append(proc)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            line = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if b"--watcher" in line and str(home).encode() in line and state != "Z":
+            found.append(int(entry.name))
     return found
 
 
@@ -52,8 +58,9 @@ def home(tmp_path: Path) -> Iterator[Path]:
     path.mkdir()
     (path / "orchestrator.toml").write_text("[service]\nwatcher_quiet_seconds = 3.0\n")
     yield path
-    for proc in watchers(path):  # by PID, whatever a failed test left
-        proc.kill()
+    for pid in watchers(path):  # by PID, whatever a failed test left
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def scan_file(tmp_path: Path) -> Path:
@@ -83,7 +90,7 @@ def test_a_submitted_job_file_ends_and_merges_with_nobody_looking(tmp_path: Path
     listed = json.loads(cli(home, "jobs", "--json").stdout)["jobs"]
     assert [(j["fqid"], j["status"]) for j in listed] == [(job, "completed")]
     # quiet for watcher_quiet_seconds: it stopped by itself, leaving no process behind
-    assert wait_for(lambda: not watchers(home), 20), [p.info for p in watchers(home)]
+    assert wait_for(lambda: not watchers(home), 20), watchers(home)
     log = (home / "service" / "watcher.log").read_text()
     assert '"event": "stopping: nothing active"' in log and '"code": 0' in log
     assert (home / "service" / "watcher.log").stat().st_mode & 0o077 == 0
@@ -117,7 +124,7 @@ def test_two_watchers_racing_leave_one(home: Path, tmp_path: Path) -> None:
     starts = [subprocess.Popen([EXE, "--home", str(home), "serve", "--watcher"], env=env(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(3)]
     assert wait_for(lambda: len(watchers(home)) == 1 and sum(p.poll() is None for p in starts) <= 1, 60), \
-        [p.info for p in watchers(home)]
+        watchers(home)
     ended = [p for p in starts if p.poll() is not None]
     assert len(ended) >= 2
     assert all(p.returncode == 0 for p in ended) and all(p.stderr is not None and p.stderr.read() == b""
