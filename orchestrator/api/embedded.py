@@ -23,6 +23,7 @@ from ..core.errors import JobError, Lagging
 from ..core.events import (
     ForceStatusRequested,
     KillRequested,
+    MergeRequested,
     ReleaseRequested,
     RemoveRequested,
     ResubmitRequested,
@@ -202,6 +203,11 @@ class Embedded:
         self._check(targets)
         return await self._ask(lambda sid: RemoveRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
                                                            keep_going=keep_going), "remove")
+
+    async def merge(self, targets: Sequence[FQID]) -> Done:
+        self._check(targets)
+        return await self._ask(lambda sid: MergeRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets)),
+                               "merge")
 
     async def wait(self, targets: Sequence[FQID], timeout: float | None) -> None:
         self._check(targets)

@@ -187,6 +187,11 @@ class Job(Definition):
         """Mark a stuck job ``failed`` or ``completed``; an active one is killed first unless ``force``."""
         return await JobSlice([self]).force_status(status, force=force)
 
+    async def merge(self) -> Done:
+        """Run an ended master's postprocessors again over every subjob (they replace their earlier output); once
+        resubmitted subjobs end they run again by themselves, as Ganga's do."""
+        return await self.registry.transport.merge([self.fqid_tuple])
+
     async def copy(self) -> Job:
         """A new top-level ``new`` job with the same definition, sharing no object with this one."""
         twin: Job = (await JobSlice([self]).copy())[0]

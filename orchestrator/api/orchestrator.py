@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 
-from ..core.errors import JobError, OrchestratorError, leaves
+from ..core.errors import HomeLockedError, JobError, OrchestratorError, leaves
 from ..plugin.logs import configure as configure_logs
 from ..runtime.config import Config
 from ..runtime.homelock import SERVICE_ROLE, HomeLock
@@ -149,7 +149,13 @@ class Orchestrator:
         try:
             transport = await self._through_service(stack)
             if transport is None:
-                transport = await self._open_here(stack)
+                try:
+                    transport = await self._open_here(stack)
+                except HomeLockedError:
+                    # a service took the home meanwhile (a watcher starting up): through it, once it answers
+                    transport = await self._through_service(stack) if self._may_follow() else None
+                    if transport is None:
+                        raise
         except BaseException:
             await stack.aclose()
             raise
@@ -240,14 +246,39 @@ class Orchestrator:
         view = await read_lease(storage.url)
         return await follow(view.address) if view is not None and not view.free else None
 
+    def _may_follow(self) -> bool:
+        """Whether a service now holds the home and this orchestrator may go through it."""
+        if self._service is False or self._role == SERVICE_ROLE or self._readonly:
+            return False
+        from .client import service_holds
+
+        return service_holds(self.home)
+
+    def _left_active(self) -> bool:
+        """Whether closing leaves jobs active on a home nobody else will watch (:mod:`.watcher`)."""
+        runtime = self._runtime
+        if runtime is None or self._readonly or self._role == SERVICE_ROLE or runtime.lost:
+            return False
+        from .watcher import autostart
+
+        if not autostart(self.home, bool(runtime.config.section("service").get("autostart", True))):
+            return False
+        sm = runtime.sm
+        return any(sm.active((job,)) for job in sm.job_ids())
+
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
+        watch = self._left_active()
         stack, self._stack = self._stack, None
         self._transport, self._registry, self._runtime = None, None, None
         if stack is None:
             return
         try:
             await stack.__aexit__(exc_type, exc, tb)
+            if watch:
+                from .watcher import start_watcher
+
+                start_watcher(self.home, (self._overrides or {}).get("repository", {}).get("url"))
         except BaseExceptionGroup as group:
             # The task group wraps the body's own exception: let the original through unwrapped.
             inner = leaves(group)

@@ -324,6 +324,9 @@ class Remote:
     async def remove(self, targets: Sequence[FQID], keep_going: bool) -> Done:
         return await self._op(wire.RemoveRequest(targets=_ids(targets), keep_going=keep_going), targets)
 
+    async def merge(self, targets: Sequence[FQID]) -> Done:
+        return await self._op(wire.MergeRequest(targets=_ids(targets)), targets)
+
     async def wait(self, targets: Sequence[FQID], timeout: float | None) -> None:
         answer = await self.client.send(wire.WaitRequest(targets=_ids(targets), timeout=timeout))
         await self._load(sorted({fq[0] for fq in targets}))

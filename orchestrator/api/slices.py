@@ -155,6 +155,10 @@ class JobSlice:
                     job.backend = chosen.copy()
         return done
 
+    async def release(self, retry_args: Sequence[str] | None = None) -> Done:
+        """Resume the held runs of the slice; ``retry_args`` reach them as ``ORCH_RETRY_ARG_1..n``."""
+        return await self._transport().release(self._targets(), retry_args) if len(self) else Done()
+
     async def force_status(self, status: str | JobStatus, force: bool = False, keep_going: bool = False) -> Done:
         if not len(self):
             return Done()

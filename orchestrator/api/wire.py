@@ -245,6 +245,11 @@ class RemoveRequest(Request):
     fqid: Fqid | None = None
 
 
+class MergeRequest(Request):
+    targets: Targets | None = None
+    fqid: Fqid | None = None
+
+
 class WaitRequest(Request):
     targets: Targets | None = None
     timeout: Seconds | None = None
@@ -268,8 +273,8 @@ REQUESTS: dict[str, type[Request]] = {
     "subjob_specs": SubjobSpecsRequest, "splitter_spec": SplitterSpecRequest, "peek": PeekRequest,
     "metrics": MetricsRequest, "states": StatesRequest, "owner": OwnerRequest, "add": AddRequest,
     "submit": SubmitRequest, "kill": KillRequest, "resubmit": ResubmitRequest, "release": ReleaseRequest,
-    "force_status": ForceStatusRequest, "remove": RemoveRequest, "wait": WaitRequest, "annotate": AnnotateRequest,
-    "refresh": RefreshRequest,
+    "force_status": ForceStatusRequest, "remove": RemoveRequest, "merge": MergeRequest,
+    "wait": WaitRequest, "annotate": AnnotateRequest, "refresh": RefreshRequest,
 }
 METHOD_OF: dict[type[Request], str] = {cls: method for method, cls in REQUESTS.items()}
 

@@ -1,5 +1,6 @@
 """The ``orchestrator`` command line (click): written once over the API, embedded or through a service."""
 
+from . import acting as _acting  # noqa: F401  (registers kill, resubmit, release, remove, force-status)
 from .commands import cli
 
 

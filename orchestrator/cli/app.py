@@ -12,6 +12,7 @@ one-line message on stderr); 3 nothing to do (``kill`` of a final job,
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib.metadata
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -26,6 +27,7 @@ from ..api.orchestrator import Orchestrator, default_home
 from ..core.errors import HomeLockedError, OrchestratorError, RepositoryHeldError
 from ..core.ids import fqid_str, parse_fqid
 from ..runtime.homelock import READER_ROLE
+from ..runtime.sqlite import on_read_only_media
 
 T = TypeVar("T")
 #: Exit code of a command that found nothing to do.
@@ -159,6 +161,9 @@ def run(home: Path | None, body: Callable[[Orchestrator], Awaitable[T]], *, refr
     path = home_of(home)
     url = repository_of()
     remote = remote_of()
+    if read_only and not path.is_dir():  # a reader never makes a home: a mistyped --home says so
+        raise CliError(f"no home at {path}: check --home or $ORCHESTRATOR_HOME (a command that adds a job, "
+                       "such as 'orchestrator submit', makes one)")
 
     async def main(readonly: bool) -> T:
         role = READER_ROLE if read_only else ""  # a writer that comes meanwhile waits for us, not fails
@@ -168,8 +173,14 @@ def run(home: Path | None, body: Callable[[Orchestrator], Awaitable[T]], *, refr
                 await orch.transport.refresh()
                 with anyio.move_on_after(30):  # what the news set going (a merge) finishes first
                     await orch.runtime.settle()
-            return await body(orch)
+            result = await body(orch)
+            if read_only and not orch.remote:
+                _say_if_unwatched(orch, path, last_open)
+            return result
 
+    last_open = _last_open(path)
+    if read_only and on_read_only_media(path):  # nobody writes it: read it as it is, without a lock
+        return anyio.run(main, True)
     try:
         return anyio.run(main, False)
     except HomeLockedError as exc:
@@ -180,6 +191,32 @@ def run(home: Path | None, body: Callable[[Orchestrator], Awaitable[T]], *, refr
             raise CliError(f"{exc}; to share a home between processes, run 'orchestrator --home {path} serve': "
                            "every command then goes through it") from None
         return anyio.run(main, True)
+
+
+def _last_open(home: Path) -> float | None:
+    """When a process last let go of (or took) the home: its lock file's time."""
+    try:
+        return (home / "lock").stat().st_mtime
+    except OSError:
+        return None
+
+
+def _say_if_unwatched(orch: Orchestrator, home: Path, last_open: float | None) -> None:
+    """With no service and no watcher to come (autostart off), active jobs' statuses wait for the next command
+    that opens the home: say since when, and how to have it watched."""
+    from ..api.watcher import autostart
+
+    if not any(job.is_active() for job in orch.jobs):
+        return
+    if orch.runtime.readonly:
+        return  # another process holds the home: it watches
+    if autostart(home, bool(orch.config.section("service")["autostart"])):
+        return  # closing this command starts the home's watcher
+    when = (dt.datetime.fromtimestamp(last_open).strftime("%Y-%m-%d %H:%M:%S") if last_open else "never")
+    Console(stderr=True).print(Text(
+        f"note: nobody watches {home} (no service; [service] autostart is off): active jobs advance only while a "
+        f"command has the home open; last open {when}. Watch it with 'orchestrator --home {home} serve', or set "
+        "[service] autostart = true", style="yellow"), soft_wrap=True, highlight=False)
 
 
 def _has_repository(home: Path, url: str | None) -> bool:

@@ -9,10 +9,13 @@ completed, 1 otherwise.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
+import os
+import pwd
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +28,10 @@ from rich.text import Text
 from ..api import usage, views
 from ..api.job import Job
 from ..api.orchestrator import Orchestrator
+from ..core.ids import parse_id_range
 from ..core.statuses import ALL_STATUSES, FINAL, JobStatus
 from ..plugin.logs import configure as configure_logs
+from ..runtime.registry import backend_names
 from . import render
 from .app import (
     CliError,
@@ -34,25 +39,20 @@ from .app import (
     home_of,
     home_option,
     job_id_argument,
-    nothing_to_do,
     remote_options,
     repository_of,
     repository_option,
     run,
 )
 from .jobfile import demo_job_text, load_job
+from .targets import Named, job_ids_argument, lookup, resolve
 
 S = JobStatus
 #: Seconds between two refreshes of the live display.
 POLL = 0.2
 
 
-def _lookup(orch: Orchestrator, ident: str) -> Job:
-    try:
-        job: Job = orch.jobs(ident)
-    except KeyError:
-        raise CliError(f"no job {ident}") from None
-    return job
+_lookup = lookup
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -74,7 +74,9 @@ def cli(home: Path | None, repository: str | None, verbose: bool, url: str | Non
       3  nothing to do: kill of a job that is over, resubmit with nothing
          to resubmit (said on stdout)
     """
-    configure_logs(level="INFO" if verbose else "WARNING")
+    # A terminal is for the user's answers: the orchestrator's own warnings (a backend retried, a run found late)
+    # are the service's log's business, shown here with -v only.
+    configure_logs(level="INFO" if verbose else "ERROR")
 
 
 @cli.command()
@@ -83,8 +85,11 @@ def cli(home: Path | None, repository: str | None, verbose: bool, url: str | Non
               help="Submit every subjob even when some fail to submit.")
 @click.option("--wait", "wait_", is_flag=True, help="Then follow the job until it ends (as 'wait').")
 @click.option("--timeout", type=float, default=None, help="With --wait: give up after this many seconds.")
+@click.option("-q", "--quiet", "--parsable", "quiet", is_flag=True,
+              help="Print the id only (with --wait: no progress; the exit code says how the job ended).")
 @home_option
-def submit(jobfile: Path, keep_going: bool, wait_: bool, timeout: float | None, home: Path | None) -> None:
+def submit(jobfile: Path, keep_going: bool, wait_: bool, timeout: float | None, quiet: bool,
+           home: Path | None) -> None:
     """Add the job described by JOBFILE (TOML) and submit it; print its id."""
     job = load_job(jobfile)  # before the home is opened: a bad file leaves nothing behind
 
@@ -97,6 +102,8 @@ def submit(jobfile: Path, keep_going: bool, wait_: bool, timeout: float | None, 
                 await added.remove()
             raise
         click.echo(added.fqid)
+        if wait_ and quiet:
+            return await _ended(added, timeout)
         return await _follow(added, timeout) if wait_ else 0
 
     click.get_current_context().exit(_watched(home, body))
@@ -125,6 +132,8 @@ def jobs(statuses: tuple[str, ...], name: str | None, backend: str | None, owner
     Through a shared service, a user's own jobs; an admin's, everyone's."""
 
     async def body(orch: Orchestrator) -> None:
+        _known_value(backend, "backend", lambda: {*backend_names(), *(j.backend.name for j in orch.jobs)})
+        _known_value(owner, "owner", lambda: {j.owner for j in orch.jobs if j.owner} | _os_users(owner))
         chosen = list(orch.jobs.select(status=list(statuses) or None, name=name, backend=backend, owner=owner))
         selected = views.summaries(chosen[-limit:] if limit else chosen)
         if as_json:
@@ -139,12 +148,32 @@ def jobs(statuses: tuple[str, ...], name: str | None, backend: str | None, owner
     run(home, body, refresh=True, read_only=True)
 
 
+def _known_value(value: str | None, what: str, known: Callable[[], set[str]]) -> None:
+    """A filter's value that nothing could match (a typo: ``--backend lcoal``) is an error with a suggestion."""
+    if value is None:
+        return
+    names = known()
+    if value in names:
+        return
+    close = difflib.get_close_matches(value, sorted(names), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise CliError(f"no {what} {value!r}{hint}; known: {', '.join(sorted(names)) or 'none'}")
+
+
+def _os_users(name: str | None) -> set[str]:
+    """``{name}`` when it is an account of this machine (whose jobs may simply be none yet)."""
+    try:
+        return {pwd.getpwnam(name).pw_name} if name else set()
+    except KeyError:
+        return set()
+
+
 #: ``show`` reads the runs' CPU records (one small file each) up to this many subjobs; ``report`` always does.
 SHOW_CPU_RUNS = 20_000
 
 
 @cli.command()
-@job_id_argument
+@job_ids_argument
 @click.option("--status", "statuses", multiple=True, type=STATUS_CHOICE,
               help="On a master: list every subjob in this status (repeatable).")
 @click.option("--all", "all_", is_flag=True, help="On a master: list every subjob (not only the first 50).")
@@ -152,125 +181,88 @@ SHOW_CPU_RUNS = 20_000
 @click.option("--limit", type=click.IntRange(1), default=None, help="With --status or --all: list at most N.")
 @click.option("--json", "as_json", is_flag=True, help="A JSON document instead of the text (docs/reference.md).")
 @home_option
-def show(job_id: str, statuses: tuple[str, ...], all_: bool, offset: int, limit: int | None, as_json: bool,
-         home: Path | None) -> None:
-    """Show a job (ID: 3) or a subjob (ID: 3.1) in full; on a master, its subjobs (the first 50, or those asked)."""
+def show(job_ids: Sequence[Named], statuses: tuple[str, ...], all_: bool, offset: int, limit: int | None,
+         as_json: bool, home: Path | None) -> None:
+    """Show jobs (ID...: 3, 3 4 5) or subjobs (3.1, 3.[0-9], 3.0-99) in full; on a master, its subjobs (the first
+    50, or those asked). Several: one after another (--json: {"schema", "shown": [...]})."""
 
     async def body(orch: Orchestrator) -> None:
-        job = _lookup(orch, job_id)
+        jobs = [job for target in resolve(orch, job_ids) for job in target.jobs()]
         listing = bool(statuses) or all_
-        record = views.detail(job, subjobs=0 if listing else views.SHOW_SUBJOBS)
-        if listing:
-            record["subjob_rows"] = views.subjob_rows(job, statuses, offset, limit)
-        record["cpu"] = usage.report(job) if record["subjobs"] <= SHOW_CPU_RUNS else None
+        records = []
+        for job in jobs:
+            record = views.detail(job, subjobs=0 if listing else views.SHOW_SUBJOBS)
+            if listing:
+                record["subjob_rows"] = views.subjob_rows(job, statuses, offset, limit)
+            record["cpu"] = usage.report(job) if record["subjobs"] <= SHOW_CPU_RUNS else None
+            records.append(record)
         if as_json:
-            print_json({"schema": 1, **record})
+            print_json({"schema": 1, **records[0]} if len(records) == 1 else {"schema": 1, "shown": records})
             return
         console = render.console()
-        if listing and console.is_terminal and len(record["subjob_rows"]) > console.height:
+        lines = sum(len(r.get("subjob_rows", ())) + 20 for r in records)
+        if console.is_terminal and (len(records) > 1 or listing) and lines > console.height:
+            os.environ.setdefault("LESS", "FRX")  # colours as colours (git's default), not raw ESC[1m
             with console.pager(styles=True):
-                render.show(record, console, listed=True)
+                _show_all(records, console, listing)
         else:
-            render.show(record, console, listed=listing)
+            _show_all(records, console, listing)
 
     run(home, body, refresh=True, read_only=True)
 
 
+def _show_all(records: list[dict[str, Any]], console: Console, listing: bool) -> None:
+    for k, record in enumerate(records):
+        if k:
+            console.print()
+        render.show(record, console, listed=listing)
+
+
 @cli.command()
-@job_id_argument
-@click.argument("name", default="stdout")
+@click.argument("ids_and_name", metavar="ID... [NAME]", nargs=-1, required=True)
 @click.option("--tail", type=click.IntRange(1), default=None, help="Only the last N lines.")
 @click.option("--json", "as_json", is_flag=True, help='{"fqid", "name", "text"} instead of the text.')
 @home_option
-def peek(job_id: str, name: str, tail: int | None, as_json: bool, home: Path | None) -> None:
-    """Print a file of a run (NAME: stdout, stderr, orch.log or an output file): from its output dir once it
-    ended, from its work dir while it runs."""
+def peek(ids_and_name: tuple[str, ...], tail: int | None, as_json: bool, home: Path | None) -> None:
+    """Print a file of runs (ID...: 3.1, 3.1 3.4, 3.[0-9]; NAME: stdout (default), stderr, orch.log or an output
+    file): from the output dir once a run ended, from its work dir while it runs. Several runs: each under a
+    '==> ID NAME <==' line, as tail does (--json: {"schema", "peeks": [...]})."""
+    args = list(ids_and_name)
+    name = "stdout"
+    if len(args) > 1:
+        try:
+            parse_id_range(args[-1])
+        except ValueError:
+            name = args.pop()
+    named = _parse_ids(args)
 
     async def body(orch: Orchestrator) -> None:
-        text = await _lookup(orch, job_id).peek(name, tail=tail)
+        jobs = [job for target in resolve(orch, named) for job in target.jobs()]
+        texts = [(job.fqid, await job.peek(name, tail=tail)) for job in jobs]
         if as_json:
-            print_json({"schema": 1, "fqid": job_id, "name": name, "text": text})
-        elif sys.stdout.isatty():  # on a terminal, the file's control characters escaped
-            click.echo(render.safe(text, keep="\n\t"), nl=not text.endswith("\n") and bool(text))
-        else:  # a pipe or a file gets the text as the run wrote it
-            click.echo(text, nl=not text.endswith("\n") and bool(text), color=True)
+            peeks = [{"fqid": fqid, "name": name, "text": text} for fqid, text in texts]
+            print_json({"schema": 1, **peeks[0]} if len(peeks) == 1 else {"schema": 1, "peeks": peeks})
+            return
+        terminal = sys.stdout.isatty()
+        for k, (fqid, text) in enumerate(texts):
+            if len(texts) > 1:
+                click.echo(f"{chr(10) if k else ''}==> {fqid} {render.safe(name)} <==")
+            if terminal:  # on a terminal, the file's control characters escaped
+                click.echo(render.safe(text, keep="\n\t"), nl=not text.endswith("\n") and bool(text))
+            else:  # a pipe or a file gets the text as the run wrote it
+                click.echo(text, nl=not text.endswith("\n") and bool(text), color=True)
 
     run(home, body, refresh=True, read_only=True)
 
 
-@cli.command()
-@job_id_argument
-@click.option("--keep-going", is_flag=True, help="Go on past a subjob that cannot be killed.")
-@home_option
-def kill(job_id: str, keep_going: bool, home: Path | None) -> None:
-    """Kill a job (every active subjob of a master) or one subjob; exit 3 when nothing was left to kill."""
-
-    async def body(orch: Orchestrator) -> None:
-        job = _lookup(orch, job_id)
-        done = await job.kill(keep_going=keep_going)
-        if not done.acted:
-            nothing_to_do(f"job {job.fqid}: nothing to kill ({job.status.value})")
-        click.echo(f"job {job.fqid}: {job.status.value}")
-
-    run(home, body)
-
-
-@cli.command()
-@job_id_argument
-@click.option("--all", "all_", is_flag=True, help="On a master: killed subjobs too, not only the failed ones.")
-@click.option("--keep-going", is_flag=True, help="Go on past a subjob that cannot be resubmitted.")
-@click.option("--from-state", "from_state", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=None, help="Start from this saved state (written by 'orchestrator checkpoint get -o').")
-@home_option
-def resubmit(job_id: str, all_: bool, keep_going: bool, from_state: Path | None, home: Path | None) -> None:
-    """Resubmit a master's failed subjobs (--all: and killed ones), or one job or subjob; exit 3 when there
-    was nothing to resubmit."""
-    state = from_state.read_text(encoding="utf-8") if from_state is not None else None
-
-    async def body(orch: Orchestrator) -> None:
-        job = _lookup(orch, job_id)
-        if state is not None:
-            await job.resubmit(keep_going=keep_going, from_state=state)
-            click.echo(f"job {job.fqid}: resubmitted from state {from_state}; {job.status.value}")
-            return
-        done = await job.resubmit(only_failed=not all_, keep_going=keep_going)
-        if not done.acted:
-            killed = job.parent is None and views.counts(job).get("killed")
-            hint = " (--all takes the killed ones too)" if killed and not all_ else ""
-            nothing_to_do(f"job {job.fqid}: no subjob to resubmit{hint}")
-        what = f" {done.acted} subjob(s)" if views.counts(job) else ""
-        click.echo(f"job {job.fqid}: resubmitted{what}; {job.status.value}")
-
-    run(home, body)
-
-
-@cli.command()
-@job_id_argument
-@click.option("--arg", "args", multiple=True, help="A retry argument (ORCH_RETRY_ARG_n), in order; repeatable.")
-@home_option
-def release(job_id: str, args: tuple[str, ...], home: Path | None) -> None:
-    """Resume a held job, or a master's held subjobs, optionally with new retry arguments."""
-
-    async def body(orch: Orchestrator) -> None:
-        job = _lookup(orch, job_id)
-        await job.release(retry_args=list(args) if args else None)
-        click.echo(f"job {job.fqid}: released; {job.status.value}")
-
-    run(home, body)
-
-
-@cli.command()
-@job_id_argument
-@home_option
-def remove(job_id: str, home: Path | None) -> None:
-    """Forget a final or new top-level job and delete its workspace."""
-
-    async def body(orch: Orchestrator) -> None:
-        job = _lookup(orch, job_id)
-        await job.remove()
-        click.echo(f"job {job_id}: removed")
-
-    run(home, body)
+def _parse_ids(values: Sequence[str]) -> list[Named]:
+    named: list[Named] = []
+    for value in values:
+        try:
+            named.extend(parse_id_range(value))
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+    return named
 
 
 @cli.command()
@@ -280,6 +272,16 @@ def remove(job_id: str, home: Path | None) -> None:
 def wait(job_id: str, timeout: float | None, home: Path | None) -> None:
     """Follow a job until nothing of it is active; exit 0 if it ended completed, else 1."""
     click.get_current_context().exit(_watched(home, lambda orch: _follow(_lookup(orch, job_id), timeout)))
+
+
+async def _ended(job: Job, timeout: float | None) -> int:
+    """``_follow`` without a word: 0 once the job ended completed, 1 otherwise or on time-out."""
+    _FOLLOWED.append(job.fqid)
+    try:
+        await job.wait(timeout=timeout)
+    except TimeoutError:
+        return 1
+    return 0 if job.status == S.COMPLETED else 1
 
 
 #: The jobs a command is following (``wait``, ``submit --wait``), for the message that Ctrl-C gets.

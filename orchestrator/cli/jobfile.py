@@ -17,6 +17,9 @@ name = "local"                    # the other keys are the backend's settings
 [splitter]
 type = "args"                     # an entry-point name of orchestrator.splitters
 args = [["a"], ["b"]]
+# or: type = "args" with range = "0-99" (Slurm's --array: "0-99:5", "1,3,5-7") and template = ["x", "{}"];
+# or: type = "product", template = ["--e", "{e}", "--seed", "{seed}"], [splitter.params] e = [10, 20], seed = "1-5"
+#     (every combination, the last parameter fastest, as Snakemake's expand), env = { SEED = "{seed}" } optional
 [merger]
 type = "text"                     # an entry-point name of orchestrator.mergers
 files = ["stdout"]
@@ -34,16 +37,17 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import itertools
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..api.job import Job
 from ..core.errors import JobError
 from ..core.model import Backend, Executable, RetryPolicy
-from ..core.splitters import Master
+from ..core.splitters import ArgSplitter, GenericSplitter, Master
 from ..plugin.settings import SettingsError
 from ..runtime.registry import driver_class, postprocessor_class, splitter_class
 from ..runtime.tomlfile import read_toml
@@ -128,6 +132,8 @@ class _Loader:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.base = path.resolve().parent
+        #: The application's own environment, which a product's ``env`` adds to.
+        self._env: dict[str, str] = {}
 
     def fail(self, message: str, field: str | None = None) -> JobFileError:
         return JobFileError(self.path, message, field)
@@ -218,7 +224,8 @@ class _Loader:
         for key, val in env.items():
             if isinstance(val, bool) or not isinstance(val, (str, int, float)):
                 raise self.fail(f"the value of {key} must be a string, not {_type_name(val)}", "application.env")
-        app = Executable(exe, args=args, env={k: str(v) for k, v in env.items()})
+        self._env = {k: str(v) for k, v in env.items()}
+        app = Executable(exe, args=args, env=dict(self._env))
         try:
             app.validate(str(self.path))
         except JobError as exc:
@@ -265,6 +272,8 @@ class _Loader:
             example = "args" if what == "splitter" else "text"
             raise self.fail(f'the {what}\'s type is missing (e.g. type = "{example}")', f"{what}.type")
         kind = self.string(params.pop("type"), f"{what}.type")
+        if what == "splitter" and (kind == "product" or (kind == "args" and "range" in params)):
+            return self.expanded_splitter(kind, params)
         try:
             cls = lookup(kind)
         except KeyError as exc:
@@ -276,6 +285,70 @@ class _Loader:
             raise self.fail(_bare(exc), exc.field or what) from None
         except (TypeError, ValueError) as exc:
             raise self.fail(f"{cls.__name__}: {exc}", what) from None
+
+    # ------------------------------------------------------------ ranges and products of parameters
+    def expanded_splitter(self, kind: str, params: Mapping[str, Any]) -> Any:
+        """``type = "args"`` with ``range`` (Slurm's ``--array``), or ``type = "product"`` (every combination of
+        ``params``, as Snakemake's ``expand``): made here into the stored splitters they amount to."""
+        if kind == "args":
+            self.unknown(params, ("range", "template"), "splitter.")
+            values = self.values(params["range"], "splitter.range")
+            template = self.template(params.get("template", ["{}"]), {"": values[0]})
+            return ArgSplitter([[t.replace("{}", v) for t in template] for v in values])
+        self.unknown(params, ("params", "template", "env"), "splitter.")
+        table = self.table(params.get("params", {}), "splitter.params")
+        if not table:
+            raise self.fail('a product needs its parameters, e.g. [splitter.params] seed = "1-5"', "splitter.params")
+        names = list(table)
+        columns = [self.values(table[n], f"splitter.params.{n}") for n in names]
+        combos = [dict(zip(names, combo, strict=True)) for combo in itertools.product(*columns)]
+        if "template" not in params:
+            raise self.fail('a product needs the arguments it makes, e.g. template = ["run.sh", "{seed}"]',
+                            "splitter.template")
+        template = self.template(params["template"], combos[0])
+        attrs: dict[str, Sequence[Any]] = {"application.args": [[t.format_map(c) for t in template] for c in combos]}
+        if "env" in params:
+            env = {k: str(v) for k, v in self.table(params["env"], "splitter.env").items()}
+            self.template(list(env.values()), combos[0], "splitter.env")
+            base = dict(self._env)
+            attrs["application.env"] = [{**base, **{k: v.format_map(c) for k, v in env.items()}} for c in combos]
+        return GenericSplitter(multi_attrs=attrs)
+
+    def values(self, value: Any, field: str) -> list[str]:
+        """A list of values, or a range as Slurm's ``--array`` writes it: ``0-99``, ``0-99:5``, ``1,3,5-7``."""
+        if isinstance(value, list):
+            if not value:
+                raise self.fail("the list of values is empty", field)
+            return self.scalar_strings(value, field)
+        text = self.string(value, field)
+        out: list[str] = []
+        for part in text.split(","):
+            span, _, step = part.strip().partition(":")
+            lo, dash, hi = span.partition("-")
+            try:
+                first, last, every = int(lo), int(hi) if dash else int(lo), int(step) if step else 1
+            except ValueError:
+                raise self.fail(f"{text!r} is not a range (e.g. \"0-99\", \"0-99:5\", \"1,3,5-7\")", field) from None
+            if last < first or every < 1:
+                raise self.fail(f"{part.strip()!r} is an empty range", field)
+            out.extend(str(i) for i in range(first, last + 1, every))
+        return out
+
+    def template(self, value: Any, example: Mapping[str, str], field: str = "splitter.template") -> list[str]:
+        """Strings whose ``{name}`` placeholders name a product's parameters (``{{`` for a brace), checked once
+        against ``example``; a range's template has ``{}`` only (``example`` then has the key ``""``)."""
+        items = self.scalar_strings(value, field)
+        if "" in example:
+            return items
+        for item in items:
+            try:
+                item.format_map(example)
+            except KeyError as exc:
+                raise self.fail(f"{item!r} names {{{exc.args[0]}}}, which is not a parameter (they are: "
+                                f"{', '.join(example)})", field) from None
+            except (ValueError, IndexError) as exc:
+                raise self.fail(f"{item!r}: {exc} (write {{{{ for a brace)", field) from None
+        return items
 
     def check_signature(self, cls: type[Any], params: Mapping[str, Any], what: str) -> None:
         """Name the parameter that is unknown or missing, before the constructor's TypeError would."""

@@ -160,6 +160,12 @@ class RemoveRequested(Request):
     """Forget final or new top-level jobs, their subjobs and workspaces."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MergeRequested(Request):
+    """Run ended masters' postprocessors again over every subjob (``orchestrator merge``), replacing the
+    output they made before."""
+
+
 # ------------------------------------------------------ reports on instructions
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Prepared(Event):
@@ -353,6 +359,6 @@ class StatusChanged(Event):
 __all__ = [
     "AddRequested", "Event", "ForceStatusRequested", "KillOutcomes", "KillRequested", "LinkedAdded",
     "LookupOutcomes", "PostprocessDone", "PrepareFailed", "Prepared", "Profile", "ReleaseRequested",
-    "RemoveRequested", "Request", "ResubmitRequested", "RetryDue", "RunLost", "RunReport", "Started",
+    "MergeRequested", "RemoveRequested", "Request", "ResubmitRequested", "RetryDue", "RunLost", "RunReport", "Started",
     "StatusChanged", "StatusReport", "SubmitOutcomes", "SubmitRequested",
 ]

@@ -119,3 +119,53 @@ def as_range(indexes: Sequence[int]) -> range | None:
     whole = range(indexes[0], indexes[-1] + 1)
     items = indexes if isinstance(indexes, array) else array("q", indexes)
     return whole if items == array("q", whole) else None
+
+
+#: What a command line may name: ``3``, ``3.1``, ``3-5`` or ``[3-5,8]`` (jobs), ``3.0-99`` or ``3.[0-9,12]``
+#: (subjobs of 3), as ``scancel`` and Ganga's ``select(ids=...)`` allow.
+ID_FORMS = "3, 3.1, 3-5, 3.0-99 or 3.[0-9,12]"
+
+
+def _index_list(text: str, whole: str) -> list[int]:
+    """``0-9,12`` (brackets already taken off) as ascending, distinct indexes."""
+    out: list[int] = []
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            first, last = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise ValueError(f"not a job id or range: {whole!r} (expected e.g. {ID_FORMS})") from None
+        if first < 0 or last < first:
+            raise ValueError(f"not a job id or range: {whole!r} ({part.strip()} is empty; expected e.g. {ID_FORMS})")
+        out.extend(range(first, last + 1))
+    return sorted(set(out))
+
+
+def parse_id_range(text: str) -> list[tuple[FQID, Sequence[int] | None]]:
+    """One command-line id or range, as ``(prefix, indexes)`` pairs.
+
+    ``indexes is None``: the pair names the job ``prefix`` itself (``3``, ``3.1``, each of ``3-5``);
+    else it names those subjobs of ``prefix`` (``3.0-99`` → ``((3,), range(0, 100))``). Only the last part may be
+    a range; ``ValueError`` with the forms allowed otherwise.
+    """
+    value = text.strip()
+    head, _, last = value.rpartition(".")
+    ranged = last.startswith("[") or "-" in last or "," in last
+    if not ranged:
+        try:
+            return [(parse_fqid(value), None)]
+        except ValueError:
+            raise ValueError(f"not a job id or range: {text!r} (expected e.g. {ID_FORMS})") from None
+    if last.startswith("["):
+        if not last.endswith("]"):
+            raise ValueError(f"not a job id or range: {text!r} (expected e.g. {ID_FORMS})")
+        last = last[1:-1]
+    indexes = _index_list(last, text)
+    if not head:
+        return [((i,), None) for i in indexes]
+    try:
+        prefix = parse_fqid(head)
+    except ValueError:
+        raise ValueError(f"not a job id or range: {text!r} (expected e.g. {ID_FORMS})") from None
+    whole = as_range(indexes)
+    return [(prefix, whole if whole is not None else tuple(indexes))]

@@ -15,6 +15,7 @@ from .events import (
     AddRequested,
     ForceStatusRequested,
     KillRequested,
+    MergeRequested,
     ReleaseRequested,
     RemoveRequested,
     ResubmitRequested,
@@ -22,7 +23,7 @@ from .events import (
 )
 from .flow import refused, register, start
 from .ids import FQID
-from .instructions import Forget, Prepare, SetBackend, Unwatch
+from .instructions import Forget, Prepare, RunPostprocess, SetBackend, Unwatch
 from .jobs import JobState
 from .partition import active_linked, resubmit_refusal, settle
 from .sending import send_kill, send_submit
@@ -180,7 +181,8 @@ def _resubmit_targets(js: JobState, fq: FQID, only_failed: bool) -> list[int]:
     if status == S.HELD:
         raise refused("is held (use release())", fq)
     if status not in RESUBMITTABLE:
-        raise refused(f"cannot resubmit a job that is {status.value}", fq)
+        step = "; kill it first, then resubmit it" if status in ACTIVE else ""
+        raise refused(f"cannot resubmit a job that is {status.value}{step}", fq)
     return [i]
 
 
@@ -306,17 +308,36 @@ def begin_remove(core: Core, pending: Pending, job: int, targets: list[FQID]) ->
     return 0
 
 
+# ------------------------------------------------------------------ merge
+def begin_merge(core: Core, pending: Pending, job: int, targets: list[FQID]) -> int:
+    """Postprocessors again, on demand: only on an ended master that has some (they replace their own output)."""
+    for fq in targets:
+        js = _job(core, job, fq)
+        if len(fq) > 1 or not js.is_master:
+            raise refused("only a master's subjobs are merged (name the master)", fq)
+        if not js.profile.postprocess:
+            raise refused("has no merger or postprocessor to run", fq)
+        if js.postprocessing or not js.all_final():
+            raise refused(f"is {js.status.value}: its postprocessors run by themselves once it ends", fq)
+        js.postprocessing = True
+        core.dirty_tops.add(js.id)
+        core.emit(RunPostprocess(stimulus_id=pending.sid, job=js.id))
+        pending.acted += 1
+    return 0
+
+
 KINDS = {
     SubmitRequested: "submit", KillRequested: "kill", ResubmitRequested: "resubmit",
     ReleaseRequested: "release", ForceStatusRequested: "force_status", RemoveRequested: "remove",
+    MergeRequested: "merge",
 }
 BEGINS = {"submit": begin_submit, "kill": begin_kill, "resubmit": begin_resubmit, "release": begin_release,
-          "force_status": begin_force, "remove": begin_remove}
+          "force_status": begin_force, "remove": begin_remove, "merge": begin_merge}
 for _kind, _begin in BEGINS.items():
     register(_kind, _begin)
 
 
 def handle_request(core: Core, event: SubmitRequested | KillRequested | ResubmitRequested | ReleaseRequested
-                   | ForceStatusRequested | RemoveRequested) -> None:
+                   | ForceStatusRequested | RemoveRequested | MergeRequested) -> None:
     kind = KINDS[type(event)]
     start(core, event, kind, BEGINS[kind])

@@ -71,7 +71,7 @@ def list_states(job_id: str, home: Path | None) -> None:
                           Text(render.safe(where)), str(len(row.data.encode())), Text(render.safe(values)))
         console.print(table)
 
-    run(home, body)
+    run(home, body, refresh=True, read_only=True)
 
 
 @checkpoint.command("get")
@@ -96,7 +96,7 @@ def get_state(job_id: str, back: int, output: Path | None, home: Path | None) ->
             raise CliError(f"job {job.fqid} has {len(rows)} state(s) kept; --back {back} goes past the oldest")
         return rows[-1 - back].data
 
-    data = run(home, body)
+    data = run(home, body, refresh=True, read_only=True)
     if output is None:
         click.echo(data, nl=False)
     else:

@@ -45,11 +45,13 @@ class TextMerger(Merger):
             shown = ", ".join(map(str, not_done[:10])) + ("..." if len(not_done) > 10 else "")
             return f"TextMerger: subjobs {shown} did not complete (ignorefailed=False)"
         outputdir.mkdir(parents=True, exist_ok=True)
+        made = _made_before(outputdir)
         for name in self.files:
             if Path(name).name != name or name in ("", ".", ".."):
                 return f"TextMerger: {name!r} is not a plain file name"
             target = outputdir / (f"{name}.gz" if self.compress else name)
-            if target.exists() and not self.overwrite:
+            # its own earlier output is replaced (a resubmission, 'orchestrator merge'); anything else is kept
+            if target.exists() and not self.overwrite and target.name not in made:
                 return f"TextMerger: {target} exists (overwrite=False)"
             tmp = target.with_name(f".{target.name}.merging")
             opener = gzip.open if self.compress else open
@@ -64,7 +66,26 @@ class TextMerger(Merger):
                             tmp.unlink()
                             return f"TextMerger: subjob {i} has no output file {name!r}"
             tmp.replace(target)
+            _remember(outputdir, made, target.name)
         return None
+
+
+#: In a master's output dir: the names of the files its mergers wrote, one a line.
+MADE = ".orch-merged"
+
+
+def _made_before(outputdir: Path) -> set[str]:
+    try:
+        return set((outputdir / MADE).read_text(encoding="utf-8").split("\n")) - {""}
+    except FileNotFoundError:
+        return set()
+
+
+def _remember(outputdir: Path, made: set[str], name: str) -> None:
+    if name not in made:
+        made.add(name)
+        with open(outputdir / MADE, "a", encoding="utf-8") as out:
+            out.write(name + "\n")
 
 
 def dotted_name(fn: Callable[..., Any], kind: str) -> str:

@@ -19,6 +19,8 @@ from ..core.errors import HomeLockedError
 
 #: The lock holder's name for ``orchestrator serve``.
 SERVICE_ROLE = "the orchestrator service"
+#: The lock holder's name for a service started by itself to watch a home (``serve --watcher``).
+WATCHER_ROLE = f"{SERVICE_ROLE} (watcher)"
 #: The lock holder's name for a command that only reads (``jobs``, ``show``, ``peek``, ``report``).
 READER_ROLE = "an orchestrator command reading it"
 #: Seconds a process waits for a reading command to let go of the home (it refreshes, prints, closes).
@@ -69,6 +71,13 @@ class HomeLock:
         who = f"{self.role}, " if self.role else ""
         os.pwrite(fd, f"{who}pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         self._fd = fd
+
+    def holder(self) -> str:
+        """What the holder wrote in the lock file (its role and PID), ``""`` if nothing."""
+        try:
+            return self.path.read_text(errors="replace").strip()
+        except FileNotFoundError:
+            return ""
 
     def release(self) -> None:
         if self._fd is not None:

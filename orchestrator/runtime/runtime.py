@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import shutil
 import sqlite3
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
@@ -84,6 +86,8 @@ class Runtime:
         self.home = home
         #: A reader of a home another process holds: no lock, no monitoring, every request refused.
         self.readonly = readonly
+        #: A reader's drivers' state directory (made on first need, removed at close): the home is never written.
+        self._scratch: Path | None = None
         self.config = config
         self.role = role
         self.log = get_logger(home=str(home))
@@ -204,6 +208,10 @@ class Runtime:
         self.closing = True
         if self.readonly:
             await self.repo.close()
+            if self._scratch is not None:
+                for driver in self._drivers.values():
+                    await driver.aclose()
+                shutil.rmtree(self._scratch, ignore_errors=True)
             return
         try:
             with anyio.move_on_after(0 if self.lost else float(self.config.core["close_grace"])):
@@ -263,10 +271,12 @@ class Runtime:
         interval = float(self.config.core["flush_interval"])
         while True:
             await anyio.sleep(interval)
+            if self.closing:  # close() writes the last changes itself, before the repository closes
+                return
             try:
                 await self.writer.flush()
             except Exception as exc:  # the repository's fault: logged, the changes stay to be written
-                if self.lost:
+                if self.lost or self.closing:
                     return
                 self.log.error("could not write to the repository", error=repr(exc))
 
@@ -344,6 +354,10 @@ class Runtime:
         driver = self._drivers.get(backend)
         if driver is None:
             statedir = self.storage.data_dir / "backends" / backend
+            if self.readonly:  # a reader asks drivers what they can do only: their files go to a scratch dir
+                if self._scratch is None:
+                    self._scratch = Path(tempfile.mkdtemp(prefix="orch-reader-"))
+                statedir = self._scratch / backend
             statedir.mkdir(parents=True, exist_ok=True)
             context = DriverContext(home=self.storage.data_dir, config=self.config.backend(backend), statedir=statedir,
                                     log=get_logger(backend=backend))

@@ -13,6 +13,7 @@ that names the file, quotes SQLite, and says what to do (:func:`guarded`).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -36,7 +37,7 @@ async def connect(path: Path, *, readonly: bool = False) -> aiosqlite.Connection
     # Shielded: a connect cancelled half-way would leave its thread holding a connection nobody closes.
     with anyio.CancelScope(shield=True):
         if readonly:
-            db = await aiosqlite.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
+            db = await aiosqlite.connect(_uri(path), uri=True, isolation_level=None)
         else:
             db = await aiosqlite.connect(path, isolation_level=None)
     try:
@@ -49,6 +50,30 @@ async def connect(path: Path, *, readonly: bool = False) -> aiosqlite.Connection
             await db.close()
         raise
     return db
+
+
+def _uri(path: Path) -> str:
+    """A read-only connection's URI (immutable on read-only media: nothing may create the WAL's index there)."""
+    frozen = "&immutable=1" if on_read_only_media(path.parent) else ""
+    return f"{path.resolve().as_uri()}?mode=ro{frozen}"
+
+
+def reader(path: Path, *, readonly: bool) -> sqlite3.Connection:
+    """The blocking connection for small reads on the loop's thread; never writes (``query_only``)."""
+    if readonly:
+        conn = sqlite3.connect(_uri(path), uri=True, isolation_level=None, check_same_thread=False)
+    else:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA query_only=1")
+    return conn
+
+
+def on_read_only_media(path: Path) -> bool:
+    """Whether ``path`` lies on a file system mounted read-only (a snapshot, a read-only bind mount, a CD)."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 async def schema_version(db: aiosqlite.Connection) -> int:

@@ -79,8 +79,7 @@ class SqliteRepository:
                         await schema.migrate(self._db, version)
                         await self._db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
                                                (str(schema.VERSION),))
-                reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-                reader.execute("PRAGMA query_only=1")
+                reader = sqlite.reader(self.path, readonly=readonly)
                 self._reader = reader
             except BaseException:
                 await self.close()

@@ -24,19 +24,27 @@ from .daemon import run_service
 @click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The bearer token for TCP clients (created, mode 0600, if missing). "
                    "Default: [service] token_file, else <home>/service/token.")
+@click.option("--watcher", is_flag=True,
+              help="Serve as the home's watcher: stop once nothing has been active for [service] "
+                   "watcher_quiet_seconds, and leave quietly if another process holds the home. Started by itself "
+                   "when a command leaves active jobs on a home nobody serves.")
 @repository_option
 @home_option
-def serve(tcp_port: int | None, tcp_host: str | None, token_file: Path | None, repository: str | None,
+def serve(tcp_port: int | None, tcp_host: str | None, token_file: Path | None, watcher: bool,
+          repository: str | None,
           home: Path | None) -> None:
     """Run the service on a home until SIGTERM: monitoring, control API on a Unix socket, status page.
 
     On a shared (PostgreSQL) repository, the service that holds its lease is active and the others wait as
     standbys; one that loses the lease exits with code 75, for supervisord to start it again as a standby.
+    A plain serve (supervisord's) marks the home as served, so no watcher is ever started for it, and stops a
+    watcher it finds holding the home.
     """
     path = home_of(home)
     url = repository_of(repository)
     click.get_current_context().exit(anyio.run(lambda: run_service(path, tcp_port=tcp_port, token_file=token_file,
-                                                                   repository=url, tcp_host=tcp_host)))
+                                                                   repository=url, tcp_host=tcp_host,
+                                                                   watcher=watcher)))
 
 
 @click.command()

@@ -234,6 +234,9 @@ class Control:
         done = await self.t.remove(self._targets(targets, fqid), keep_going)
         return {"acted": done.acted, **({"fqid": fqid, "removed": True} if fqid is not None else {})}
 
+    async def merge(self, targets: Sequence[str] | None = None, fqid: str | None = None) -> dict[str, Any]:
+        return self._answer((await self.t.merge(self._targets(targets, fqid))).acted, fqid)
+
     async def wait(self, targets: Sequence[str] | None = None, timeout: float | None = None,
                    fqid: str | None = None) -> dict[str, Any]:
         """Return once nothing of the jobs is active, or after ``timeout`` (``timed_out`` says which)."""
@@ -260,7 +263,7 @@ class Control:
 #: The methods a client may call (the HTTP API's routes).
 METHODS = frozenset({"jobs", "show", "master", "health", "describe", "info", "infos", "backend_id", "subjob_specs",
                      "splitter_spec", "peek", "metrics", "states", "add", "submit", "kill", "resubmit", "release",
-                     "force_status", "remove", "wait", "annotate", "refresh", "owner"})
+                     "force_status", "remove", "merge", "wait", "annotate", "refresh", "owner"})
 #: Methods a ``GET`` may call: they change nothing.
 READ_ONLY = frozenset({"jobs", "show", "master", "health", "describe", "info", "infos", "backend_id", "peek", "metrics",
                        "states", "splitter_spec", "owner"})

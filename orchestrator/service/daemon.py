@@ -33,6 +33,7 @@ supervisord to start it again, as a standby.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -52,12 +53,13 @@ from ..api.embedded import Embedded
 from ..api.orchestrator import Orchestrator, default_home
 from ..api.owners import current_user
 from ..api.paths import ServicePaths
-from ..core.errors import ConfigError, RepositoryError, RepositoryHeldError, leaves
+from ..api.watcher import mark_managed
+from ..core.errors import ConfigError, HomeLockedError, RepositoryError, RepositoryHeldError, leaves
 from ..plugin.logs import configure as configure_logs
 from ..plugin.logs import get_logger
 from ..plugin.users import configure_python
 from ..runtime.config import Config
-from ..runtime.homelock import SERVICE_ROLE, HomeLock
+from ..runtime.homelock import SERVICE_ROLE, WATCHER_ROLE, HomeLock
 from ..runtime.storage import Storage
 from .access import Access, TokenStore, names, tokens_path
 from .api import Api
@@ -116,9 +118,9 @@ class Front:
 
 async def run_service(home: Path | None, *, tcp_port: int | None = None, token_file: Path | None = None,
                       config: dict[str, Any] | None = None, repository: str | None = None,
-                      tcp_host: str | None = None) -> int:
-    """Serve ``home`` until SIGTERM or SIGINT (or, active on a shared repository, until it loses the lease);
-    returns the exit code."""
+                      tcp_host: str | None = None, watcher: bool = False) -> int:
+    """Serve ``home`` until SIGTERM or SIGINT (or, active on a shared repository, until it loses the lease; or, a
+    ``watcher``, once nothing has been active for a while); returns the exit code."""
     configure_logs(json=True, level="INFO", stream=sys.stdout)
     log = get_logger(component="service")
     started = time.time()
@@ -133,13 +135,21 @@ async def run_service(home: Path | None, *, tcp_port: int | None = None, token_f
     check_users(named, current_user())  # a multi-user service needs root: refused here, before anything is made
     configure_python(str(section.get("python") or "") or None)
     lock_down(path, bool(others(named, current_user())))
-    lock = HomeLock(path / "lock", SERVICE_ROLE)
+    lock = HomeLock(path / "lock", WATCHER_ROLE if watcher else SERVICE_ROLE)
     # Signals are caught from here on: a SIGTERM while the home loads waits, then stops the service cleanly;
     # SIGHUP reads the access settings again.
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-        lock.acquire()
+        if watcher:
+            try:
+                lock.acquire()
+            except HomeLockedError:  # another process watches it, or opened it since: nothing to do
+                return 0
+        else:
+            mark_managed(path)
+            await take_from_watcher(lock, log)
         try:
-            service = Service(path, overrides, settings, lock, started, log)
+            quiet = float(section["watcher_quiet_seconds"]) if watcher else None
+            service = Service(path, overrides, settings, lock, started, log, quiet=quiet)
             code = await service.run(signals, tcp_port, token_file, tcp_host)
         finally:
             lock.release()
@@ -151,7 +161,7 @@ class Service:
     """One ``orchestrator serve``: see the module docstring."""
 
     def __init__(self, home: Path, overrides: dict[str, Any], settings: Config, lock: HomeLock, started: float,
-                 log: Any) -> None:
+                 log: Any, *, quiet: float | None = None) -> None:
         self.home = home
         self.overrides = overrides
         self.settings = settings
@@ -162,6 +172,8 @@ class Service:
         self.paths = ServicePaths(home)
         self.stop_asked = anyio.Event()
         self.signalled = 0.0
+        #: A watcher's quiet period: it stops once nothing has been active for this many seconds.
+        self.quiet = quiet
 
     async def run(self, signals: Any, tcp_port: int | None, token_file: Path | None,
                   tcp_host: str | None = None) -> int:
@@ -343,6 +355,8 @@ class Service:
 
             until.start_soon(on_lost)
             until.start_soon(on_stop)
+            if self.quiet is not None:
+                until.start_soon(self._stop_when_quiet, orch, self.quiet)
         if lost:
             self.log.error(f"lost the repository's lease: stepping down (exit {STEP_DOWN}), nothing more is "
                            "written or sent", repository=self.storage.where, reason=lost)
@@ -355,6 +369,19 @@ class Service:
         left = STOP_WITHIN - CLOSE_MARGIN - (time.monotonic() - self.signalled)
         orch.config.core["close_grace"] = max(0.0, min(float(orch.config.core["close_grace"]), left))
         return 0
+
+    async def _stop_when_quiet(self, orch: Orchestrator, quiet: float) -> None:
+        """A watcher's end: nothing active (no job, no postprocessing) for ``quiet`` seconds."""
+        since = time.monotonic()
+        while True:
+            await anyio.sleep(max(0.05, min(5.0, quiet / 4)))
+            if any(job.is_active() for job in orch.jobs):
+                since = time.monotonic()
+            elif time.monotonic() - since >= quiet:
+                self.log.info("stopping: nothing active", quiet_seconds=quiet)
+                self.signalled = time.monotonic()
+                self.stop_asked.set()
+                return
 
     def _write_info(self, bound: int | None, role: str) -> dict[str, Any]:
         """``<home>/service/service.json``: where this service answers; also what the lease publishes."""
@@ -381,6 +408,27 @@ def limits_of(section: dict[str, Any]) -> Limits:
     return Limits(max_body=number("max_request_bytes", 1024), max_connections=number("max_connections", 8),
                   max_per_peer=number("max_connections_per_peer", 1),
                   header_timeout=number("header_timeout", 0.1, float), idle_timeout=number("idle_timeout", 0.1, float))
+
+
+async def take_from_watcher(lock: HomeLock, log: Any, wait: float = 20.0) -> None:
+    """Take the home's lock; a watcher holding it is asked to stop (SIGTERM) and waited for."""
+    deadline = time.monotonic() + wait
+    asked = False
+    while True:
+        try:
+            lock.acquire()
+            return
+        except HomeLockedError:
+            holder = lock.holder()
+            if not holder.startswith(WATCHER_ROLE) or time.monotonic() > deadline:
+                raise
+            if not asked:
+                pid = int(holder.split("pid ", 1)[1].split()[0])
+                log.info("stopping the home's watcher: this service takes over", pid=pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+                asked = True
+            await anyio.sleep(0.1)
 
 
 async def _host_workflows(orch: Orchestrator, *, task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED) -> None:

@@ -219,6 +219,7 @@ def test_a_job_file_whose_executable_does_not_exist_leaves_nothing(tmp_path: Pat
 
 
 def test_unknown_ids_exit_2(tmp_path: Path, home: Path) -> None:
+    home.mkdir()  # a home with no jobs yet (a reader never makes one: test_cli_ids)
     assert run(home, "show", "999", code=2).stderr.strip() == "error: no job 999"
     job_id = submit(home, sim_file(tmp_path, n=2), "--wait")
     assert run(home, "show", f"{job_id}.7", code=2).stderr.strip() == f"error: no job {job_id}.7"

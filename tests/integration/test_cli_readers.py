@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from orchestrator.runtime.homelock import READER_WAIT
+
 EXE = str(Path(sys.executable).with_name("orchestrator"))
 ENV = {**os.environ, "COLUMNS": "200"}
 
@@ -43,7 +45,9 @@ def test_jobs_show_and_peek_answer_while_another_process_holds_the_home(tmp_path
         done = cli(home, "jobs")
         took = time.monotonic() - started
         assert done.returncode == 0, done.stderr
-        assert took < 1.0, f"orchestrator jobs took {took:.2f} s while another process holds the home"
+        # it reads the home as the holder last wrote it, never waiting for it (a waiter would wait READER_WAIT,
+        # 30 s): a bound far from both, since how fast a loaded host starts a process is no promise
+        assert took < READER_WAIT / 3, f"orchestrator jobs took {took:.2f} s while another process holds the home"
         assert "big" in done.stdout and "1000" in done.stdout
         shown = json.loads(cli(home, "show", "0", "--status", "completed", "--json").stdout)
         assert shown["counts"]["completed"] >= 1 and shown["subjob_rows"]

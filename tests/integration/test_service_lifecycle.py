@@ -74,14 +74,15 @@ def test_sigterm_persists_and_a_restart_reattaches(services: list[Service], tmp_
     home = tmp_path / "home"
     ran = tmp_path / "ran.txt"
     script = f'sleep "$2"; echo "$1" >> {ran}'
-    # A JSON array of strings is a TOML array; each subjob sleeps 0.5 to 2 s, then appends its index.
-    args = ", ".join(json.dumps(["-c", script, "sh", str(i), str(0.5 + (i % 4) * 0.5)]) for i in range(LOCAL_N))
+    # A JSON array of strings is a TOML array; each subjob sleeps 0.5 to 8 s, then appends its index: a window of
+    # seconds in which some ended and some run, however slowly a loaded host answers the polls below.
+    args = ", ".join(json.dumps(["-c", script, "sh", str(i), str(0.5 + (i % 4) * 2.5)]) for i in range(LOCAL_N))
     local_file = tmp_path / "sleepers.toml"
     local_file.write_text(f'name = "sleepers"\n[application]\nexe = "/bin/sh"\n[backend]\nname = "local"\n'
                           f'[splitter]\ntype = "args"\nargs = [{args}]\n')
     service = start(services, home)
     local_id = cli_ok(home, "submit", str(local_file)).split()[0]
-    sim_id = cli_ok(home, "submit", str(sim_file(tmp_path, name="simmed", n=20, run_seconds=3.0))).split()[0]
+    sim_id = cli_ok(home, "submit", str(sim_file(tmp_path, name="simmed", n=20, run_seconds=12.0))).split()[0]
 
     # SIGTERM once the short runs have ended and the long ones are still going.
     with service.client() as c:
@@ -130,8 +131,8 @@ def test_sigterm_persists_and_a_restart_reattaches(services: list[Service], tmp_
 
     # Restart: the runs that went on meanwhile are found again, and everything completes.
     service = start(services, home)
-    cli_ok(home, "wait", local_id, "--timeout", "30")
-    cli_ok(home, "wait", sim_id, "--timeout", "30")
+    cli_ok(home, "wait", local_id, "--timeout", "60")
+    cli_ok(home, "wait", sim_id, "--timeout", "60")
     assert ran_indexes(ran) == list(range(LOCAL_N)), "every local subjob must run exactly once"
     rows = job_rows(cli_ok(home, "jobs"))
     assert rows[local_id][1:6] == ["sleepers", "completed", "local", str(LOCAL_N), str(LOCAL_N)]

@@ -349,7 +349,9 @@ async def test_master_with_a_failed_subjob_is_still_killable(api_home: Path) -> 
 
 async def test_master_resubmit_takes_failed_only_unless_asked(api_home: Path) -> None:
     async with Orchestrator(home=api_home) as orch:
-        j = await orch.jobs.add(sim_job(4, outcome={0: ["failed", "completed"]}, run_seconds=0.05, queued={0: 1}))
+        # subjob 3 waits a minute in the backend's queue: it is surely active when killed, however loaded the host
+        j = await orch.jobs.add(sim_job(4, outcome={0: ["failed", "completed"]}, run_seconds=0.05,
+                                        queued={0: 1, 3: 60}))
         await j.submit()
         await j.subjobs[3].kill()
         await j.wait(timeout=10)
@@ -359,7 +361,7 @@ async def test_master_resubmit_takes_failed_only_unless_asked(api_home: Path) ->
         assert [s.info.submit_counter for s in j.subjobs] == [2, 1, 1, 1]
         await j.wait(timeout=10)
         assert statuses(j) == ["completed", "completed", "completed", "killed"]
-        await j.resubmit(only_failed=False)
+        await j.resubmit(only_failed=False, backend=Backend("sim", run_seconds=0.05))  # no queue this time
         await j.wait(timeout=10)
         assert statuses(j) == ["completed"] * 4 and j.status == "completed"
         assert [s.info.submit_counter for s in j.subjobs] == [2, 1, 1, 2]
