@@ -161,7 +161,7 @@ def run(home: Path | None, body: Callable[[Orchestrator], Awaitable[T]], *, refr
     path = home_of(home)
     url = repository_of()
     remote = remote_of()
-    if read_only and not path.is_dir():  # a reader never makes a home: a mistyped --home says so
+    if read_only and not remote and not path.is_dir():  # a reader never makes a home: a mistyped --home says so
         raise CliError(f"no home at {path}: check --home or $ORCHESTRATOR_HOME (a command that adds a job, "
                        "such as 'orchestrator submit', makes one)")
 
@@ -179,7 +179,7 @@ def run(home: Path | None, body: Callable[[Orchestrator], Awaitable[T]], *, refr
             return result
 
     last_open = _last_open(path)
-    if read_only and on_read_only_media(path):  # nobody writes it: read it as it is, without a lock
+    if read_only and not remote and on_read_only_media(path):  # nobody writes it: read it as it is, unlocked
         return anyio.run(main, True)
     try:
         return anyio.run(main, False)

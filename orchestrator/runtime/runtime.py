@@ -353,13 +353,14 @@ class Runtime:
         """The backend's driver, made on first need (its actor and loops start with the first instruction)."""
         driver = self._drivers.get(backend)
         if driver is None:
-            statedir = self.storage.data_dir / "backends" / backend
+            home = self.storage.data_dir
             if self.readonly:  # a reader asks drivers what they can do only: their files go to a scratch dir
                 if self._scratch is None:
                     self._scratch = Path(tempfile.mkdtemp(prefix="orch-reader-"))
-                statedir = self._scratch / backend
+                home = self._scratch
+            statedir = home / "backends" / backend
             statedir.mkdir(parents=True, exist_ok=True)
-            context = DriverContext(home=self.storage.data_dir, config=self.config.backend(backend), statedir=statedir,
+            context = DriverContext(home=home, config=self.config.backend(backend), statedir=statedir,
                                     log=get_logger(backend=backend))
             driver = self._drivers[backend] = registry.driver_class(backend)(context)
         return driver

@@ -104,8 +104,9 @@ def test_peek_names_and_deep_nesting_answer_400(services: list[Service], tmp_pat
             assert body["field"] == "name" and body["fqid"] == job, body
         refused(c, "GET", "/api/peek", params={"fqid": job, "name": "x" * 10_000})
         refused(c, "GET", f"/peek/{job}/{'x' * 10_000}")
-        refused(c, "POST", "/api/jobs", content=b"[" * 100_000)
-        refused(c, "POST", "/api/jobs", content=b'{"name": ' + b"[" * 100_000)
+        as_json = {"content-type": "application/json"}
+        refused(c, "POST", "/api/jobs", content=b"[" * 100_000, headers=as_json)
+        refused(c, "POST", "/api/jobs", content=b'{"name": ' + b"[" * 100_000, headers=as_json)
         deep: Any = "leaf"
         for _ in range(100):
             deep = {"a": [deep]}
