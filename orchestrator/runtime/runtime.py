@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
-import shutil
 import sqlite3
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
@@ -30,7 +28,6 @@ from anyio.abc import TaskGroup
 from ..core.actions import scaled
 from ..core.errors import HomeLockedError, RepositoryError, RepositoryHeldError
 from ..core.events import AddRequested, Event, Request, Started
-from ..core.ids import FQID, Runs
 from ..core.instructions import (
     AdjustRun,
     CreateLinked,
@@ -44,14 +41,15 @@ from ..core.instructions import (
 )
 from ..core.machine import StateMachine
 from ..core.statuses import JobStatus
-from ..plugin.contract import Capabilities, Driver, DriverContext, RunHandle
+from ..plugin.contract import Capabilities, Driver, RunHandle
 from ..plugin.logs import get_logger
-from . import gcpause, registry
+from . import gcpause
 from .actor import Actor
 from .bus import Bus
 from .checkpoints import Checkpoints
 from .config import Config
 from .definitions import Definitions
+from .drivers import Drivers
 from .executor import Executor
 from .held import RunKey
 from .homelock import SERVICE_ROLE, HomeLock
@@ -86,8 +84,6 @@ class Runtime:
         self.home = home
         #: A reader of a home another process holds: no lock, no monitoring, every request refused.
         self.readonly = readonly
-        #: A reader's drivers' state directory (made on first need, removed at close): the home is never written.
-        self._scratch: Path | None = None
         self.config = config
         self.role = role
         self.log = get_logger(home=str(home))
@@ -103,7 +99,7 @@ class Runtime:
         self._next_job: int | None = None
         self._actors: dict[str, Actor] = {}
         self._monitors: dict[str, Monitor] = {}
-        self._drivers: dict[str, Driver] = {}
+        self.drivers = Drivers(self.storage.data_dir, config, readonly=readonly)
         self._given: dict[str, str] = {}
         self._added: dict[int, float] = {}
         self.tg: TaskGroup | None = None
@@ -208,10 +204,7 @@ class Runtime:
         self.closing = True
         if self.readonly:
             await self.repo.close()
-            if self._scratch is not None:
-                for driver in self._drivers.values():
-                    await driver.aclose()
-                shutil.rmtree(self._scratch, ignore_errors=True)
+            await self.drivers.aclose(self.log)
             return
         try:
             with anyio.move_on_after(0 if self.lost else float(self.config.core["close_grace"])):
@@ -230,11 +223,7 @@ class Runtime:
                         "previous write is not stored; the next start asks the backends again",
                         path=self.repo.where) from exc
                 finally:  # whatever the last write did, the drivers and the file are closed
-                    for driver in self._drivers.values():
-                        try:
-                            await driver.aclose()
-                        except Exception as exc:  # a driver's close must not lose the home's state
-                            self.log.warning("driver close failed", backend=driver.name, error=repr(exc))
+                    await self.drivers.aclose(self.log)
                     self.bus.close()
                     with anyio.move_on_after(float(self.config.core["close_grace"])):
                         while self.bus.busy:  # the step under way (past settle's grace) writes before the file closes
@@ -350,20 +339,7 @@ class Runtime:
         return self.driver(backend).capabilities_for(settings)
 
     def driver(self, backend: str) -> Driver:
-        """The backend's driver, made on first need (its actor and loops start with the first instruction)."""
-        driver = self._drivers.get(backend)
-        if driver is None:
-            home = self.storage.data_dir
-            if self.readonly:  # a reader asks drivers what they can do only: their files go to a scratch dir
-                if self._scratch is None:
-                    self._scratch = Path(tempfile.mkdtemp(prefix="orch-reader-"))
-                home = self._scratch
-            statedir = home / "backends" / backend
-            statedir.mkdir(parents=True, exist_ok=True)
-            context = DriverContext(home=home, config=self.config.backend(backend), statedir=statedir,
-                                    log=get_logger(backend=backend))
-            driver = self._drivers[backend] = registry.driver_class(backend)(context)
-        return driver
+        return self.drivers.get(backend)
 
     async def actor(self, backend: str) -> Actor:
         actor = self._actors.get(backend)
@@ -397,7 +373,7 @@ class Runtime:
         """Counters of the runtime and of each backend (its driver's own, the ticks it was polled, the runs
         it holds): what monitoring shows, and what tests read instead of reaching inside."""
         backends = {}
-        for name, driver in self._drivers.items():
+        for name, driver in self.drivers.items():
             monitor = self._monitors.get(name)
             actor = self._actors.get(name)
             backends[name] = {"driver": driver.metrics(), "ticks": monitor.ticks if monitor else 0,
@@ -511,6 +487,3 @@ class Runtime:
         with anyio.fail_after(timeout if timeout is not None else math.inf):
             while not done():
                 await self.bus.changed()
-
-    def runs_of(self, fq: FQID) -> Runs:
-        return Runs(fq[0], None if len(fq) == 1 else [fq[1]])
