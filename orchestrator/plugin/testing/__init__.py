@@ -178,7 +178,7 @@ class BackendConformance:
     # ------------------------------------------------------------ submission
     async def test_bulk_submit_of_many_runs(self, conformance_backend: Backend, tmp_path: Path) -> None:
         """Many runs go in one bulk call where the driver declares bulk_submit (emulated otherwise); all end."""
-        n = 12
+        n = 8
         caps = self.caps(conformance_backend)
         async with self.opened(tmp_path / "home") as orch:
             seen: list[Any] = []
@@ -263,15 +263,15 @@ class BackendConformance:
     async def test_kill_one_running_subjob_then_the_master(self, conformance_backend: Backend,
                                                           tmp_path: Path) -> None:
         async with self.opened(tmp_path / "home") as orch:
-            j = await orch.jobs.add(self.job(conformance_backend, "kill", "sleep 60", 3))
+            j = await orch.jobs.add(self.job(conformance_backend, "kill", "sleep 60", 2))
             await j.submit(keep_going=True)
-            await self.until(lambda: self.statuses(j) == ["running"] * 3, "every subjob runs")
+            await self.until(lambda: self.statuses(j) == ["running"] * 2, "every subjob runs")
             await j.subjobs[1].kill()
             await self.until(lambda: j.subjobs[1].status == "killed", "the subjob killed is killed")
-            assert [j.subjobs[0].status, j.subjobs[2].status] == ["running", "running"]
+            assert j.subjobs[0].status == "running" and j.status == "running"
             await j.kill()
             await j.wait(timeout=self.timeout)
-            assert self.statuses(j) == ["killed"] * 3 and j.status == "killed"
+            assert self.statuses(j) == ["killed"] * 2 and j.status == "killed"
 
     async def test_resubmit_of_failed_runs(self, conformance_backend: Backend, tmp_path: Path) -> None:
         self.need(self.executes or bool(self.settings_for("resubmit")),
@@ -368,29 +368,41 @@ class BackendConformance:
         assert out.returncode == -9, f"the orchestrator was not SIGKILLed: {out.returncode}\n{out.stderr[-3000:]}"
         return out.stdout, n
 
-    async def reopened_without_loss(self, home: Path, side: Path, n: int) -> None:
+    async def reopened_without_loss(self, home: Path, backend: Backend, side: Path, n: int) -> None:
+        """Reopened: every run recorded goes on to its end, once. Runs a crash caught mid-submission are adopted
+        or sent again by key (``lookup``), else left ``new`` with a reason, sent by nobody but the user."""
         async with self.opened(home) as orch:
             j = orch.jobs[0]
             if not j.subjobs:  # caught before any subjob was recorded: the master is new again
                 await j.submit(keep_going=True)
-            left = j.subjobs.select(status="new")
-            if len(left):  # no lookup: runs caught mid-submission are the user's to send
-                await left.resubmit()
             await j.wait(timeout=self.timeout)
-            assert self.statuses(j) == ["completed"] * n, self.reasons(j)
+            left = [s for s in j.subjobs if s.status == "new"]
+            if self.caps(backend, "crash").lookup:
+                assert not left, f"runs left new although the driver declares lookup: {self.reasons(j)}"
+            for s in left:
+                assert "resubmit" in (s.info.reason or ""), s.info.reason
+            done = [s for s in j.subjobs if s.status != "new"]
+            assert [s.status.value for s in done] == ["completed"] * len(done), self.reasons(j)
+            ran = {i: _lines(side / str(i)) for i in range(n)}
             if self.executes:
-                assert {i: _lines(side / str(i)) for i in range(n)} == dict.fromkeys(range(n), 1)
+                assert all(ran[int(s.fqid.split(".")[1])] == 1 for s in done), ran
+                assert all(ran[int(s.fqid.split(".")[1])] <= 1 for s in left), ran  # never sent behind one's back
+            if left:  # the user decides: sends them
+                for s in left:
+                    await s.resubmit()
+                await j.wait(timeout=self.timeout)
+            assert self.statuses(j) == ["completed"] * n, self.reasons(j)
 
     async def test_orchestrator_killed_mid_run_then_reopened(self, conformance_backend: Backend, tmp_path: Path,
                                                              conformance_side: Path) -> None:
-        out, n = self.crash(tmp_path / "home", conformance_backend, conformance_side, 3, "running")
+        out, n = self.crash(tmp_path / "home", conformance_backend, conformance_side, 2, "running")
         assert "running" in out
-        await self.reopened_without_loss(tmp_path / "home", conformance_side, n)
+        await self.reopened_without_loss(tmp_path / "home", conformance_backend, conformance_side, n)
 
     async def test_orchestrator_killed_mid_submission_then_reopened(
             self, conformance_backend: Backend, tmp_path: Path, conformance_side: Path) -> None:
-        _, n = self.crash(tmp_path / "home", conformance_backend, conformance_side, 4, "submission")
-        await self.reopened_without_loss(tmp_path / "home", conformance_side, n)
+        _, n = self.crash(tmp_path / "home", conformance_backend, conformance_side, 3, "submission")
+        await self.reopened_without_loss(tmp_path / "home", conformance_backend, conformance_side, n)
 
     async def test_unreachable_backend_runs_are_lost_and_retried(
             self, conformance_backend: Backend, tmp_path: Path, conformance_outage: Outage | None) -> None:
