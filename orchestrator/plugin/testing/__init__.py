@@ -20,6 +20,7 @@ Optional hooks (class attributes and fixtures of the subclass):
   them by backend id (a plugin whose runs are its process's children sets ``False``: the SIGKILL checks skip);
 - ``config``: settings merged into every orchestrator the kit opens (``{"core": {...}}``);
 - ``timeout``: seconds a check waits for a job (60);
+- ``config_for(check)``: extra orchestrator settings for one check (``"lost"``: a driver's command timeout);
 - ``settings_for(check)``: extra backend settings for one check (``"kill"``, ``"resubmit"``, ``"hold"``,
   ``"lost"``, ``"crash"``; ``sim`` sets its run times and outcomes there);
 - fixture ``conformance_outage``: an :class:`Outage` (``down(home)``, ``up(home)``) that makes the
@@ -146,12 +147,17 @@ class BackendConformance:
                    splitter=ArgSplitter([["-c", script, str(i)] for i in range(n)]),
                    backend=self.settings(backend, check), **kw)
 
-    def orch_config(self, **core: Any) -> dict[str, Any]:
-        return _merge(_merge({"core": {"poll_interval": 0.05}}, self.config), {"core": core} if core else {})
+    def config_for(self, check: str) -> dict[str, Any]:
+        """Extra orchestrator settings for one check (a driver's ``[backends.NAME]`` table); none by default."""
+        return {}
+
+    def orch_config(self, check: str = "", **core: Any) -> dict[str, Any]:
+        config = _merge(_merge({"core": {"poll_interval": 0.05}}, self.config), self.config_for(check))
+        return _merge(config, {"core": core} if core else {})
 
     @asynccontextmanager
-    async def opened(self, home: Path, **core: Any) -> AsyncIterator[Orchestrator]:
-        async with Orchestrator(home=home, config=self.orch_config(**core)) as orch:
+    async def opened(self, home: Path, check: str = "", **core: Any) -> AsyncIterator[Orchestrator]:
+        async with Orchestrator(home=home, config=self.orch_config(check, **core)) as orch:
             yield orch
 
     async def until(self, ok: Callable[[], bool], what: str, timeout: float | None = None) -> None:
@@ -360,7 +366,7 @@ class BackendConformance:
         self.need(self.survives_restart, "the plugin's runs end with the orchestrator's process "
                                          "(survives_restart = False)")
         script = f"echo $0 >> {shlex.quote(str(side))}/$0; sleep 2"
-        spec = {"home": str(home), "config": self.orch_config(), "script": script, "n": n, "when": when,
+        spec = {"home": str(home), "config": self.orch_config("crash"), "script": script, "n": n, "when": when,
                 "backend": backend.name, "settings": {**backend.settings, **self.settings_for("crash")},
                 "timeout": self.timeout}
         out = subprocess.run([sys.executable, "-m", "orchestrator.plugin.testing._crash", json.dumps(spec)],
@@ -371,7 +377,7 @@ class BackendConformance:
     async def reopened_without_loss(self, home: Path, backend: Backend, side: Path, n: int) -> None:
         """Reopened: every run recorded goes on to its end, once. Runs a crash caught mid-submission are adopted
         or sent again by key (``lookup``), else left ``new`` with a reason, sent by nobody but the user."""
-        async with self.opened(home) as orch:
+        async with self.opened(home, "crash") as orch:
             j = orch.jobs[0]
             if not j.subjobs:  # caught before any subjob was recorded: the master is new again
                 await j.submit(keep_going=True)
@@ -411,7 +417,7 @@ class BackendConformance:
         assert conformance_outage is not None
         home = tmp_path / "home"
         retry = RetryPolicy(max_early=0, max_late_handled=0, max_late_unhandled=3, early_seconds=0)
-        async with self.opened(home, lost_after_seconds=1.0) as orch:
+        async with self.opened(home, "lost", lost_after_seconds=1.0) as orch:
             j = await orch.jobs.add(self.job(conformance_backend, "lost", "sleep 3", 2, retry=retry))
             await j.submit(keep_going=True)
             await self.until(lambda: self.statuses(j) == ["running"] * 2, "every subjob runs")
