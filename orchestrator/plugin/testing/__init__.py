@@ -365,7 +365,7 @@ class BackendConformance:
     def crash(self, home: Path, backend: Backend, side: Path, n: int, when: str) -> tuple[str, int]:
         self.need(self.survives_restart, "the plugin's runs end with the orchestrator's process "
                                          "(survives_restart = False)")
-        script = f"echo $0 >> {shlex.quote(str(side))}/$0; sleep 2"
+        script = f"echo $0 >> {shlex.quote(str(side))}/$0; sleep 3"
         spec = {"home": str(home), "config": self.orch_config("crash"), "script": script, "n": n, "when": when,
                 "backend": backend.name, "settings": {**backend.settings, **self.settings_for("crash")},
                 "timeout": self.timeout}

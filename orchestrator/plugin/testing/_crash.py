@@ -1,7 +1,8 @@
 """The orchestrator the SIGKILL checks kill: ``python -m orchestrator.plugin.testing._crash SPEC`` (JSON).
 
 It opens the home, adds a job of ``n`` subjobs running ``script`` (``$0`` is the index) on the backend,
-submits it and SIGKILLs itself: ``when="running"`` once every subjob runs, ``when="submission"`` as soon
+submits it and SIGKILLs itself: ``when="running"`` once every subjob runs (and the home has recorded it),
+``when="submission"`` as soon
 as the backend has answered the submission (before the answer is surely recorded). Public API only.
 """
 
@@ -47,6 +48,9 @@ async def main(spec: dict[str, Any]) -> None:
         with anyio.fail_after(float(spec["timeout"])):
             while not (len(j.subjobs) == n and all(s.status == "running" for s in j.subjobs)):
                 await anyio.sleep(0.05)
+        # Mid-run as the home records it: the statuses are written every flush_interval (0.2 s by default).
+        flush = float(spec["config"].get("core", {}).get("flush_interval", 0.2))
+        await anyio.sleep(3 * flush)
         print("running", flush=True)
         _die()
 
