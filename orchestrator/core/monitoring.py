@@ -94,10 +94,12 @@ def apply_report(core: Core, js: JobState, report: RunReport, sid: str) -> None:
 
 
 def retry(core: Core, js: JobState, indexes: list[int], sid: str) -> None:
-    """Failed runs the limits allow to run again: submitted again now, from their newest state."""
+    """Failed runs the limits allow to run again: submitted again now, from their newest state; and retries the
+    backend refused, still ``submitting``, whose pause is over (``RetryDue``)."""
     ready = [i for i in indexes if js.runs.status[i] == S.FAILED.code]
+    waiting = [i for i in indexes if js.runs.status[i] == S.SUBMITTING.code]
     core.move(js, ready, S.SUBMITTING, sid)
-    send_submit(core, js, ready, sid, kind="retry", start="resume")
+    send_submit(core, js, sorted(ready + waiting) if waiting else ready, sid, kind="retry", start="resume")
 
 
 def handle_run_lost(core: Core, event: RunLost) -> None:

@@ -30,19 +30,23 @@ from .events import (
     PostprocessDone,
     Prepared,
     PrepareFailed,
+    RunReport,
     SubmitOutcomes,
 )
 from .flow import done, release_waiting
 from .ids import fqid_str
-from .instructions import Forget, Prepare, Unprepare
+from .instructions import Forget, Prepare, ScheduleRetry, Unprepare
 from .jobs import JobState
 from .partition import SHOWN, settle
 from .requests import force_now
+from .retry import judge
 from .sending import send_kill, send_submit
 from .statuses import FINAL, JobStatus
 from .step import Change
 
 S = JobStatus
+#: Seconds before an automatic retry the backend refused is sent again (see :func:`_retry_refused`).
+RETRY_REFUSED_AFTER = 2.0
 
 
 # ------------------------------------------------------------------ prepare
@@ -119,12 +123,18 @@ def handle_submit_outcomes(core: Core, event: SubmitOutcomes) -> None:
     to_new: list[int] = [idx[k] for k in event.not_attempted] if js.is_master else (
         [0] if event.not_attempted else [])
     to_failed: list[int] = []
+    refused_retries: list[tuple[int, str]] = []
     for k, why in event.rejected:
         i = idx[k] if js.is_master else 0
         reason = why or "submission refused"
         js.runs.extra(i).reason = f"submission failed: {reason}"
         failures.append((_fq(js, i), reason))
+        if sending.kind == "retry":
+            refused_retries.append((i, reason))
+            continue
         (to_new if _rejected_to(js, i, sending, event.native) == S.NEW else to_failed).append(i)
+    if refused_retries:
+        to_failed += _retry_refused(core, js, refused_retries, sid)
     core.move(js, to_new, S.NEW, sid)
     core.move(js, to_failed, S.FAILED, sid)
     sending.failures += failures
@@ -141,6 +151,21 @@ def handle_submit_outcomes(core: Core, event: SubmitOutcomes) -> None:
     hard = sending.kind == "release" or (sending.kind == "submit" and js.status == S.NEW)
     done(core, sending.request, js.id, errors, hard=hard)
     release_waiting(core)  # requests that waited for this submission's answer
+
+
+def _retry_refused(core: Core, js: JobState, refused: list[tuple[int, str]], sid: str) -> list[int]:
+    """An automatic retry the backend refused (unreachable, as a rule: the fault that made a run lost lasts) is
+    judged as the backend's fault, like a lost run: while the limits allow, it stays ``submitting`` and is sent
+    again after :data:`RETRY_REFUSED_AFTER` seconds (``ScheduleRetry``); the others are returned, to fail."""
+    again: list[int] = []
+    failed: list[int] = []
+    for i, reason in refused:
+        report = RunReport(core.runs_of(js, [i]), S.FAILED, reason=f"submission failed: {reason}", verdict="lost")
+        (again if judge(js, i, report, core.now).retry else failed).append(i)
+    if again:
+        core.mark(js.id, again)
+        core.emit(ScheduleRetry(stimulus_id=sid, runs=core.runs_of(js, again), at=core.now + RETRY_REFUSED_AFTER))
+    return failed
 
 
 def _rejected_to(js: JobState, i: int, sending: Sending, native: bool) -> JobStatus:

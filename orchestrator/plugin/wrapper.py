@@ -69,9 +69,11 @@ def script_text(name: str) -> str:
 
 
 def run_values(run: RunSpec, *, bindir: str, notify: str | None = None, boot: int | None = None,
-               paths: dict[str, str] | None = None) -> dict[str, str]:
-    """The ``ORCH_*`` values the wrapper reads for ``run``. ``paths`` overrides directories (a remote worker's)."""
+               paths: dict[str, str] | None = None, inputs: Sequence[str] | None = None) -> dict[str, str]:
+    """The ``ORCH_*`` values the wrapper reads for ``run``. ``paths`` overrides directories (a remote worker's),
+    ``inputs`` the paths its input links in the work dir point to (where a remote worker staged them)."""
     p = paths or {}
+    linked = [str(src) for src in run.inputs] if inputs is None else list(inputs)
     return {
         "ORCH_FQID": run.fqid,
         "ORCH_KEY": run.key,
@@ -82,16 +84,19 @@ def run_values(run: RunSpec, *, bindir: str, notify: str | None = None, boot: in
         "ORCH_RETRY_COUNT": str(run.retry_count),
         "ORCH_ATTEMPT": str(run.attempt),
         "ORCH_OUTPUTFILES": "\n".join(run.outputfiles),
+        # The inputs linked into the work dir (on this machine): an output pattern matching one copies it.
+        "ORCH_INPUTS": "\n".join(linked) if run.outputfiles else "",
         "ORCH_NOTIFY": notify or "",
         "ORCH_BOOT": str(boot) if boot else "",
     }
 
 
 def render_runfile(run: RunSpec, *, bindir: str, notify: str | None = None, boot: int | None = None,
-                   paths: dict[str, str] | None = None) -> str:
-    """The run file's text. ``paths`` overrides directories (a remote worker's)."""
+                   paths: dict[str, str] | None = None, inputs: Sequence[str] | None = None) -> str:
+    """The run file's text. ``paths`` overrides directories (a remote worker's), ``inputs`` the input files'
+    paths there (see :func:`run_values`)."""
     q = shlex.quote
-    values = run_values(run, bindir=bindir, notify=notify, boot=boot, paths=paths)
+    values = run_values(run, bindir=bindir, notify=notify, boot=boot, paths=paths, inputs=inputs)
     lines = [f"{k}={q(v)}" for k, v in values.items()]
     for i, arg in enumerate(run.retry_args, 1):
         lines.append(f"ORCH_RETRY_ARG_{i}={q(arg)}; export ORCH_RETRY_ARG_{i}")

@@ -24,6 +24,7 @@ from typing import Any
 import anyio
 import structlog
 
+from ..checkpoint import STATE_DIR
 from ..core.events import Event, RunLost, RunReport, StatusReport
 from ..core.ids import Runs, parse_fqid_or_none
 from ..core.runlog import RunLog
@@ -35,6 +36,8 @@ from .held import RunKey
 
 S = JobStatus
 ENDINGS = frozenset({S.COMPLETED, S.FAILED, S.HELD, S.KILLED})
+#: Seconds between two looks for saved states at running runs of jobs that saved none yet (one ``stat`` each).
+DISCOVER_SECONDS = 1.0
 
 
 @dataclass
@@ -104,6 +107,8 @@ class Monitor:
         #: A graceful stop: no new tick starts.
         self.stopped = False
         self._seq = 0
+        #: When running runs not yet known to save states are looked at next (``time.monotonic()``).
+        self._discover_at = 0.0
 
     @property
     def name(self) -> str:
@@ -117,27 +122,52 @@ class Monitor:
             await self.harvest_running()
 
     async def harvest_running(self) -> None:
-        """States saved by runs going on reach the repository, and the newest the state machine, each tick."""
-        if self.stopped or not self.actor.driver.capabilities.runs_wrapper:
+        """States saved by runs going on reach the repository, and the newest the state machine, each tick.
+
+        Runs of jobs with steps, or that saved a state already, are looked at every tick; any other running
+        run (a job without steps may start saving states at any time) once every :data:`DISCOVER_SECONDS`.
+        A driver with ``remote_states`` first copies the running runs' states here (``fetch_states``).
+        """
+        driver = self.actor.driver
+        if self.stopped or not driver.capabilities.runs_wrapper:
             return  # no wrapper, no states (sim): and no look at a hundred thousand runs per tick
+        now = time.monotonic()
+        discover = now >= self._discover_at
+        if discover:
+            self._discover_at = now + max(DISCOVER_SECONDS, self.poll_interval)
         held = self.actor.held
-        reports = []
+        handles: list[tuple[RunKey, RunHandle]] = []
+        for job in held.jobs():  # a job without steps: only its runs that saved a state already
+            which = None if discover else self.harvestable(job)
+            candidates = held.keys(job) if which is None else [(job, i) for i in which if (job, i) in held]
+            for key in candidates:
+                if self.status_of(key) not in (S.RUNNING, S.COMPLETING):
+                    continue
+                handle = held.handle(key)
+                if handle is not None:
+                    handles.append((key, handle))
+        if not handles:
+            return
         sid = self._sid("state")
         with structlog.contextvars.bound_contextvars(stimulus_id=sid):
-            for job in held.jobs():  # a job without steps: only its runs that saved a state already
-                which = self.harvestable(job)
-                candidates = held.keys(job) if which is None else [(job, i) for i in which if (job, i) in held]
-                for key in candidates:
-                    if self.status_of(key) not in (S.RUNNING, S.COMPLETING):
-                        continue
-                    handle = held.handle(key)
-                    state = self.harvest(handle) if handle is not None else None
-                    if state is not None:
-                        reports.append(RunReport(Runs(job, None if key[1] is None else [key[1]]), S.RUNNING,
-                                                 state=state))
+            if driver.capabilities.remote_states:
+                await self._fetch_states([h for _, h in handles])
+            reports = [RunReport(Runs(k[0], None if k[1] is None else [k[1]]), S.RUNNING, state=state)
+                       for k, h in handles if (state := self.harvest(h)) is not None]
             if reports:
                 await self.post(StatusReport(stimulus_id=sid, time=time.time(), backend=self.name,
                                              reports=tuple(reports)))
+
+    async def _fetch_states(self, handles: list[RunHandle]) -> None:
+        """The driver copies the running runs' saved states into their work dirs here; a fault is logged only
+        (the states come back with the run's outputs at its end all the same)."""
+        targets = [h.jobdir / "work" / STATE_DIR for h in handles]
+        try:
+            await self.actor.driver.fetch_states(handles, targets)
+        except Exception as exc:  # the backend's fault, never the job's
+            self.actor.faults.count("fetch_states")
+            self.log.warning("fetching running runs' states failed", backend=self.name, error=repr(exc),
+                             fqid=",".join(sorted({h.fqid for h in handles}))[:200])
 
     async def poll(self) -> None:
         """One tick: one status query for every run the driver holds."""

@@ -400,8 +400,8 @@ class Runtime:
 
     def _read_ending(self, handle: RunHandle) -> Ending:
         ending = read_ending(handle)
-        if self.checkpoints.concerned(handle.fqid):
-            ending.state = self.checkpoints.harvest(handle.fqid, handle.jobdir / "work")
+        # Every run's: a job without steps may have saved states (one failed open when it saved none).
+        ending.state = self.checkpoints.harvest(handle.fqid, handle.jobdir / "work")
         return ending
 
     def _harvestable(self, job: int) -> Collection[int | None] | None:
@@ -414,8 +414,7 @@ class Runtime:
         return saved if self.sm.job_state(job).is_master else [None] if saved else []
 
     def _harvest(self, handle: RunHandle) -> dict[str, Any] | None:
-        if not self.checkpoints.concerned(handle.fqid):
-            return None
+        """The states a running run saved since the last look (any run: the monitor chooses which to look at)."""
         return self.checkpoints.harvest(handle.fqid, handle.jobdir / "work")
 
     # ------------------------------------------------------------ helpers for the pieces

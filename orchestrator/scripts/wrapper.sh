@@ -23,9 +23,9 @@
 if [ "${1:-}" = --env ]; then
     shift 2
     # The wrapper's own values came in the environment: the application sees them no more (as with a run file).
-    _k=$ORCH_KEY _o=$ORCH_OUTDIR _b=$ORCH_BIN _f=${ORCH_OUTPUTFILES:-} _n=${ORCH_NOTIFY:-}
-    unset ORCH_KEY ORCH_OUTDIR ORCH_BIN ORCH_OUTPUTFILES ORCH_NOTIFY
-    ORCH_KEY=$_k ORCH_OUTDIR=$_o ORCH_BIN=$_b ORCH_OUTPUTFILES=$_f ORCH_NOTIFY=$_n
+    _k=$ORCH_KEY _o=$ORCH_OUTDIR _b=$ORCH_BIN _f=${ORCH_OUTPUTFILES:-} _n=${ORCH_NOTIFY:-} _i=${ORCH_INPUTS:-}
+    unset ORCH_KEY ORCH_OUTDIR ORCH_BIN ORCH_OUTPUTFILES ORCH_NOTIFY ORCH_INPUTS
+    ORCH_KEY=$_k ORCH_OUTDIR=$_o ORCH_BIN=$_b ORCH_OUTPUTFILES=$_f ORCH_NOTIFY=$_n ORCH_INPUTS=$_i
 else
     . "$1" || exit 97
 fi

@@ -38,6 +38,8 @@ S = JobStatus
 #: Seconds a launched wrapper whose PID is gone may take to show its START line before it is lost.
 _START_GRACE = 3.0
 _MARK = scripts.EVENTS_MARK.encode() + b"\n"
+#: The runs' CPU records in their output dirs, one per attempt (the wrapper appends them).
+USAGE = "orch.usage"
 
 
 class BackendFault(RuntimeError):
@@ -179,7 +181,11 @@ class MonitorMixin(SshBase):
             async with limiter:
                 remote = f"{host.base}/{scripts.run_dir(entry.key)}"
                 try:
+                    usage = h.outputdir / USAGE
+                    before = usage.read_text(errors="replace") if usage.exists() else ""
                     await host.fetch(f"{remote}/output", h.outputdir)
+                    if before:  # the attempts' CPU records: this attempt's fetched, the earlier ones kept
+                        usage.write_text(merge_usage(before, usage.read_text(errors="replace")))
                     # The states it saved, where the core harvests them before judging the run (checkpointing).
                     await host.fetch(f"{remote}/work/{STATE_DIR}", _local_workdir(h, entry) / STATE_DIR,
                                      create=False, kind="sftp_state")
@@ -225,6 +231,23 @@ class MonitorMixin(SshBase):
         async with anyio.create_task_group() as tg:
             for h, target in zip(handles, targets, strict=True):
                 tg.start_soon(one, h, target)
+
+
+def merge_usage(before: str, fetched: str) -> str:
+    """The ``orch.usage`` records kept here (earlier attempts, each run in a remote dir of its own) and those
+    fetched, each attempt once: a record is its ``<attempt> ...`` line (six fields) and the lines after it."""
+    def records(text: str) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        for line in text.splitlines(keepends=True):
+            fields = line.split()
+            if len(fields) == 6 and fields[0].isdigit():
+                out.append((fields[0], line))
+            elif out:
+                out[-1] = (out[-1][0], out[-1][1] + line)
+        return out
+
+    known = {attempt for attempt, _ in records(before)}
+    return before + "".join(text for attempt, text in records(fetched) if attempt not in known)
 
 
 def _update(h: RunHandle, entry: Run) -> StatusUpdate | None:

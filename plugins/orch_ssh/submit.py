@@ -103,7 +103,8 @@ class SubmitMixin(SshBase):
             run.outputdir.mkdir(parents=True, exist_ok=True)
             rdir = f"{host.base}/{scripts.run_dir(run.key)}"
             text = render_runfile(run, bindir=host.bindir, notify=host.events, boot=host.boot,
-                                  paths={"outputdir": f"{rdir}/output", "workdir": f"{rdir}/work"})
+                                  paths={"outputdir": f"{rdir}/output", "workdir": f"{rdir}/work"},
+                                  inputs=[staged[str(f)] for f in run.inputs])
             names = {}
             for f in [*run.inputs, *[p for p in files.values() if p.parent == run.inputdir]]:
                 names[f.name] = staged[str(f)]

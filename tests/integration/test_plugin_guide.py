@@ -11,6 +11,8 @@ example does not install or run fails here, not in a reader's hands.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +27,8 @@ MODULE = "orch_minimal"
 BLOCK = re.compile(r"<!-- file: (?P<path>[\w./-]+) -->\n```\w*\n(?P<code>.*?)\n```", re.DOTALL)
 
 pytestmark = pytest.mark.anyio
+#: The guide's test file that runs the conformance kit on the plugin.
+CONFORMANCE = "test_conformance_minimal.py"
 
 
 def guide_files() -> dict[str, str]:
@@ -34,7 +38,7 @@ def guide_files() -> dict[str, str]:
 
 def test_guide_has_a_complete_minimal_plugin_under_60_lines() -> None:
     files = guide_files()
-    assert set(files) == {f"{MODULE}/__init__.py", "pyproject.toml"}
+    assert set(files) == {f"{MODULE}/__init__.py", "pyproject.toml", CONFORMANCE}
     code = files[f"{MODULE}/__init__.py"]
     assert len(code.splitlines()) < 60
     compile(code, "orch_minimal/__init__.py", "exec")  # complete: no "..." placeholders that do not run
@@ -47,6 +51,8 @@ def minimal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The guide's plugin, installed from the guide's own text for this module's tests."""
     src = tmp_path_factory.mktemp("guide") / "orchestrator-minimal-backend"
     for path, text in guide_files().items():
+        if path == CONFORMANCE:
+            continue  # the plugin's test, not part of its distribution
         target = src / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
@@ -87,3 +93,16 @@ async def test_kill_and_settings_on_the_guide_plugin(minimal: None, tmp_path: Pa
         await orch.refresh()
         await j.kill()
         assert [s.status for s in j.subjobs] == ["killed"] * 3 and j.status == "killed"
+
+
+def test_the_guide_runs_the_conformance_kit_on_its_plugin(minimal: None, tmp_path: Path) -> None:
+    """The guide's conformance test file and command, as written, run the kit's checks on the guide's plugin."""
+    (tmp_path / CONFORMANCE).write_text(guide_files()[CONFORMANCE])
+    command = re.search(r"```sh\n(pytest -p orchestrator.plugin.testing [^\n]+)\n```", GUIDE.read_text())
+    assert command is not None and command[1].endswith(CONFORMANCE)
+    argv = command[1].split()
+    out = subprocess.run([sys.executable, "-m", *argv, "-q", "-p", "no:cacheprovider", "-k",
+                          "bulk_submit or exit_codes or checkpoint_states_harvested_at_the_end or mid_run"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "4 passed" in out.stdout, out.stdout[-2000:]

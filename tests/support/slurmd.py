@@ -151,6 +151,25 @@ class SlurmCluster:
         self._spawn("slurmd", ["/usr/sbin/slurmd", "-D", "-N", "localhost", "-f", str(self.conf)])
         self._wait(self._node_idle, timeout, "the node did not become idle")
 
+    def stop_controller(self) -> None:
+        """End slurmctld alone (by its PID): the cluster is unreachable, its jobs go on under slurmd."""
+        proc = self.procs.pop("slurmctld")
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def start_controller(self, timeout: float = 30.0) -> None:
+        """Start slurmctld again, from its saved state; return once it answers."""
+        self._spawn("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.conf)])
+        self._wait(self._controller_up, timeout, "slurmctld did not answer after its restart")
+
+    def _controller_up(self) -> bool:
+        out = subprocess.run(["squeue", "-h", "-o", "%i"], env=self.env, capture_output=True, text=True)
+        return out.returncode == 0
+
     def _node_idle(self) -> bool:
         out = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], env=self.env, capture_output=True, text=True)
         return out.returncode == 0 and out.stdout.strip() == "idle"

@@ -8,13 +8,14 @@ from orchestrator.core.events import (
     KillRequested,
     ReleaseRequested,
     RemoveRequested,
+    RetryDue,
     RunLost,
     RunReport,
     Started,
     StatusReport,
 )
 from orchestrator.core.ids import Runs
-from orchestrator.core.instructions import Lookup, Persist, Reply, SendKill, SendSubmit, Unwatch
+from orchestrator.core.instructions import Lookup, Persist, Reply, ScheduleRetry, SendKill, SendSubmit, Unwatch
 from orchestrator.core.statuses import JobStatus
 
 from .harness import Harness, limits, log, only, profile, reply
@@ -199,6 +200,24 @@ def test_a_lost_run_is_killed_where_reachable_and_judged_at_orchestrator_level()
     kill = only(step, SendKill)
     h.killed(kill)
     assert h.status(job, 0) == S.SUBMITTING  # the kill of a lost run moves nothing
+
+
+def test_a_retry_the_backend_refuses_waits_and_is_sent_again_within_the_limit() -> None:
+    """A lost run's retry refused (the backend is still unreachable): judged like the loss, not failed; it stays
+    submitting and is sent again once its pause is over; past the limit it fails with the refusal's reason."""
+    h = Harness()
+    job = running_master(h, wrapper=True, limits=limits(unhandled=2))
+    step = h.post(RunLost(stimulus_id="lost-1", time=h.tick(), runs=Runs(job, [0]), reason="no answer"))
+    step = h.outcomes(only(step, SendSubmit), rejected=[(0, "host unreachable")])
+    assert h.status(job, 0) == S.SUBMITTING
+    pause = only(step, ScheduleRetry)
+    assert pause.runs == Runs(job, [0]) and pause.at > h.clock
+    step = h.post(RetryDue(stimulus_id=pause.stimulus_id, time=h.tick(3), runs=pause.runs))
+    again = only(step, SendSubmit)
+    assert again.runs == Runs(job, [0])
+    step = h.outcomes(again, rejected=[(0, "host unreachable")])  # the limit (2: the loss, one refusal) is used up
+    assert not step.of(ScheduleRetry) and h.status(job, 0) == S.FAILED
+    assert "host unreachable" in (h.sm.info((job, 0))["reason"] or "")
 
 
 def test_force_status_moves_stuck_jobs_on_record_and_kills_active_ones_first() -> None:
