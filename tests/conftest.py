@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+#: The suite's own homes are not watched by a service started in the background (``[service] autostart``): tests
+#: open, close and reopen homes, and check what a process of their own does. The tests of the watcher, and the
+#: documents' examples, run as a user would, with it (they take this variable out of their commands' environment).
+os.environ.setdefault("ORCHESTRATOR_AUTOSTART", "0")
 
 #: Fixtures of the service tests (``services``, ``shared``), of PostgreSQL (``postgres_server``, ``pg_url``), of
 #: the sshds (``ssh_env``, ``ssh_env2``, ``side``) and the test backends (``test_drivers``), usable by name in any

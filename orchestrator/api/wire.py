@@ -34,8 +34,9 @@ JobId = Annotated[int, Meta(ge=0, le=2**53, description="a top-level job's id")]
 Index = Annotated[int, Meta(ge=0, le=2**53)]
 Name = Annotated[str, Meta(max_length=1024)]
 Text = Annotated[str, Meta(max_length=1 << 20)]
-FileName = Annotated[str, Meta(min_length=1, max_length=255, pattern="^[^/\\x00]+$",
-                               description="a file of the run's directory: no '/', no NUL, at most 255 characters")]
+FileName = Annotated[str, Meta(min_length=1, max_length=255, pattern="^(?!\\.\\.?$)[^/\\x00]+$",
+                               description="a file of the run's directory: not '.' or '..', no '/', no NUL, at most "
+                                           "255 characters")]
 FilePath = Annotated[str, Meta(max_length=4096)]
 Count = Annotated[int, Meta(ge=0, le=2**31)]
 Limit = Annotated[int, Meta(ge=-(2**31), le=2**31)]

@@ -161,7 +161,7 @@ def run(home: Path | None, body: Callable[[Orchestrator], Awaitable[T]], *, refr
     path = home_of(home)
     url = repository_of()
     remote = remote_of()
-    if read_only and not remote and not path.is_dir():  # a reader never makes a home: a mistyped --home says so
+    if read_only and not remote and not url and not path.is_dir():  # a reader never makes a home: a typo says so
         raise CliError(f"no home at {path}: check --home or $ORCHESTRATOR_HOME (a command that adds a job, "
                        "such as 'orchestrator submit', makes one)")
 

@@ -82,6 +82,7 @@ class Session:
         env["ORCHESTRATOR_HOME"] = str(self.home)
         env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
         env.pop("PYTHONPATH", None)
+        env.pop("ORCHESTRATOR_AUTOSTART", None)  # as a user runs them: a home is watched (the suite's default is off)
         return env
 
 
@@ -157,6 +158,7 @@ def run_python(example: Example) -> None:
     __tracebackhide__ = True
     session = session_of(example)
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    os.environ.clear()
     os.environ.update(session.env())
     os.chdir(session.cwd)
     try:

@@ -42,6 +42,7 @@ from ...api.owners import Caller
 from ...cli.app import CliError, Group, home_of, home_option, remote_of
 from ...cli.render import console as _console
 from ...cli.render import safe
+from ...core.errors import HomeLockedError
 from .handle import PackageView, WorkflowRun
 from .model import Workflow
 from .runner import Workflows
@@ -130,17 +131,26 @@ def _run(home: Path | None, name: str, args: dict[str, Any], *, autorun: bool = 
     path = home_of(home)
     remote = remote_of()
 
+    async def through(client: ServiceClient) -> int:
+        async with client:
+            answer = await client.call(f"workflow/{name}", **args, width=_console().width)
+        _replay(answer["out"])
+        return int(answer["code"] or 0)
+
     async def main() -> int:
         client = (ServiceClient(url=remote["url"], token=remote["token"], ca=remote["ca"]) if remote
                   else await connect(path))
         if client is not None:
-            async with client:
-                answer = await client.call(f"workflow/{name}", **args, width=_console().width)
-            _replay(answer["out"])
-            return int(answer["code"] or 0)
-        async with Orchestrator(home=path, service=False) as orch, Workflows(orch, autorun=autorun) as wfs:
-            await orch.transport.refresh()  # the backends' news first: statuses are current
-            return int(await COMMANDS[name](wfs, Out(), **args) or 0)
+            return await through(client)
+        try:
+            async with Orchestrator(home=path, service=False) as orch, Workflows(orch, autorun=autorun) as wfs:
+                await orch.transport.refresh()  # the backends' news first: statuses are current
+                return int(await COMMANDS[name](wfs, Out(), **args) or 0)
+        except HomeLockedError:  # a service took the home meanwhile (its watcher, starting): through it
+            client = await connect(path)
+            if client is None:
+                raise
+            return await through(client)
 
     return anyio.run(main)
 
