@@ -134,7 +134,11 @@ async def run_service(home: Path | None, *, tcp_port: int | None = None, token_f
     named = names(section, "users") | names(section, "admins") | set(TokenStore(tokens_path(path)).users())
     check_users(named, current_user())  # a multi-user service needs root: refused here, before anything is made
     configure_python(str(section.get("python") or "") or None)
-    lock_down(path, bool(others(named, current_user())))
+    multi = bool(others(named, current_user()))
+    lock_down(path, multi)
+    data_dir = Storage.of(path, settings.section("repository")).data_dir
+    if data_dir != path:  # a shared repository's workspaces and backends' state: its owners cross it too
+        lock_down(data_dir, multi)
     lock = HomeLock(path / "lock", WATCHER_ROLE if watcher else SERVICE_ROLE)
     # Signals are caught from here on: a SIGTERM while the home loads waits, then stops the service cleanly;
     # SIGHUP reads the access settings again.
