@@ -12,6 +12,7 @@ from .core.errors import (
     OrchestratorError,
     RepositoryError,
     RepositoryHeldError,
+    WaitTimeout,
 )
 from .core.model import Backend, Executable, JobInfo, RetryPolicy
 from .core.splitters import ArgSplitter, FileSplitter, GenericSplitter, Splitter
@@ -29,5 +30,5 @@ __all__ = [
     "FileSplitter", "GenericSplitter", "HomeLockedError", "Job", "JobError", "JobInfo", "JobSlice", "JobStatus",
     "Lagging", "Merger", "NotOwnerError", "Notifier", "Orchestrator", "OrchestratorError", "Postprocessor",
     "RepositoryError", "RepositoryHeldError", "RetryPolicy", "plugins", "Splitter", "StepSplitter", "SubjobList",
-    "TextMerger",
+    "TextMerger", "WaitTimeout",
 ]
