@@ -246,3 +246,41 @@ def test_started_looks_up_interrupted_runs_or_leaves_them_new() -> None:
     step = h.post(Started(stimulus_id="start", time=h.tick()))
     assert only(step, Lookup).runs == Runs(looked, [0, 1])
     assert h.status(blind, 0) == S.NEW and "interrupted by a restart" in h.sm.info((blind, 0))["reason"]
+
+
+# ------------------------------------------------------------------ a run's times come from its log
+def test_a_runs_times_are_those_of_its_log_and_a_masters_end_only_once_final() -> None:
+    h = Harness()
+    job = h.add(profile(wrapper=True))
+    h.submit_all(job, 3)
+    h.tick(50)
+    h.report(job, [0, 1, 2], S.RUNNING, started=1010.0)  # the driver knew when they started
+    stamps = h.sm.info((job, 0))["timestamps"]
+    assert stamps["running"] == 1010.0
+    h.tick(100)  # the ends are seen late; their logs say when they happened
+    h.report(job, [0], S.COMPLETED, exit_code=0, log=log("1011 START 1", "1020 EXIT 0", "1021 END 0"))
+    assert h.sm.info((job, 0))["timestamps"] == {"new": 1000.0, "submitting": 1000.0, "submitted": 1000.0,
+                                                 "running": 1011.0, "final": 1021.0, "completed": 1021.0}
+    top = h.sm.info((job,))["timestamps"]
+    assert top["running"] == 1010.0 and not {"final", "completed", "failed", "killed"} & top.keys()
+    h.report(job, [1], S.FAILED, exit_code=3, ended=1030.0, started=1012.0)  # a driver's own record
+    h.report(job, [2], S.KILLED, log=log("1013 START 1"))  # no end line: the time it was seen stands
+    one = h.sm.info((job, 1))["timestamps"]
+    assert one["running"] == 1012.0 and one["final"] == one["failed"] == 1030.0
+    two = h.sm.info((job, 2))["timestamps"]
+    assert two["running"] == 1013.0 and two["final"] == two["killed"] == h.clock
+    top = h.sm.info((job,))["timestamps"]
+    assert top["final"] == h.clock and top["completed"] == 1021.0 and top["failed"] == 1030.0
+    assert top["killed"] == h.clock and top["running"] == 1010.0
+
+
+def test_an_end_before_the_start_is_not_believed_and_a_lost_run_has_no_log_times() -> None:
+    h = Harness()
+    job = h.add(profile(wrapper=True))
+    h.submit_all(job, 2)
+    h.tick(10)
+    h.report(job, [0], S.FAILED, exit_code=1, log=log("1005 START 1", "1004 END 1"))
+    stamps = h.sm.info((job, 0))["timestamps"]
+    assert stamps["running"] == 1005.0 and stamps["final"] == h.clock
+    h.report(job, [1], S.FAILED, verdict="lost", log=log("1003 START 1", "1004 END 1"))
+    assert h.sm.info((job, 1))["timestamps"]["final"] == h.clock and "running" not in h.sm.info((job, 1))["timestamps"]
