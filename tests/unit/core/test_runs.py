@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from orchestrator.core.actions import Rule
 from orchestrator.core.analyser import Limits
 from orchestrator.core.events import (
     ForceStatusRequested,
@@ -14,7 +15,7 @@ from orchestrator.core.events import (
     StatusReport,
 )
 from orchestrator.core.ids import Runs
-from orchestrator.core.instructions import Lookup, Persist, Reply, SendKill, SendSubmit, Unwatch
+from orchestrator.core.instructions import AdjustRun, Lookup, Persist, Reply, SendKill, SendSubmit, Unwatch
 from orchestrator.core.statuses import JobStatus
 
 from .harness import Harness, limits, log, only, profile, reply
@@ -284,3 +285,107 @@ def test_an_end_before_the_start_is_not_believed_and_a_lost_run_has_no_log_times
     assert stamps["running"] == 1005.0 and stamps["final"] == h.clock
     h.report(job, [1], S.FAILED, verdict="lost", log=log("1003 START 1", "1004 END 1"))
     assert h.sm.info((job, 1))["timestamps"]["final"] == h.clock and "running" not in h.sm.info((job, 1))["timestamps"]
+
+
+# ------------------------------------------------------------------ checkpoint restarts and the action table
+STATE = {"seq": 5, "label": "0.0:5", "final": False, "time": 1.0}
+
+
+def _again(h: Harness, job: int, step: object, i: int) -> None:
+    """The retry's submission taken, the run running again."""
+    h.outcomes(only(step, SendSubmit))  # type: ignore[arg-type]
+    h.report(job, [i], S.RUNNING)
+
+
+def test_a_checkpointed_run_resumes_from_its_state_until_it_restarted_too_often_from_it() -> None:
+    h = Harness()
+    job = running_master(h, 2, wrapper=True, checkpointable=True, max_restarts=2)
+    h.report(job, [0], S.RUNNING, state=STATE)
+    for restart in (1, 2):
+        step = h.report(job, [0], S.FAILED, log=log("1000 START 1"))  # the worker died: a cause outside the job
+        info = h.sm.info((job, 0))
+        entry = info["history"][-1]
+        assert entry["action"] == "retry" and entry["state"] == "0.0:5" and entry["restart"] == restart
+        assert "limit" not in entry and info["checkpoint"]["restarts"] == restart
+        assert info["checkpoint"]["restart_seq"] == 5
+        assert info["reason"] == f"{entry['reason']}; resumed from state 0.0:5"
+        assert only(step, SendSubmit).start == "resume"
+        _again(h, job, step, 0)
+    step = h.report(job, [0], S.FAILED, log=log("1000 START 1"))
+    assert h.status(job, 0) == S.FAILED and not [i for i in step.instructions if isinstance(i, SendSubmit)]
+    info = h.sm.info((job, 0))
+    assert info["reason"].endswith("restarted 2 time(s) from state 0.0:5 without a new save: "
+                                   "max_restarts_per_state=2 reached"), info["reason"]
+    entry = info["history"][-1]
+    assert entry["action"] == "failed" and entry["limit"] == "max_restarts_per_state" and entry["state"] == "0.0:5"
+
+
+def test_a_new_save_starts_the_restarts_again_and_a_runs_own_failure_does_not_resume() -> None:
+    h = Harness()
+    job = running_master(h, 2, wrapper=True, checkpointable=True, max_restarts=1)
+    h.report(job, [0], S.RUNNING, state=STATE)
+    _again(h, job, h.report(job, [0], S.FAILED, log=log("1000 START 1")), 0)
+    h.report(job, [0], S.RUNNING, state={**STATE, "seq": 6, "label": "0.0:6"})
+    step = h.report(job, [0], S.FAILED, log=log("1000 START 1"))
+    assert h.sm.info((job, 0))["checkpoint"]["restarts"] == 1 and h.sm.info((job, 0))["checkpoint"]["restart_seq"] == 6
+    assert only(step, SendSubmit)
+    h.report(job, [1], S.RUNNING, state={**STATE, "label": "0.1:5"})
+    h.report(job, [1], S.FAILED, exit_code=3, log=log("1000 START 1", "1001 EXIT 3", "1001 END 3"))
+    assert h.status(job, 1) == S.FAILED and "resumed" not in h.sm.info((job, 1))["reason"]
+    assert h.sm.info((job, 1))["history"][-1]["action"] == "failed"
+
+
+def _ruled(*rules: Rule) -> tuple[Harness, int]:
+    h = Harness()
+    return h, running_master(h, 2, wrapper=True, actions=rules)
+
+
+OOM = log("1000 START 1", "1001 EXIT 137", "1001 END 137")
+
+
+def test_an_action_rule_retries_on_its_own_budget_and_changes_the_settings() -> None:
+    h, job = _ruled(Rule(1, "oom", "more_memory", exit_codes=(137, 137), factor=2.0, cap="8G", max=2))
+    for used in (1, 2):
+        step = h.report(job, [1], S.FAILED, exit_code=137, log=OOM)
+        adjust = only(step, AdjustRun)
+        assert (adjust.rule, adjust.setting, adjust.factor, adjust.cap) == ("oom", "mem", 2.0, "8G")
+        assert list(adjust.runs) == [(job, 1)]
+        info = h.sm.info((job, 1))
+        entry = info["history"][-1]
+        assert entry["rule"] == "oom" and entry["change"] == "mem x2 (at most 8G)" and entry["action"] == "retry"
+        assert "limit" not in entry and info["counters"] == {"rule:oom": used}  # the user's counters untouched
+        assert info["reason"].endswith("; retried by rule oom (mem x2 (at most 8G))")
+        _again(h, job, step, 1)
+    step = h.report(job, [1], S.FAILED, exit_code=137, log=OOM)
+    info = h.sm.info((job, 1))
+    assert h.status(job, 1) == S.FAILED and not [i for i in step.instructions if isinstance(i, AdjustRun)]
+    assert info["reason"].endswith("; rule oom retried it 2 time(s): its max=2 reached")
+    assert info["history"][-1]["limit"] == "rule:oom" and info["history"][-1]["action"] == "failed"
+    assert info["counters"] == {"rule:oom": 2}
+
+
+def test_an_action_rule_may_hold_fail_or_retry_as_it_was() -> None:
+    h, job = _ruled(Rule(1, "stop", "hold", exit_codes=(1, 1)), Rule(2, "give-up", "fail", exit_codes=(2, 2)),
+                    Rule(3, "again", "retry", exit_codes=(3, 3), max=1))
+    h.report(job, [0], S.FAILED, exit_code=1, log=log("1000 START 1", "1001 EXIT 1", "1001 END 1"))
+    info = h.sm.info((job, 0))
+    assert h.status(job, 0) == S.HELD and info["reason"].endswith("; held by rule stop")
+    assert info["history"][-1]["action"] == "held" and info["history"][-1]["change"] == "hold"
+    h.report(job, [1], S.FAILED, exit_code=2, log=log("1000 START 1", "1001 EXIT 2", "1001 END 2"))
+    info = h.sm.info((job, 1))
+    assert h.status(job, 1) == S.FAILED and info["reason"].endswith("; failed by rule give-up")
+    assert info["history"][-1]["action"] == "failed"
+    h2, job2 = _ruled(Rule(3, "again", "retry", exit_codes=(3, 3), max=1))
+    step = h2.report(job2, [0], S.FAILED, exit_code=3, log=log("1000 START 1", "1001 EXIT 3", "1001 END 3"))
+    assert only(step, SendSubmit) and not [i for i in step.instructions if isinstance(i, AdjustRun)]
+    assert h2.sm.info((job2, 0))["reason"].endswith("; retried by rule again (retry)")
+
+
+def test_a_rule_on_a_checkpointed_run_resumes_it_from_its_state() -> None:
+    h = Harness()
+    job = running_master(h, 1, wrapper=True, checkpointable=True, actions=(Rule(1, "r", "retry", max=5),))
+    h.report(job, [0], S.RUNNING, state=STATE)
+    step = h.report(job, [0], S.FAILED, log=log("1000 START 1"))  # the worker died
+    entry = h.sm.info((job, 0))["history"][-1]
+    assert entry["action"] == "retry" and entry["rule"] == "r" and entry["state"] == "0.0:5" and entry["restart"] == 1
+    assert only(step, SendSubmit).start == "resume"

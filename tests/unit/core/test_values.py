@@ -189,3 +189,17 @@ def test_tally_adds_up_as_the_report_does() -> None:
     both = Tally().add(attempts[:1]).add(attempts[:1])
     assert both.attempts == 2 and both.by_cause == {"killed": pytest.approx(0.8)} and both.useful == 0.0
     assert tally([]) == Tally() and Tally().cpu == 0.0
+
+
+def test_the_edges_mutation_testing_found() -> None:
+    assert Runs.of(3, None).job == 3 and Runs.of(3, range(1, 2)).job == 3 and Runs.of(3, [1, 5]).job == 3
+    assert Runs.of(3, [1, 2]).job == 3
+    assert hash(Runs(3)) == hash(Runs(3)) and hash(Runs(3, [1, 2])) != hash(Runs(4, [1, 2]))
+    assert hash(Runs(3)) != hash(Runs(3, [0, 1]))
+    eight, nine = list(range(0, 16, 2)), list(range(0, 18, 2))
+    assert repr(Runs(1, eight)) == "Runs(1.[0,2,4,6,8,10,12,14])"
+    assert repr(Runs(1, nine)) == "Runs(1.[0,2,4,6,8,10,12,14,... (9)])"
+    wasted = [Attempt(1, 0, 0, 0.0, 1.0, 1, 0.25), Attempt(2, 0, 0, 0.0, 1.0, 1, 0.5)]
+    assert tally(wasted).wasted == 0.75 and tally(wasted).by_cause == {"exit code 1": 0.75}
+    both = parse_usage("1 0 0 1 2 0\n0m1s 0m2s 0m4s\n0m8s 0m16s 0m32s\n")
+    assert [a.cpu for a in both] == [27.0]  # user and system time only, of each line
