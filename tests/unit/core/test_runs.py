@@ -389,3 +389,26 @@ def test_a_rule_on_a_checkpointed_run_resumes_it_from_its_state() -> None:
     entry = h.sm.info((job, 0))["history"][-1]
     assert entry["action"] == "retry" and entry["rule"] == "r" and entry["state"] == "0.0:5" and entry["restart"] == 1
     assert only(step, SendSubmit).start == "resume"
+
+
+def test_without_log_times_the_run_time_counts_from_running_else_from_submitted() -> None:
+    h = Harness()
+    job = h.add(profile(limits=limits(early_seconds=60)))
+    h.submit_all(job, 2)
+    h.tick(50)
+    h.report(job, [0], S.RUNNING)
+    h.tick(50)  # 50 s since it ran, 100 s since it was submitted
+    h.report(job, [0, 1], S.FAILED, exit_code=3)
+    assert h.sm.info((job, 0))["history"][-1]["verdict"] == "early"
+    assert h.sm.info((job, 1))["history"][-1]["verdict"] == "late_unhandled"  # never seen running
+
+
+def test_a_rule_resumes_a_run_that_saved_a_state_and_a_held_one_is_not_sent_again() -> None:
+    h, job = _ruled(Rule(1, "r", "retry", max=5), )
+    h.report(job, [0], S.RUNNING, state={"seq": 3})  # not a job with steps, but it saved a state (no label)
+    step = h.report(job, [0], S.FAILED, log=log("1000 START 1"))
+    entry = h.sm.info((job, 0))["history"][-1]
+    assert entry["state"] == "?:3" and entry["restart"] == 1 and only(step, SendSubmit).start == "resume"
+    h2, job2 = _ruled(Rule(1, "stop", "hold"))
+    step = h2.report(job2, [0], S.FAILED, log=log("1000 START 1"))
+    assert h2.status(job2, 0) == S.HELD and not [i for i in step.instructions if isinstance(i, SendSubmit)]
