@@ -13,6 +13,7 @@ from .core.errors import (
     OrchestratorError,
     RepositoryError,
     RepositoryHeldError,
+    WaitTimeout,
 )
 from .core.model import Backend, Executable, JobInfo, RetryPolicy
 from .core.splitters import ArgSplitter, FileSplitter, GenericSplitter, Splitter
@@ -33,5 +34,5 @@ __all__ = [
     "JobStatus", "Lagging", "Merger", "NotOwnerError", "Notifier", "Orchestrator", "OrchestratorError",
     "Postprocessor", "RepositoryError", "RepositoryHeldError", "RetryPolicy", "RunHandle", "RunSpec",
     "ServiceUnavailable", "Settings", "SettingsError", "plugins", "Splitter", "StatusUpdate", "StepSplitter",
-    "SubjobList", "SubmitError", "TextMerger",
+    "SubjobList", "SubmitError", "TextMerger", "WaitTimeout",
 ]

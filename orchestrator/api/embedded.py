@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 
-from ..core.errors import JobError, Lagging
+from ..core.errors import JobError, Lagging, WaitTimeout
 from ..core.events import (
     ForceStatusRequested,
     KillRequested,
@@ -212,7 +212,11 @@ class Embedded:
     async def wait(self, targets: Sequence[FQID], timeout: float | None) -> None:
         self._check(targets)
         sm = self.runtime.sm
-        await self.runtime.wait_until(lambda: not any(sm.active(fq) for fq in targets), timeout)
+        try:
+            await self.runtime.wait_until(lambda: not any(sm.active(fq) for fq in targets), timeout)
+        except TimeoutError:
+            active = [fqid_str(fq) for fq in targets if sm.active(fq)]
+            raise WaitTimeout(active or [fqid_str(fq) for fq in targets], timeout) from None
         await self.runtime.writer.flush()  # what a caller is told has ended is on disk
 
     async def peek(self, fq: FQID, name: str, tail: int | None) -> str:

@@ -306,13 +306,15 @@ class SubjobList:
     def __repr__(self) -> str:
         return f"<{len(self)} subjobs of job {self._master.fqid_or_new}>"
 
-    def select(self, ids: Any = None, status: Any = None, name: str | None = None, backend: str | None = None,
-               application: str | None = None, since: Any = None, until: Any = None,
-               owner: str | None = None) -> JobSlice:
+    def select(self, minid: Any = None, maxid: int | None = None, *, ids: Any = None, status: Any = None,
+               name: str | None = None, backend: str | None = None, application: str | None = None,
+               since: Any = None, until: Any = None, owner: str | None = None) -> JobSlice:
         """Subjobs by index, status, name glob...: a slice that counts from the counters, and builds its jobs
-        only when iterated. (``owner``: every subjob is its master's, so all or none.)"""
-        from .slices import SubjobSelection
+        only when iterated; ``select(minid, maxid)`` keeps the indexes from ``minid`` to ``maxid`` inclusive.
+        (``owner``: every subjob is its master's, so all or none.)"""
+        from .slices import SubjobSelection, id_filter
 
+        ids = id_filter(minid, maxid, ids)
         if len(self) == 0 or (owner is not None and self._master.owner != owner):
             return JobSlice([])
         return SubjobSelection(self, ids=ids, status=select_statuses(status), name=name, backend=backend,

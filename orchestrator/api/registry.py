@@ -114,12 +114,13 @@ class JobRegistry:
     def __iter__(self) -> Iterator[Job]:
         return iter([self.top(i) for i in self.transport.job_ids()])
 
-    def select(self, ids: Any = None, status: Any = None, name: str | None = None, backend: str | None = None,
-               application: str | None = None, since: Any = None, until: Any = None,
-               owner: str | None = None) -> JobSlice:
-        """Top-level jobs by every filter given (combined with and); see :mod:`.slices`."""
+    def select(self, minid: Any = None, maxid: int | None = None, *, ids: Any = None, status: Any = None,
+               name: str | None = None, backend: str | None = None, application: str | None = None,
+               since: Any = None, until: Any = None, owner: str | None = None) -> JobSlice:
+        """Top-level jobs by every filter given (combined with and); ``select(minid, maxid)`` keeps the ids from
+        ``minid`` to ``maxid`` inclusive, as Ganga's ``jobs.select``; see :mod:`.slices`."""
         jobs = JobSlice(self)
-        return jobs.select(ids=ids, status=status, name=name, backend=backend, application=application,
+        return jobs.select(minid, maxid, ids=ids, status=status, name=name, backend=backend, application=application,
                            since=since, until=until, owner=owner)
 
     def forget(self, job: Job) -> None:

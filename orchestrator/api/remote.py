@@ -37,7 +37,7 @@ from typing import Any
 import anyio
 
 from ..core import codec
-from ..core.errors import OrchestratorError
+from ..core.errors import OrchestratorError, WaitTimeout
 from ..core.events import AddRequested, LinkedAdded, RemoveRequested, StatusChanged
 from ..core.ids import FQID, fqid_str
 from ..core.statuses import ACTIVE, JobStatus
@@ -331,7 +331,8 @@ class Remote:
         answer = await self.client.send(wire.WaitRequest(targets=_ids(targets), timeout=timeout))
         await self._load(sorted({fq[0] for fq in targets}))
         if answer.get("timed_out"):
-            raise TimeoutError(f"jobs {', '.join(fqid_str(fq) for fq in targets)} still active after {timeout} s")
+            active = answer.get("active") or [fqid_str(fq) for fq in targets]
+            raise WaitTimeout([str(a) for a in active], timeout)
 
     async def peek(self, fq: FQID, name: str, tail: int | None) -> str:
         return str((await self.client.send(wire.PeekRequest(fqid=fqid_str(fq), name=name, tail=tail)))["text"])

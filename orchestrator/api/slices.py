@@ -49,6 +49,39 @@ def timestamp(value: Any, field: str) -> float | None:
     raise JobError(f"{field} must be a datetime, not {value!r}", field=field)
 
 
+class IdRange:
+    """Ganga's ``select(minid, maxid)``: ids from ``minid`` to ``maxid`` inclusive (either may be open), and
+    among ``ids`` when those are given too."""
+
+    def __init__(self, minid: int | None, maxid: int | None, ids: Any = None) -> None:
+        self.lo = minid if minid is not None else 0
+        self.hi = maxid
+        self.ids = None if ids is None else set(ids)
+
+    def __contains__(self, i: object) -> bool:
+        if not isinstance(i, int) or i < self.lo or (self.hi is not None and i > self.hi):
+            return False
+        return self.ids is None or i in self.ids
+
+    def within(self, n: int) -> Sequence[int]:
+        """The indexes of ``range(n)`` it holds."""
+        span = range(max(self.lo, 0), n if self.hi is None else max(min(self.hi + 1, n), 0))
+        return span if self.ids is None else [i for i in span if i in self.ids]
+
+
+def id_filter(minid: Any, maxid: Any, ids: Any) -> Any:
+    """The ``ids`` filter of ``select(minid, maxid, ids=...)``: an :class:`IdRange` when a bound is given.
+    A first positional argument that is not an int is ``ids``, as before ``minid`` existed."""
+    if minid is not None and maxid is None and ids is None and not isinstance(minid, int):
+        return minid
+    for field, value in (("minid", minid), ("maxid", maxid)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise JobError(f"select: {field} must be an integer id, not {value!r}", field=field)
+    if minid is None and maxid is None:
+        return ids
+    return IdRange(minid, maxid, ids)
+
+
 def matches(job: Any, *, ids: Any, status: list[JobStatus] | None, name: str | None, backend: str | None,
             application: str | None, since: float | None, until: float | None, added: float | None,
             owner: str | None = None) -> bool:
@@ -96,9 +129,12 @@ class JobSlice:
     def __repr__(self) -> str:
         return f"JobSlice({self._jobs!r})"
 
-    def select(self, ids: Any = None, status: Any = None, name: str | None = None, backend: str | None = None,
-               application: str | None = None, since: Any = None, until: Any = None,
-               owner: str | None = None) -> JobSlice:
+    def select(self, minid: Any = None, maxid: int | None = None, *, ids: Any = None, status: Any = None,
+               name: str | None = None, backend: str | None = None, application: str | None = None,
+               since: Any = None, until: Any = None, owner: str | None = None) -> JobSlice:
+        """The jobs that pass every filter given; ``select(minid, maxid)`` (Ganga's form) keeps the ids from
+        ``minid`` to ``maxid``, both included."""
+        ids = id_filter(minid, maxid, ids)
         wanted = select_statuses(status)
         lo, hi = timestamp(since, "since"), timestamp(until, "until")
         return JobSlice([j for j in self._jobs if matches(j, ids=ids, status=wanted, name=name, backend=backend,
@@ -197,7 +233,9 @@ class SubjobSelection(JobSlice):
         transport = master.registry.transport
         n = len(subjobs)
         indexes: Sequence[int] = range(n) if status is None else transport.indexes(master.id, status)
-        if ids is not None:
+        if isinstance(ids, IdRange):
+            indexes = ids.within(n) if status is None else [i for i in indexes if i in ids]
+        elif ids is not None:
             wanted = set(ids)
             indexes = [i for i in indexes if i in wanted]
         self._indexes = indexes

@@ -39,14 +39,27 @@ def times(job: Job, now: float | None = None, info: JobInfo | None = None) -> tu
     return started, max(0.0, end - started)
 
 
+def run_times(job: Job, info: JobInfo | None = None) -> tuple[float | None, float | None, float | None]:
+    """``(started, ended, run seconds)``: when it started running and when it ended, by its log when the log has
+    them (a master: its earliest subjob's start and, once final, its latest subjob's end); ``None`` where unknown
+    (not yet started, or not yet final)."""
+    stamps = (info or job.info).timestamps
+    started = stamps.get("running")
+    ended = stamps.get("final") if job.status.value in ("completed", "failed", "killed") else None
+    seconds = max(0.0, ended - started) if started is not None and ended is not None else None
+    return started, ended, seconds
+
+
 def summary(job: Job, info: JobInfo | None = None) -> dict[str, Any]:
     """The record ``orchestrator jobs`` lists for a job (``info``: its info, when already read)."""
     c = counts(job)
     info = info or job.info
     submitted_at, elapsed = times(job, info=info)
+    started, ended, run_seconds = run_times(job, info)
     return {"fqid": job.fqid, "name": job.name, "owner": job.owner, "status": job.status.value,
             "backend": job.backend.name, "subjobs": sum(c.values()), "counts": c, "reason": info.reason,
-            "active": job.is_active(), "submitted_at": submitted_at, "elapsed": elapsed}
+            "active": job.is_active(), "submitted_at": submitted_at, "elapsed": elapsed,
+            "started_at": started, "ended_at": ended, "run_seconds": run_seconds}
 
 
 def summaries(jobs: Sequence[Job]) -> list[dict[str, Any]]:
@@ -58,8 +71,11 @@ def summaries(jobs: Sequence[Job]) -> list[dict[str, Any]]:
 
 
 def subjob_row(sub: Job) -> dict[str, Any]:
+    info = sub.info
+    started, ended, run_seconds = run_times(sub, info)
     return {"fqid": sub.fqid, "status": sub.status.value, "args": list(sub.application.args) if sub.application else [],
-            "submits": sub.info.submit_counter, "backend_id": sub.backend_id, "reason": sub.info.reason}
+            "submits": info.submit_counter, "backend_id": sub.backend_id, "reason": info.reason,
+            "started_at": started, "ended_at": ended, "run_seconds": run_seconds}
 
 
 def subjob_rows(job: Job, statuses: Sequence[str] = (), offset: int = 0, limit: int | None = None,
@@ -98,5 +114,5 @@ def final_or_total(record: dict[str, Any]) -> tuple[int, int]:
     return sum(c.get(s.value, 0) for s in FINAL), sum(c.values())
 
 
-__all__ = ["SHOW_SUBJOBS", "JobStatus", "counts", "detail", "subjob_row", "subjob_rows", "summaries", "summary",
-           "times"]
+__all__ = ["SHOW_SUBJOBS", "JobStatus", "counts", "detail", "run_times", "subjob_row", "subjob_rows", "summaries",
+           "summary", "times"]

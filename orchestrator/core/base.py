@@ -255,6 +255,30 @@ class Core:
         self.mark(js.id, indexes if n < len(runs) else None)
         return indexes
 
+    def set_run_times(self, js: JobState, indexes: Sequence[int], *, started: float | None,
+                      ended: float | None) -> None:
+        """The times a run's log gives (its wrapper's start and end lines, as the driver reported them) replace
+        the times its moves were seen: ``running`` from ``started``; its final (or held) time from ``ended``
+        when it is final (or held) now. A master's start times follow; its end times are set once it is final."""
+        if not indexes or (started is None and ended is None):
+            return
+        runs = js.runs
+        running = runs.times["running"]
+        finals = runs.times["final"]
+        for i in indexes:
+            if started is not None:
+                running[i] = started
+            code = runs.status[i]
+            if ended is not None and (code in _FINAL_CODES or code == S.HELD.code):
+                if code in _FINAL_CODES:
+                    finals[i] = ended
+                sparse = _SPARSE_CODES.get(code)
+                if sparse is not None:
+                    runs.extra(i).timestamps[sparse] = ended
+        if js.is_master and started is not None:
+            js.note_master_times(S.RUNNING, started)
+        self.mark(js.id, indexes if js.is_master else None)
+
     def _refused(self, js: JobState, i: int, old: JobStatus, new: JobStatus, sid: str, report: bool) -> None:
         fq = (js.id, i) if js.is_master else (js.id,)
         reason = f"illegal transition {old.value} -> {new.value}"
@@ -274,6 +298,7 @@ class Core:
         if shown != shown_before:
             self.step.changes.append(Change(js.id, None, shown_before, shown, self.now, sid))
             self.dirty_tops.add(js.id)
+            js.note_master_end()
             return js.pinned is None and js.all_final()
         return False
 
@@ -290,6 +315,8 @@ class Core:
             js.top.timestamps["submitting"] = self.now
         after = js.status
         self.dirty_tops.add(js.id)
+        if js.is_master:
+            js.note_master_end()
         if after != before:
             self.step.changes.append(Change(js.id, None, before, after, self.now, sid))
             return status is None and js.all_final()

@@ -80,6 +80,19 @@ class UnknownJobError(JobError, KeyError):
         return str(self.args[0])
 
 
+class WaitTimeout(TimeoutError):
+    """``wait(timeout=...)`` ran out while jobs were still active: the message names them (the first ten, and
+    how many in all), the same through a service as embedded; ``active`` holds their fqids."""
+
+    def __init__(self, active: list[str], timeout: float | None) -> None:
+        shown = ", ".join(active[:10]) + (f", ... ({len(active)} in all)" if len(active) > 10 else "")
+        noun = "job" if len(active) == 1 else "jobs"
+        super().__init__(f"{noun} {shown} still active after {timeout:g} s" if timeout is not None
+                         else f"{noun} {shown} still active")
+        self.active = list(active)
+        self.timeout = timeout
+
+
 def leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
     """The exceptions a task group's error group holds, however deeply nested: the one a user reads, when alone."""
     out: list[BaseException] = []

@@ -269,6 +269,10 @@ class RunReport:
     state: dict[str, Any] | None = None
     #: CPU and wall seconds the attempt used, when the wrapper recorded them.
     usage: dict[str, float] | None = None
+    #: When the run started and ended by its own log (the wrapper's start and end lines) or the backend's
+    #: record, epoch seconds; ``None``: unknown (the time the report was made stands in).
+    started: float | None = None
+    ended: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

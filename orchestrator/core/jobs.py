@@ -96,15 +96,35 @@ class JobState:
         self.top.timestamps = {"new": self.created}
 
     def note_master_times(self, status: JobStatus, time: float) -> None:
-        """A master's start times are its earliest subjob's, its end times its latest."""
+        """A master's start times are its earliest subjob's, its end times its latest. The final ones
+        (``final``, ``completed``, ``failed``, ``killed``) only once the master is final: :meth:`note_master_end`."""
         stamps = self.top.timestamps
         key = status.value
         if status in START_STATUSES:
             stamps[key] = min(stamps.get(key, time), time)
-        else:
+        elif status not in FINAL:
             stamps[key] = max(stamps.get(key, time), time)
-            if status in FINAL:
-                stamps["final"] = max(stamps.get("final", time), time)
+
+    def note_master_end(self) -> None:
+        """A master's final times once every subjob is final (the latest subjob's ``final``, and per final status
+        the latest of the subjobs that ended so); while any subjob is not final, none (a resubmission drops them)."""
+        stamps = self.top.timestamps
+        for key in ("final", *(s.value for s in FINAL)):
+            stamps.pop(key, None)
+        if not self.all_final():
+            return
+        runs = self.runs
+        finals = runs.times["final"]
+        ended = [s for s in FINAL if runs.counts[s.code]]
+        if len(ended) == 1:
+            latest = {ended[0]: max(finals, default=0.0)}
+        else:
+            latest = {s: max((finals[i] for i in runs.indexes_in([s])), default=0.0) for s in ended}
+        for s, t in latest.items():
+            if t:
+                stamps[s.value] = t
+        if latest and (last := max(latest.values())):
+            stamps["final"] = last
 
 
 __all__ = ["JobState"]

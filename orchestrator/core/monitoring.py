@@ -57,7 +57,9 @@ def apply_report(core: Core, js: JobState, report: RunReport, sid: str) -> None:
         core.mark(js.id, idx)
     if status in ON_THE_WAY and report.verdict is None:
         news = [i for i in idx if js.runs.status[i] != status.code]
-        core.move(js, news, status, sid, report=True)
+        moved = core.move(js, news, status, sid, report=True)
+        if status == S.RUNNING and report.started is not None:
+            core.set_run_times(js, moved, started=report.started, ended=None)
         settle(core, js, sid)
         return
     runs = js.runs
@@ -68,7 +70,8 @@ def apply_report(core: Core, js: JobState, report: RunReport, sid: str) -> None:
         for i in ending:  # the backend's word is final (no wrapper log to read): a clean ending
             if (extra := runs.extras.get(i)) is not None:
                 extra.reason = None
-        core.move(js, ending, S.COMPLETED, sid, report=True)
+        moved = core.move(js, ending, S.COMPLETED, sid, report=True)
+        core.set_run_times(js, moved, started=report.started, ended=report.ended)
         settle(core, js, sid)
         return
     by_status: dict[JobStatus, list[int]] = {}
@@ -81,9 +84,11 @@ def apply_report(core: Core, js: JobState, report: RunReport, sid: str) -> None:
             retries.append(i)
             if verdict.adjust is not None:
                 adjust.setdefault(verdict.adjust.name, (verdict.adjust, []))[1].append(i)
+    started, ended = report_times(report)
     for target in (S.HELD, S.COMPLETED, S.FAILED, S.KILLED):
         if target in by_status:
-            core.move(js, by_status[target], target, sid, report=True)
+            moved = core.move(js, by_status[target], target, sid, report=True)
+            core.set_run_times(js, moved, started=started, ended=ended)
     core.mark(js.id, ending)
     for rule, indexes in adjust.values():  # carried out before the retries' submission, in the same step
         core.emit(AdjustRun(stimulus_id=sid, runs=core.runs_of(js, indexes), rule=rule.name,
@@ -91,6 +96,19 @@ def apply_report(core: Core, js: JobState, report: RunReport, sid: str) -> None:
     if retries:
         retry(core, js, retries, sid)
     settle(core, js, sid)
+
+
+def report_times(report: RunReport) -> tuple[float | None, float | None]:
+    """When the run started and ended: the report's own times, else its wrapper log's start and end lines (an
+    end only with its start: a log that has an end line has a start line)."""
+    started, ended = report.started, report.ended
+    log = report.log
+    if log is not None and report.verdict is None:
+        started = started if started is not None else log.started
+        ended = ended if ended is not None else log.ended
+    if started is not None and ended is not None and ended < started:
+        ended = None  # nonsense: the time it was seen stands
+    return started, ended
 
 
 def retry(core: Core, js: JobState, indexes: list[int], sid: str) -> None:

@@ -40,8 +40,8 @@ def judge(js: JobState, i: int, report: RunReport, now: float) -> Verdict:
     """Classify run ``i`` of ``js`` from ``report``; record why; say what becomes of it."""
     runs = js.runs
     extra = runs.extra(i)
-    started = runs.time_of(i, "running") or runs.time_of(i, "submitted")
-    seconds = now - started if started else None
+    started = report.started or runs.time_of(i, "running") or runs.time_of(i, "submitted")
+    seconds = (report.ended or now) - started if started else None
     wrapper = js.profile.wrapper
     log = report.log if (wrapper and report.verdict is None and report.log is not None) else RunLog()
     outcome = Outcome(report.status, report.exit_code, report.reason, report.verdict)

@@ -13,7 +13,7 @@ charged to its cause: the failure history entry of that attempt
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 #: The file of a run's output dir that holds its attempts' records.
@@ -77,4 +77,36 @@ def judge(attempts: Sequence[Attempt], history: Sequence[Mapping[str, Any]]) -> 
     return out
 
 
-__all__ = ["USAGE_FILE", "Attempt", "judge", "parse_usage"]
+@dataclass(slots=True)
+class Tally:
+    """Attempts added up: CPU (useful and wasted, the wasted part by cause) and wall seconds."""
+
+    attempts: int = 0
+    useful: float = 0.0
+    wasted: float = 0.0
+    wall: float = 0.0
+    by_cause: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def cpu(self) -> float:
+        return self.useful + self.wasted
+
+    def add(self, attempts: Sequence[Attempt], history: Sequence[Mapping[str, Any]] = ()) -> Tally:
+        """Judge ``attempts`` (one run's, all of them: a later one may make an earlier one useful) and add them."""
+        for a, cause in judge(attempts, history):
+            self.attempts += 1
+            self.wall += a.wall
+            if cause is None:
+                self.useful += a.cpu
+            else:
+                self.wasted += a.cpu
+                self.by_cause[cause] = self.by_cause.get(cause, 0.0) + a.cpu
+        return self
+
+
+def tally(attempts: Sequence[Attempt], history: Sequence[Mapping[str, Any]] = ()) -> Tally:
+    """One run's attempts judged and added up: what ``orchestrator report`` and the CPU metrics both count."""
+    return Tally().add(attempts, history)
+
+
+__all__ = ["USAGE_FILE", "Attempt", "Tally", "judge", "parse_usage", "tally"]

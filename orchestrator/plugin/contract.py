@@ -127,7 +127,12 @@ class StatusUpdate:
     ``"aborted"`` (the backend gave up on it: late, unhandled),
     ``"cancelled"`` (the system cancelled it: the job is held), ``"lost"``
     (nobody can say what became of it). See ``docs/plugins.md`` for the
-    verdict each pair leads to.
+    verdict each pair leads to. ``started`` and ``ended`` (epoch seconds,
+    optional) are when the run started and ended by its own record (the
+    wrapper's start and end lines, the batch system's accounting): they
+    become the run's ``running`` and final times, instead of the time the
+    report arrived (:func:`~orchestrator.plugin.wrapper.status_from_log`
+    fills them from the wrapper's log).
     """
 
     fqid: str
@@ -135,6 +140,8 @@ class StatusUpdate:
     exit_code: int | None = None
     reason: str | None = None
     backend_verdict: str | None = None
+    started: float | None = None
+    ended: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

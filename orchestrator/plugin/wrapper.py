@@ -403,14 +403,18 @@ def status_from_log(handle: RunHandle, log: RunLog, *, alive: bool) -> StatusUpd
 
     Ended (an END line): ``completed`` on exit code 0, else ``failed`` (the core reads the log again to
     judge it: a RETRY or a HOLD is its business). Started and alive: ``running``. Gone without an END
-    line: ``failed``, the wrapper died. Otherwise nothing new (``None``).
+    line: ``failed``, the wrapper died. Otherwise nothing new (``None``). The log's start and end times
+    come with the answer (``started``, ``ended``): they, not the time of the look, are the run's times.
     """
+    started, ended = log.started, log.ended
     if log.finished:
         if log.end_code == 0:
-            return StatusUpdate(handle.fqid, JobStatus.COMPLETED, exit_code=0)
-        return StatusUpdate(handle.fqid, JobStatus.FAILED, exit_code=log.end_code, reason=f"exit code {log.end_code}")
+            return StatusUpdate(handle.fqid, JobStatus.COMPLETED, exit_code=0, started=started, ended=ended)
+        return StatusUpdate(handle.fqid, JobStatus.FAILED, exit_code=log.end_code, reason=f"exit code {log.end_code}",
+                            started=started, ended=ended)
     if not alive:
-        return StatusUpdate(handle.fqid, JobStatus.FAILED, reason="the wrapper ended without an END line")
-    if log.started is not None and handle.status == JobStatus.SUBMITTED:
-        return StatusUpdate(handle.fqid, JobStatus.RUNNING)
+        return StatusUpdate(handle.fqid, JobStatus.FAILED, reason="the wrapper ended without an END line",
+                            started=started)
+    if started is not None and handle.status == JobStatus.SUBMITTED:
+        return StatusUpdate(handle.fqid, JobStatus.RUNNING, started=started)
     return None

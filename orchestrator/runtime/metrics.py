@@ -16,17 +16,27 @@ job id.
 
 CPU, useful and wasted (GBS): when a run ends, its attempts' own records
 (``orch.usage`` in its output dir, :mod:`orchestrator.core.usage`) are read in
-a worker thread and added up by backend. A run resubmitted after it ended
-counts, at its next end, only the attempts made since. The counters start
-with the service, as every Prometheus counter does. The ends wait for the
-reader on a bounded stream (:data:`ENDED_BUFFER` changes): ends past it,
-while the reader is that far behind, are not read but counted as skipped,
-so a slow disk never makes memory grow.
+a worker thread and added up by backend, judged by the same computation as
+``orchestrator report`` (:func:`~orchestrator.core.usage.tally`). A run that
+fails and is retried at once (in the same step) is not counted then: its
+attempts are judged together at its end, so an attempt a retry resumed from
+counts as useful, as the report says. A run resubmitted after it ended
+counts, at its next end, only the attempts made since. An ended attempt
+whose record is not written yet (a killed wrapper writes it once its
+application has stopped, after the status turned ``killed``) is looked for
+again every :data:`LATE_POLL` seconds for :data:`LATE_SECONDS`, and counted
+when it comes. The counters start with the service, as every Prometheus
+counter does. The ends wait for the reader on a bounded stream
+(:data:`ENDED_BUFFER` changes): ends past it, while the reader is that far
+behind, are not read but counted as skipped, so a slow disk never makes
+memory grow; so are late records past :data:`LATE_MAX` runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +51,33 @@ from ..core.instructions import SendSubmit
 from ..core.machine import StateMachine
 from ..core.statuses import ALL_STATUSES, FINAL, JobStatus
 from ..core.step import Step
-from ..core.usage import USAGE_FILE, judge, parse_usage
+from ..core.usage import USAGE_FILE, Attempt, parse_usage, tally
 from ..plugin.users import read_inside
 
 #: Submission latencies, seconds: from a millisecond (sim) to minutes (a busy batch system).
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 #: Changes of runs that ended (each a batch of runs) waiting for their CPU records to be read.
 ENDED_BUFFER = 10_000
+#: Seconds an ended attempt's record is waited for (the wrapper writes it once its application stopped: a kill's
+#: grace, a slow shared filesystem), and between two looks for it; runs waited for at most at once.
+LATE_SECONDS = 60.0
+LATE_POLL = 0.5
+LATE_MAX = 100_000
+
+#: One end to read: (backend, ``again``: the run left its end, the job, its indexes or ``None``, and the attempt
+#: each had when it ended).
+Ended = tuple[str, bool, int, tuple[int, ...] | None, tuple[int, ...]]
+
+
+@dataclass(slots=True)
+class Late:
+    """A run whose ended attempt has no record yet: looked for again until ``deadline``."""
+
+    backend: str
+    fq: FQID
+    attempt: int
+    floor: int
+    deadline: float
 
 
 class Metrics:
@@ -83,11 +113,12 @@ class Metrics:
                                "the reader was too far behind", ["backend"], registry=r)
         r.register(_Gauges(sm, queue_depth, monitors, faults))
         self._sent: dict[tuple[str, str], float] = {}
-        #: Runs that ended or left an end, waiting for their records to be read: (backend, again, job, indexes).
-        self._ended_in, self._ended_out = anyio.create_memory_object_stream[
-            tuple[str, bool, int, tuple[int, ...] | None]](max_buffer_size=ENDED_BUFFER)
+        #: Runs that ended or left an end, waiting for their records to be read.
+        self._ended_in, self._ended_out = anyio.create_memory_object_stream[Ended](max_buffer_size=ENDED_BUFFER)
         #: Runs resubmitted after they ended: the newest attempt already counted.
         self._counted: dict[tuple[int, int | None], int] = {}
+        #: Ended runs whose last attempt's record was not there yet (the reader's thread only).
+        self._late: list[Late] = []
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -102,16 +133,12 @@ class Metrics:
             backend = self._backend(event.runs.job)
             self.reconciled.labels(backend, "yes").inc(len(event.found))
             self.reconciled.labels(backend, "no").inc(len(event.absent))
+        retried = _retried(step)
         for change in step.changes:
             if change.indexes is None and self._is_master(change.job):
                 continue  # a master's own (derived) status: no run moved, and its history is no run's
             if self.outputdir is not None and (change.new in FINAL) != (change.old in FINAL):
-                indexes = None if change.indexes is None else tuple(change.indexes)
-                backend = self._backend(change.job)
-                try:
-                    self._ended_in.send_nowait((backend, change.old in FINAL, change.job, indexes))
-                except anyio.WouldBlock:
-                    self.skipped.labels(backend).inc(1 if indexes is None else len(indexes))
+                self._ended(change.job, change.indexes, change.old in FINAL, retried.get(change.job))
             n = 1 if change.indexes is None else len(change.indexes)
             self.changes.labels(self._backend(change.job), change.new.value).inc(n)
             if change.new == JobStatus.FAILED:  # judged just now: retried, or failed for good
@@ -121,46 +148,97 @@ class Metrics:
             if isinstance(ins, SendSubmit):
                 self._sent[(ins.stimulus_id, ins.backend)] = step_time(step, event)
 
+    def _ended(self, job: int, indexes: Sequence[int] | None, again: bool, retried: set[int] | None) -> None:
+        """Queue a change into or out of a final status for the reader; runs retried in the same step are left
+        out of both (their attempts are judged together at their end)."""
+        if retried:
+            if indexes is None:
+                if -1 in retried:
+                    return
+            else:
+                indexes = [i for i in indexes if i not in retried]
+            if not indexes:
+                return
+        backend = self._backend(job)
+        try:
+            attempt = self.sm.job_state(job).runs.attempt
+        except KeyError:
+            return
+        chosen = None if indexes is None else tuple(indexes)
+        attempts = (attempt[0],) if chosen is None else tuple(attempt[i] for i in chosen)
+        try:
+            self._ended_in.send_nowait((backend, again, job, chosen, attempts))
+        except anyio.WouldBlock:
+            self.skipped.labels(backend).inc(len(attempts))
+
     async def serve(self) -> None:
-        """Read the records of ended runs off the loop, a batch of changes at a time."""
+        """Read the records of ended runs off the loop, a batch of changes at a time; look again for late ones."""
         async with self._ended_out:
-            async for first in self._ended_out:
-                batch = [first]
+            while True:
+                batch: list[Ended] = []
+                try:
+                    if self._late:
+                        with anyio.move_on_after(LATE_POLL):
+                            batch.append(await self._ended_out.receive())
+                    else:
+                        batch.append(await self._ended_out.receive())
+                except anyio.EndOfStream:
+                    return
                 while True:
                     try:
                         batch.append(self._ended_out.receive_nowait())
-                    except anyio.WouldBlock:
+                    except (anyio.WouldBlock, anyio.EndOfStream):
                         break
                 await anyio.to_thread.run_sync(self._count, batch)
 
-    def _count(self, batch: list[tuple[str, bool, int, tuple[int, ...] | None]]) -> None:
+    def _count(self, batch: list[Ended]) -> None:
         assert self.outputdir is not None
-        for backend, again, job, indexes in batch:
+        now = time.monotonic()
+        totals: dict[tuple[str, str], float] = {}
+        for backend, again, job, indexes, ended in batch:
             runs: list[FQID] = [(job,)] if indexes is None else [(job, i) for i in indexes]
             if runs and not self.outputdir(runs[0]).parent.exists():
                 continue  # a backend that keeps no run dirs here (sim): nothing to read for the whole batch
-            useful = wasted = 0.0
-            for fq in runs:
-                try:
-                    out = self.outputdir(fq)
-                    top = out.parent.parent if len(fq) > 1 else out.parent  # the top-level job's dir
-                    attempts = parse_usage(read_inside(out / USAGE_FILE, top).decode(errors="replace"))
-                except OSError:
+            for fq, attempt in zip(runs, ended, strict=True):
+                attempts = self._records(fq)  # none yet: the wrapper may still write it
+                if attempts is None and again:
                     continue
+                attempts = attempts or []
                 key = (fq[0], fq[1] if len(fq) > 1 else None)
                 if again:
                     self._counted[key] = max((a.attempt for a in attempts), default=0)
                     continue
                 floor = self._counted.pop(key, 0)
-                for attempt, cause in judge([a for a in attempts if a.attempt > floor], ()):
-                    if cause is None:
-                        useful += attempt.cpu
-                    else:
-                        wasted += attempt.cpu
-            if useful:
-                self.cpu.labels(backend, "useful").inc(useful)
-            if wasted:
-                self.cpu.labels(backend, "wasted").inc(wasted)
+                if attempt > floor and all(a.attempt != attempt for a in attempts) and len(self._late) < LATE_MAX:
+                    self._late.append(Late(backend, fq, attempt, floor, now + LATE_SECONDS))
+                    continue
+                self._add(totals, backend, attempts, floor)
+        keep = []
+        for late in self._late:
+            attempts = self._records(late.fq) or []
+            if any(a.attempt == late.attempt for a in attempts) or now >= late.deadline:
+                self._add(totals, late.backend, attempts, late.floor)
+            else:
+                keep.append(late)
+        self._late = keep
+        for (backend, kind), seconds in totals.items():
+            if seconds:
+                self.cpu.labels(backend, kind).inc(seconds)
+
+    def _records(self, fq: FQID) -> list[Attempt] | None:
+        assert self.outputdir is not None
+        out = self.outputdir(fq)
+        top = out.parent.parent if len(fq) > 1 else out.parent  # the top-level job's dir: nothing read beyond it
+        try:
+            return parse_usage(read_inside(out / USAGE_FILE, top).decode(errors="replace"))
+        except OSError:
+            return None
+
+    @staticmethod
+    def _add(totals: dict[tuple[str, str], float], backend: str, attempts: list[Attempt], floor: int) -> None:
+        counted = tally([a for a in attempts if a.attempt > floor])
+        totals[(backend, "useful")] = totals.get((backend, "useful"), 0.0) + counted.useful
+        totals[(backend, "wasted")] = totals.get((backend, "wasted"), 0.0) + counted.wasted
 
     def _answered(self, event: SubmitOutcomes) -> None:
         backend = self._backend(event.runs.job)
@@ -200,6 +278,24 @@ class Metrics:
                 out.append((str(entry.get("level", "unknown")), str(entry.get("verdict", "unknown")),
                             str(entry.get("action", "failed"))))
         return out
+
+
+def _retried(step: Step) -> dict[int, set[int]]:
+    """Runs the step moved into a final status and out of it again (failed, then retried at once), by job (-1: a
+    job without subjobs)."""
+    leaving = [c for c in step.changes if c.old in FINAL and c.new not in FINAL]
+    if not leaving:
+        return {}
+    ending: dict[int, set[int]] = {}
+    for c in step.changes:
+        if c.new in FINAL and c.old not in FINAL:
+            ending.setdefault(c.job, set()).update(c.indexes if c.indexes is not None else (-1,))
+    out: dict[int, set[int]] = {}
+    for c in leaving:
+        both = ending.get(c.job, set()).intersection(c.indexes if c.indexes is not None else (-1,))
+        if both:
+            out.setdefault(c.job, set()).update(both)
+    return out
 
 
 def step_time(step: Step, event: Event) -> float:

@@ -256,9 +256,10 @@ class Monitor:
 
     async def _report(self, good: list[tuple[RunKey, StatusUpdate]], sid: str) -> None:
         reports: list[RunReport] = []
-        #: (job, status, exit code, reason) -> indexes (-1: the job itself); those ended, and those going on
-        ended: dict[tuple[int, JobStatus, int | None, str | None], list[int]] = {}
-        going: dict[tuple[int, JobStatus, int | None, str | None], list[int]] = {}
+        #: (job, status, exit code, reason, started, ended) -> indexes (-1: the job itself); those ended, and those
+        #: going on (the times only where the driver gave them: a report of a million runs stays a few batches)
+        ended: dict[tuple[int, JobStatus, int | None, str | None, float | None, float | None], list[int]] = {}
+        going: dict[tuple[int, JobStatus, int | None, str | None, float | None, float | None], list[int]] = {}
         endings = [(k, u) for k, u in good if u.status in ENDINGS or u.backend_verdict is not None]
         read: dict[RunKey, Ending] = {}
         if endings:
@@ -271,17 +272,19 @@ class Monitor:
             if u.status in ENDINGS or u.backend_verdict is not None:
                 ending = read.get(key)
                 if ending is None and u.backend_verdict is None:
-                    ended.setdefault((job, u.status, u.exit_code, u.reason), []).append(-1 if idx is None else idx)
+                    ended.setdefault((job, u.status, u.exit_code, u.reason, u.started, u.ended),
+                                     []).append(-1 if idx is None else idx)
                     continue
                 self.actor.let_go(key)
                 ending = ending or Ending()
                 reports.append(RunReport(Runs(job, None if idx is None else [idx]), u.status, u.exit_code, u.reason,
                                          u.backend_verdict, ending.log, ending.stderr_tail, ending.state,
-                                         ending.usage))
+                                         ending.usage, u.started, u.ended))
             else:
-                going.setdefault((job, u.status, u.exit_code, u.reason), []).append(-1 if idx is None else idx)
+                going.setdefault((job, u.status, u.exit_code, u.reason, u.started, None),
+                                 []).append(-1 if idx is None else idx)
         for grouped, held in ((going, True), (ended, False)):
-            for (job, status, code, reason), idxs in grouped.items():
+            for (job, status, code, reason, started, stopped), idxs in grouped.items():
                 if idxs != [-1]:
                     idxs.sort()  # (in order already, as a rule: a pass in C)
                 runs = Runs(job) if idxs == [-1] else Runs.of(job, idxs)
@@ -289,7 +292,7 @@ class Monitor:
                     self.actor.set_statuses(job, runs.indexes, status)
                 else:
                     self.actor.let_go_many(job, runs.indexes)
-                reports.append(RunReport(runs, status, code, reason))
+                reports.append(RunReport(runs, status, code, reason, started=started, ended=stopped))
         if reports:
             await self.post(StatusReport(stimulus_id=sid, time=time.time(), backend=self.name,
                                          reports=tuple(reports)))

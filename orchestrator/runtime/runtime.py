@@ -132,6 +132,9 @@ class Runtime:
         self.prometheus: Metrics | None = None
         if role == SERVICE_ROLE:
             self.enable_prometheus()
+            from .eventlog import EventLog  # the service's log: a line per request and per batch of changes
+
+            self.bus.hooks.append(EventLog(get_logger(component="events")))
 
     def enable_prometheus(self) -> Metrics:
         """Count from now on what ``GET /metrics`` serves; call before ``open`` to see the start's reconciling."""

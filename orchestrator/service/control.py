@@ -37,7 +37,7 @@ from ..api.owners import Caller
 from ..api.registry import JobRegistry
 from ..api.validate import checked_backend, validate
 from ..api.wire import BadRequest
-from ..core.errors import JobError, UnknownJobError
+from ..core.errors import JobError, UnknownJobError, WaitTimeout
 from ..core.ids import FQID, fqid_str, parse_fqid
 from ..core.model import Backend
 from ..core.statuses import JobStatus, parse_status
@@ -239,14 +239,18 @@ class Control:
 
     async def wait(self, targets: Sequence[str] | None = None, timeout: float | None = None,
                    fqid: str | None = None) -> dict[str, Any]:
-        """Return once nothing of the jobs is active, or after ``timeout`` (``timed_out`` says which)."""
+        """Return once nothing of the jobs is active, or after ``timeout`` (``timed_out`` says which, and
+        ``active`` names the jobs still active then)."""
         chosen = self._targets(targets, fqid)
+        active: list[str] = []
         try:
             await self.t.wait(chosen, timeout)
             timed_out = False
+        except WaitTimeout as exc:
+            timed_out, active = True, exc.active
         except TimeoutError:
             timed_out = True
-        return {**self._answer(0, fqid), "timed_out": timed_out}
+        return {**self._answer(0, fqid), "timed_out": timed_out, **({"active": active} if timed_out else {})}
 
     async def annotate(self, job: int, comment: str | None = None,
                        metadata: dict[str, Any] | None = None) -> dict[str, Any]:

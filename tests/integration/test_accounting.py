@@ -160,3 +160,85 @@ async def test_metrics_count_useful_and_wasted_cpu_as_report_does(tmp_path: Path
             await anyio.sleep(0.2)
     assert scraped(text, "useful") == pytest.approx(report["useful"])
     assert scraped(text, "wasted") == pytest.approx(report["wasted"])
+
+
+async def _metric(service: Service, kind: str, want: float, within: float = 30) -> float:
+    """The scraped CPU of ``kind`` once it reaches ``want`` (the records are read off the loop), or at ``within``."""
+    headers = {"Authorization": f"Bearer {service.token}"}
+    got = 0.0
+    with anyio.move_on_after(within):
+        while True:
+            got = scraped(httpx.get(f"{service.url}/metrics", headers=headers).text, kind)
+            if got >= want - 1e-6:
+                break
+            await anyio.sleep(0.2)
+    return got
+
+
+async def test_metrics_count_an_attempt_a_retry_resumed_from_as_useful(tmp_path: Path,
+                                                                      services: list[Service]) -> None:
+    """The report's computation and the metric's are one: attempt 2 saved states that attempt 3 resumed from, so
+    its CPU is useful in both (the metric counted it wasted when it ended, before the retry resumed from it)."""
+    marks = tmp_path / "marks"
+    script = tmp_path / "burner.py"
+    script.write_text(BURNER)
+    home = tmp_path / "home"
+    service = Service(home, "--tcp-port", "0")
+    services.append(service.start())
+    async with Orchestrator(home=home) as orch:
+        job = await orch.jobs.add(Job(name="burner", application=Executable(sys.executable, ["burner.py"],
+                                                                             env={"MARKS": str(marks)}),
+                                      inputfiles=[str(script), checkpoint_module.__file__], steps="1..40",
+                                      backend="local"))
+        await job.submit()
+        with anyio.fail_after(30):
+            while not marks.exists():
+                await anyio.sleep(0.02)
+        await anyio.sleep(0.15)
+        stop(job.outputdir, 1)
+        with anyio.fail_after(30):
+            while job.info.submit_counter < 2 or job.info.checkpoint.get("seq", 0) < 10:
+                await anyio.sleep(0.05)
+        stop(job.outputdir, 2)
+        await job.wait(timeout=60)
+        assert job.status == "completed", job.info.history
+    report = json.loads(subprocess.run([EXE, "--home", str(home), "report", "0", "--json"], capture_output=True,
+                                       text=True, timeout=60, check=True).stdout)
+    cpu = {attempt: seconds for attempt, (_, seconds) in records(job.outputdir).items()}
+    assert report["useful"] == pytest.approx(cpu[2] + cpu[3], abs=1e-6) and report["wasted"] > 0
+    assert await _metric(service, "useful", report["useful"]) == pytest.approx(report["useful"])
+    assert await _metric(service, "wasted", report["wasted"]) == pytest.approx(report["wasted"])
+
+
+#: Ignores the first SIGTERM and burns on for a while before it exits: its wrapper writes the attempt's record only
+#: then, well after the run was recorded killed.
+STUBBORN = ('trap "stop=1" TERM; echo up > "$1"; i=0; n=0; '
+            'while [ $n -lt 400000 ]; do i=$((i+1)); if [ -n "${stop:-}" ]; then n=$((n+1)); fi; done; exit 1')
+
+
+async def test_metrics_count_a_killed_attempt_whose_record_comes_late(tmp_path: Path,
+                                                                     services: list[Service]) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "orchestrator.toml").write_text("[backends.local]\nkill_grace = 60.0\n")  # never SIGKILLed here
+    service = Service(home, "--tcp-port", "0")
+    services.append(service.start())
+    ups = [tmp_path / f"up{i}" for i in range(2)]
+    async with Orchestrator(home=home) as orch:
+        job = await orch.jobs.add(Job(name="stubborn", application=Executable("/bin/sh"), backend="local",
+                                      splitter=ArgSplitter([["-c", STUBBORN, "stubborn", str(up)] for up in ups])))
+        await job.submit()
+        with anyio.fail_after(30):
+            while not all(up.exists() for up in ups):
+                await anyio.sleep(0.05)
+        await job.kill()
+        await job.wait(timeout=30)
+        assert [s.status for s in job.subjobs] == ["killed", "killed"]
+        assert not any((s.outputdir / "orch.usage").exists() for s in job.subjobs)  # not yet: they burn on
+        with anyio.fail_after(60):  # the wrappers write the records once their applications stopped
+            while not all((s.outputdir / "orch.usage").exists() for s in job.subjobs):
+                await anyio.sleep(0.1)
+    report = json.loads(subprocess.run([EXE, "--home", str(home), "report", "0", "--json"], capture_output=True,
+                                       text=True, timeout=60, check=True).stdout)
+    assert report["attempts"] == 2 and report["wasted"] > 0 and report["useful"] == 0
+    assert await _metric(service, "wasted", report["wasted"]) == pytest.approx(report["wasted"])

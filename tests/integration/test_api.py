@@ -141,8 +141,13 @@ async def test_wait_times_out(api_home: Path) -> None:
     async with Orchestrator(home=api_home) as orch:
         j = await orch.jobs.add(Job(application=Executable("/bin/true"), backend=Backend("sim", run_seconds=30)))
         await j.submit()
-        with pytest.raises(TimeoutError):
+        with pytest.raises(TimeoutError, match=f"^job {j.id} still active after 0.3 s$"):
             await j.wait(timeout=0.3)
+        done = await orch.jobs.add(Job(application=Executable("/bin/true"), backend=Backend("sim")))
+        await done.submit()
+        await done.wait(timeout=10)
+        with pytest.raises(TimeoutError, match=f"^job {j.id} still active after 0.2 s$"):  # the active one only
+            await orch.jobs.select(ids=[j.id, done.id]).wait(timeout=0.2)
         await j.kill()
         await j.wait(timeout=1)
 

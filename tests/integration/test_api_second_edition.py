@@ -108,6 +108,28 @@ async def test_select_by_ids_backend_application_and_time(api_home: Path) -> Non
             orch.jobs.select(since="yesterday")
 
 
+async def test_select_minid_maxid_as_ganga(api_home: Path) -> None:
+    """Ganga's ``jobs.select(minid, maxid)``: both bounds included, either open, combined with the filters."""
+    async with Orchestrator(home=api_home) as orch:
+        a, b, c, d = [await orch.jobs.add(sim(n, 4 if n == "a" else 0)) for n in "abcd"]
+        assert list(orch.jobs.select(b.id, c.id)) == [b, c]
+        assert list(orch.jobs.select(c.id)) == [c, d]
+        assert list(orch.jobs.select(None, b.id)) == [a, b]
+        assert list(orch.jobs.select(a.id, d.id, name="[bd]")) == [b, d]
+        assert list(orch.jobs.select(a.id, c.id, ids=[c.id, d.id])) == [c]
+        assert d.id is not None and len(orch.jobs.select(d.id + 1, d.id + 5)) == 0
+        assert list(orch.jobs.select([a.id, d.id])) == [a, d]  # a list first: ids, as before
+        await a.submit()
+        await a.wait(timeout=20)
+        subs = a.subjobs
+        assert list(subs.select(1, 2)) == [subs[1], subs[2]]
+        assert list(subs.select(2)) == [subs[2], subs[3]]
+        assert list(subs.select(0, 9, status="completed")) == list(subs)
+        assert len(subs.select(3, 1)) == 0
+        with pytest.raises(JobError, match="maxid"):
+            orch.jobs.select(1, "3")  # type: ignore[arg-type]
+
+
 # --------------------------------------------------------------------------- slices
 async def test_slices_submit_wait_copy_remove_and_force_collectively(api_home: Path) -> None:
     async with Orchestrator(home=api_home) as orch:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import asyncpg
 import pytest
 from pair import health, home_settings, pair_homes
 from postgres import PostgresServer, postgres_unavailable
-from served import Service, cli, cli_ok, start
+from served import ORCH, Service, cli, cli_ok, start
 
 from orchestrator import Executable, Job, Orchestrator
 from orchestrator.api.client import ServiceUnavailable
@@ -166,3 +167,68 @@ async def test_an_active_service_cut_off_from_its_database_steps_down(tmp_path: 
     code = await anyio.to_thread.run_sync(lambda: active.proc_().wait(15))
     assert code == STEP_DOWN, active.output()
     assert "its lease could not be renewed" in active.output()
+
+
+#: The leader's sessions that hold the lease row's share lock (the fence's ``FOR SHARE``) inside a transaction.
+HOLDING = ("SELECT l.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+           "WHERE l.relation = 'orchestrator.lease'::regclass AND l.granted AND l.mode = 'RowShareLock' "
+           "AND a.application_name = 'orchestrator' AND a.xact_start IS NOT NULL")
+
+
+async def test_a_leader_frozen_inside_a_transaction_is_taken_over_within_its_lease(
+        pg_url: str, tmp_path: Path, services: list[Service]) -> None:
+    """SIGSTOP while the leader holds a write transaction open (its share lock on the lease row would make the
+    takeover wait as long as it stays frozen): the standby ends its sessions and takes over within the lease and
+    a few seconds; resumed, the old leader writes nothing and exits 75."""
+    lease = 2.0
+    a, b, _ = pair_homes(tmp_path, pg_url, lease_seconds=lease)
+    leader = start(services, a)
+    await until_active(a, 10)
+    standby = start(services, b)
+    big = sim_jobfile(tmp_path / "big.toml", 50_000, 600.0)
+    conn = await asyncpg.connect(pg_url)
+    frozen_at = 0.0
+    submits: list[subprocess.Popen[bytes]] = []
+    try:
+        for _ in range(6):  # a large submit's transactions (its COPY, its flushes): freeze the leader inside one
+            submit = subprocess.Popen([str(ORCH), "--home", str(a), "submit", str(big)], stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            submits.append(submit)
+            with anyio.fail_after(120):
+                while submit.poll() is None and not frozen_at:
+                    holding = {r[0] for r in await conn.fetch(HOLDING)}
+                    if holding:
+                        os.kill(leader.pid, signal.SIGSTOP)
+                        if holding & {r[0] for r in await conn.fetch(HOLDING)}:  # still inside it, frozen
+                            frozen_at = time.monotonic()
+                        else:
+                            os.kill(leader.pid, signal.SIGCONT)
+                    await anyio.sleep(0.002)
+            if frozen_at:
+                break
+        assert frozen_at, "the leader was never caught inside a transaction"
+        await until_active(b, lease + 15)
+        took = time.monotonic() - frozen_at
+        assert took < lease + 6, f"takeover {took:.1f} s after the freeze"
+        seen = await health(b)
+        assert seen is not None and seen["pid"] == standby.pid
+
+        os.kill(standby.pid, signal.SIGSTOP)  # nothing else writes from here on
+        try:
+            before = await snapshot(pg_url)
+            os.kill(leader.pid, signal.SIGCONT)
+            code = await anyio.to_thread.run_sync(lambda: leader.proc_().wait(30))
+            assert code == STEP_DOWN, leader.output()
+            assert "lost the repository's lease: stepping down" in leader.output()
+            assert await snapshot(pg_url) == before  # not one row changed
+        finally:
+            os.kill(standby.pid, signal.SIGCONT)
+        assert "ended the sessions of the lease's expired holder" in standby.output()
+    finally:
+        await conn.close()
+        if leader.proc_().poll() is None:
+            os.kill(leader.pid, signal.SIGCONT)
+        for submit in submits:
+            if submit.poll() is None:
+                submit.kill()
+            submit.wait()

@@ -219,8 +219,9 @@ async def test_a_failed_request_logs_no_token_and_the_log_is_private(tmp_path: P
                                      headers={"authorization": f"Bearer {token}",
                                               "cookie": f"orch_token={token}"}) as client:
             # Every way a request can fail now, each carrying the token: a body of the wrong type, a name of a
-            # directory, an unknown job, a refused operation, no JSON, metadata that is not a table. (None answers 500 any more:
-            # the typed boundary refuses first; a traceback's redaction is tested in tests/unit/test_log_redaction.py.)
+            # directory, an unknown job, a refused operation, no JSON, metadata that is not a table. (None answers
+            # 500 any more: the typed boundary refuses first; a traceback's redaction is tested in
+            # tests/unit/test_log_redaction.py.)
             as_json = {"content-type": "application/json"}
             answers = [await client.post("/api/kill", json={"targets": 5}),
                        await client.post("/api/peek", json={"fqid": "0", "name": "."}),

@@ -24,8 +24,18 @@ from .lease import LeaseView, inspect
 CONNECT_TIMEOUT = 10.0
 
 
-async def connect(url: str) -> asyncpg.Connection:
-    return await asyncpg.connect(url, timeout=CONNECT_TIMEOUT, server_settings={"application_name": "orchestrator"})
+async def connect(url: str, settings: dict[str, str] | None = None) -> asyncpg.Connection:
+    """A connection named ``orchestrator`` in ``pg_stat_activity``; ``settings``: more of the session's settings."""
+    return await asyncpg.connect(url, timeout=CONNECT_TIMEOUT,
+                                 server_settings={"application_name": "orchestrator", **(settings or {})})
+
+
+def holder_settings(lease_seconds: float) -> dict[str, str]:
+    """The session settings of a (would-be) holder's connections: a session left idle inside a transaction
+    (its process frozen mid-write) is ended by PostgreSQL itself after twice the lease, letting go of its locks;
+    a statement waits for a lock at most a lease (a takeover that finds the row held retries at its next look)."""
+    ms = max(int(lease_seconds * 1000), 100)
+    return {"idle_in_transaction_session_timeout": str(2 * ms), "lock_timeout": str(ms)}
 
 
 @contextmanager

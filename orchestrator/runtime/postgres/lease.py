@@ -89,6 +89,23 @@ async def inspect(conn: asyncpg.Connection, *, probe: bool = False) -> LeaseView
     return LeaseView(token, holder, address, left, alive)
 
 
+async def end_expired_holder(conn: asyncpg.Connection) -> int:
+    """End the sessions that hold a lock on the lease row (a write's share lock, a renewal's) in a transaction
+    begun before the lease expired: the expired holder's, frozen or cut off mid-transaction (its transaction is
+    rolled back, and it may not write again anyway: the fence refuses its token). Looks (``AccessShareLock``) and
+    takers that came after the expiry are left alone. Returns how many were ended."""
+    pids = await conn.fetch(
+        f"SELECT DISTINCT l.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+        f"WHERE l.relation = '{SCHEMA}.lease'::regclass AND l.granted AND l.mode <> 'AccessShareLock' "
+        f"AND l.pid <> pg_backend_pid() AND a.xact_start IS NOT NULL "
+        f"AND a.xact_start < (SELECT expires FROM {SCHEMA}.lease WHERE id = 1)")
+    ended = 0
+    for row in pids:
+        if await conn.fetchval("SELECT pg_terminate_backend($1, 2000)", row["pid"]):
+            ended += 1
+    return ended
+
+
 class Lease:
     """The lease as its holder sees it, on the holder's own connection (the one its advisory lock lives on)."""
 
@@ -98,19 +115,30 @@ class Lease:
         self.seconds = seconds
         #: The fencing token while held.
         self.token: int | None = None
+        #: Sessions of an expired holder this one ended to take the lease.
+        self.ended = 0
 
     async def take(self) -> LeaseView | None:
-        """Take the lease if it is free; ``None`` when taken (``token`` set), else the view that says who has it."""
+        """Take the lease if it is free; ``None`` when taken (``token`` set), else the view that says who has it.
+
+        An expired holder may be frozen inside a write transaction, its share lock on the lease row held for as
+        long as it stays frozen: its sessions that hold a lock on the lease since before the lease expired are
+        ended first (``pg_terminate_backend``), so the swap does not wait for it (``ended`` counts them)."""
         view = await inspect(self.conn, probe=True)
         if not view.free:
             return view
         taking = view.token + 1
         if not await self.conn.fetchval("SELECT pg_try_advisory_lock($1, $2)", LEASE_LOCK, lock_key(taking)):
             return await inspect(self.conn)  # another is taking it over this very moment
-        row = await self.conn.fetchval(
-            f"UPDATE {SCHEMA}.lease SET token = token + 1, holder = $2, address = NULL, taken = now(), "
-            f"expires = now() + make_interval(secs => $3) WHERE id = 1 AND token = $1 RETURNING token",
-            view.token, self.holder, self.seconds)
+        try:
+            if view.holder is not None and view.left is not None and view.left <= 0:
+                self.ended += await end_expired_holder(self.conn)
+            row = await self.conn.fetchval(
+                f"UPDATE {SCHEMA}.lease SET token = token + 1, holder = $2, address = NULL, taken = now(), "
+                f"expires = now() + make_interval(secs => $3) WHERE id = 1 AND token = $1 RETURNING token",
+                view.token, self.holder, self.seconds)
+        except asyncpg.LockNotAvailableError:  # (lock_timeout) the row is still held: the next look tries again
+            row = None
         if row is None:
             await self.conn.execute("SELECT pg_advisory_unlock($1, $2)", LEASE_LOCK, lock_key(taking))
             return await inspect(self.conn)

@@ -33,9 +33,10 @@ import asyncpg
 from ...core.errors import RepositoryError, RepositoryHeldError
 from ...core.ids import as_range
 from ...core.splitters import DEFERRED, is_deferred
+from ...plugin.logs import get_logger
 from ..repository import TIME_KINDS, Loaded, RunsRow, Save, StateRow, TopRow, dumps, shown_url
 from . import schema
-from .connect import connect, unreachable
+from .connect import connect, holder_settings, unreachable
 from .lease import Lease, LeaseView
 from .side import SideLoop
 
@@ -97,7 +98,7 @@ class PgRepository:
 
     # ------------------------------------------------------------ life
     async def _connect(self) -> asyncpg.Connection:
-        return await connect(self.url)
+        return await connect(self.url, holder_settings(self.lease_seconds))
 
     async def open(self, *, readonly: bool = False) -> None:
         """Connect, make or check the schema, take the lease (unless ``readonly``), migrate forward."""
@@ -142,6 +143,10 @@ class PgRepository:
         except BaseException:
             await conn.close()
             raise
+        if lease.ended:
+            get_logger(component="repository").warning(
+                "ended the sessions of the lease's expired holder, frozen or cut off inside a transaction",
+                repository=self.where, sessions=lease.ended)
         if view is not None:
             await conn.close()
             raise RepositoryHeldError(held_message(self.where, view), view.address)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from orchestrator.core.actions import Rule
 from orchestrator.core.analyser import Limits
 from orchestrator.core.events import (
     ForceStatusRequested,
@@ -15,7 +16,16 @@ from orchestrator.core.events import (
     StatusReport,
 )
 from orchestrator.core.ids import Runs
-from orchestrator.core.instructions import Lookup, Persist, Reply, ScheduleRetry, SendKill, SendSubmit, Unwatch
+from orchestrator.core.instructions import (
+    AdjustRun,
+    Lookup,
+    Persist,
+    Reply,
+    ScheduleRetry,
+    SendKill,
+    SendSubmit,
+    Unwatch,
+)
 from orchestrator.core.statuses import JobStatus
 
 from .harness import Harness, limits, log, only, profile, reply
@@ -265,3 +275,168 @@ def test_started_looks_up_interrupted_runs_or_leaves_them_new() -> None:
     step = h.post(Started(stimulus_id="start", time=h.tick()))
     assert only(step, Lookup).runs == Runs(looked, [0, 1])
     assert h.status(blind, 0) == S.NEW and "interrupted by a restart" in h.sm.info((blind, 0))["reason"]
+
+
+# ------------------------------------------------------------------ a run's times come from its log
+def test_a_runs_times_are_those_of_its_log_and_a_masters_end_only_once_final() -> None:
+    h = Harness()
+    job = h.add(profile(wrapper=True))
+    h.submit_all(job, 3)
+    h.tick(50)
+    h.report(job, [0, 1, 2], S.RUNNING, started=1010.0)  # the driver knew when they started
+    stamps = h.sm.info((job, 0))["timestamps"]
+    assert stamps["running"] == 1010.0
+    h.tick(100)  # the ends are seen late; their logs say when they happened
+    h.report(job, [0], S.COMPLETED, exit_code=0, log=log("1011 START 1", "1020 EXIT 0", "1021 END 0"))
+    assert h.sm.info((job, 0))["timestamps"] == {"new": 1000.0, "submitting": 1000.0, "submitted": 1000.0,
+                                                 "running": 1011.0, "final": 1021.0, "completed": 1021.0}
+    top = h.sm.info((job,))["timestamps"]
+    assert top["running"] == 1010.0 and not {"final", "completed", "failed", "killed"} & top.keys()
+    h.report(job, [1], S.FAILED, exit_code=3, ended=1030.0, started=1012.0)  # a driver's own record
+    h.report(job, [2], S.KILLED, log=log("1013 START 1"))  # no end line: the time it was seen stands
+    one = h.sm.info((job, 1))["timestamps"]
+    assert one["running"] == 1012.0 and one["final"] == one["failed"] == 1030.0
+    two = h.sm.info((job, 2))["timestamps"]
+    assert two["running"] == 1013.0 and two["final"] == two["killed"] == h.clock
+    top = h.sm.info((job,))["timestamps"]
+    assert top["final"] == h.clock and top["completed"] == 1021.0 and top["failed"] == 1030.0
+    assert top["killed"] == h.clock and top["running"] == 1010.0
+
+
+def test_an_end_before_the_start_is_not_believed_and_a_lost_run_has_no_log_times() -> None:
+    h = Harness()
+    job = h.add(profile(wrapper=True))
+    h.submit_all(job, 2)
+    h.tick(10)
+    h.report(job, [0], S.FAILED, exit_code=1, log=log("1005 START 1", "1004 END 1"))
+    stamps = h.sm.info((job, 0))["timestamps"]
+    assert stamps["running"] == 1005.0 and stamps["final"] == h.clock
+    h.report(job, [1], S.FAILED, verdict="lost", log=log("1003 START 1", "1004 END 1"))
+    assert h.sm.info((job, 1))["timestamps"]["final"] == h.clock and "running" not in h.sm.info((job, 1))["timestamps"]
+
+
+# ------------------------------------------------------------------ checkpoint restarts and the action table
+STATE = {"seq": 5, "label": "0.0:5", "final": False, "time": 1.0}
+
+
+def _again(h: Harness, job: int, step: object, i: int) -> None:
+    """The retry's submission taken, the run running again."""
+    h.outcomes(only(step, SendSubmit))  # type: ignore[arg-type]
+    h.report(job, [i], S.RUNNING)
+
+
+def test_a_checkpointed_run_resumes_from_its_state_until_it_restarted_too_often_from_it() -> None:
+    h = Harness()
+    job = running_master(h, 2, wrapper=True, checkpointable=True, max_restarts=2)
+    h.report(job, [0], S.RUNNING, state=STATE)
+    for restart in (1, 2):
+        step = h.report(job, [0], S.FAILED, log=log("1000 START 1"))  # the worker died: a cause outside the job
+        info = h.sm.info((job, 0))
+        entry = info["history"][-1]
+        assert entry["action"] == "retry" and entry["state"] == "0.0:5" and entry["restart"] == restart
+        assert "limit" not in entry and info["checkpoint"]["restarts"] == restart
+        assert info["checkpoint"]["restart_seq"] == 5
+        assert info["reason"] == f"{entry['reason']}; resumed from state 0.0:5"
+        assert only(step, SendSubmit).start == "resume"
+        _again(h, job, step, 0)
+    step = h.report(job, [0], S.FAILED, log=log("1000 START 1"))
+    assert h.status(job, 0) == S.FAILED and not [i for i in step.instructions if isinstance(i, SendSubmit)]
+    info = h.sm.info((job, 0))
+    assert info["reason"].endswith("restarted 2 time(s) from state 0.0:5 without a new save: "
+                                   "max_restarts_per_state=2 reached"), info["reason"]
+    entry = info["history"][-1]
+    assert entry["action"] == "failed" and entry["limit"] == "max_restarts_per_state" and entry["state"] == "0.0:5"
+
+
+def test_a_new_save_starts_the_restarts_again_and_a_runs_own_failure_does_not_resume() -> None:
+    h = Harness()
+    job = running_master(h, 2, wrapper=True, checkpointable=True, max_restarts=1)
+    h.report(job, [0], S.RUNNING, state=STATE)
+    _again(h, job, h.report(job, [0], S.FAILED, log=log("1000 START 1")), 0)
+    h.report(job, [0], S.RUNNING, state={**STATE, "seq": 6, "label": "0.0:6"})
+    step = h.report(job, [0], S.FAILED, log=log("1000 START 1"))
+    assert h.sm.info((job, 0))["checkpoint"]["restarts"] == 1 and h.sm.info((job, 0))["checkpoint"]["restart_seq"] == 6
+    assert only(step, SendSubmit)
+    h.report(job, [1], S.RUNNING, state={**STATE, "label": "0.1:5"})
+    h.report(job, [1], S.FAILED, exit_code=3, log=log("1000 START 1", "1001 EXIT 3", "1001 END 3"))
+    assert h.status(job, 1) == S.FAILED and "resumed" not in h.sm.info((job, 1))["reason"]
+    assert h.sm.info((job, 1))["history"][-1]["action"] == "failed"
+
+
+def _ruled(*rules: Rule) -> tuple[Harness, int]:
+    h = Harness()
+    return h, running_master(h, 2, wrapper=True, actions=rules)
+
+
+OOM = log("1000 START 1", "1001 EXIT 137", "1001 END 137")
+
+
+def test_an_action_rule_retries_on_its_own_budget_and_changes_the_settings() -> None:
+    h, job = _ruled(Rule(1, "oom", "more_memory", exit_codes=(137, 137), factor=2.0, cap="8G", max=2))
+    for used in (1, 2):
+        step = h.report(job, [1], S.FAILED, exit_code=137, log=OOM)
+        adjust = only(step, AdjustRun)
+        assert (adjust.rule, adjust.setting, adjust.factor, adjust.cap) == ("oom", "mem", 2.0, "8G")
+        assert list(adjust.runs) == [(job, 1)]
+        info = h.sm.info((job, 1))
+        entry = info["history"][-1]
+        assert entry["rule"] == "oom" and entry["change"] == "mem x2 (at most 8G)" and entry["action"] == "retry"
+        assert "limit" not in entry and info["counters"] == {"rule:oom": used}  # the user's counters untouched
+        assert info["reason"].endswith("; retried by rule oom (mem x2 (at most 8G))")
+        _again(h, job, step, 1)
+    step = h.report(job, [1], S.FAILED, exit_code=137, log=OOM)
+    info = h.sm.info((job, 1))
+    assert h.status(job, 1) == S.FAILED and not [i for i in step.instructions if isinstance(i, AdjustRun)]
+    assert info["reason"].endswith("; rule oom retried it 2 time(s): its max=2 reached")
+    assert info["history"][-1]["limit"] == "rule:oom" and info["history"][-1]["action"] == "failed"
+    assert info["counters"] == {"rule:oom": 2}
+
+
+def test_an_action_rule_may_hold_fail_or_retry_as_it_was() -> None:
+    h, job = _ruled(Rule(1, "stop", "hold", exit_codes=(1, 1)), Rule(2, "give-up", "fail", exit_codes=(2, 2)),
+                    Rule(3, "again", "retry", exit_codes=(3, 3), max=1))
+    h.report(job, [0], S.FAILED, exit_code=1, log=log("1000 START 1", "1001 EXIT 1", "1001 END 1"))
+    info = h.sm.info((job, 0))
+    assert h.status(job, 0) == S.HELD and info["reason"].endswith("; held by rule stop")
+    assert info["history"][-1]["action"] == "held" and info["history"][-1]["change"] == "hold"
+    h.report(job, [1], S.FAILED, exit_code=2, log=log("1000 START 1", "1001 EXIT 2", "1001 END 2"))
+    info = h.sm.info((job, 1))
+    assert h.status(job, 1) == S.FAILED and info["reason"].endswith("; failed by rule give-up")
+    assert info["history"][-1]["action"] == "failed"
+    h2, job2 = _ruled(Rule(3, "again", "retry", exit_codes=(3, 3), max=1))
+    step = h2.report(job2, [0], S.FAILED, exit_code=3, log=log("1000 START 1", "1001 EXIT 3", "1001 END 3"))
+    assert only(step, SendSubmit) and not [i for i in step.instructions if isinstance(i, AdjustRun)]
+    assert h2.sm.info((job2, 0))["reason"].endswith("; retried by rule again (retry)")
+
+
+def test_a_rule_on_a_checkpointed_run_resumes_it_from_its_state() -> None:
+    h = Harness()
+    job = running_master(h, 1, wrapper=True, checkpointable=True, actions=(Rule(1, "r", "retry", max=5),))
+    h.report(job, [0], S.RUNNING, state=STATE)
+    step = h.report(job, [0], S.FAILED, log=log("1000 START 1"))  # the worker died
+    entry = h.sm.info((job, 0))["history"][-1]
+    assert entry["action"] == "retry" and entry["rule"] == "r" and entry["state"] == "0.0:5" and entry["restart"] == 1
+    assert only(step, SendSubmit).start == "resume"
+
+
+def test_without_log_times_the_run_time_counts_from_running_else_from_submitted() -> None:
+    h = Harness()
+    job = h.add(profile(limits=limits(early_seconds=60)))
+    h.submit_all(job, 2)
+    h.tick(50)
+    h.report(job, [0], S.RUNNING)
+    h.tick(50)  # 50 s since it ran, 100 s since it was submitted
+    h.report(job, [0, 1], S.FAILED, exit_code=3)
+    assert h.sm.info((job, 0))["history"][-1]["verdict"] == "early"
+    assert h.sm.info((job, 1))["history"][-1]["verdict"] == "late_unhandled"  # never seen running
+
+
+def test_a_rule_resumes_a_run_that_saved_a_state_and_a_held_one_is_not_sent_again() -> None:
+    h, job = _ruled(Rule(1, "r", "retry", max=5), )
+    h.report(job, [0], S.RUNNING, state={"seq": 3})  # not a job with steps, but it saved a state (no label)
+    step = h.report(job, [0], S.FAILED, log=log("1000 START 1"))
+    entry = h.sm.info((job, 0))["history"][-1]
+    assert entry["state"] == "?:3" and entry["restart"] == 1 and only(step, SendSubmit).start == "resume"
+    h2, job2 = _ruled(Rule(1, "stop", "hold"))
+    step = h2.report(job2, [0], S.FAILED, log=log("1000 START 1"))
+    assert h2.status(job2, 0) == S.HELD and not [i for i in step.instructions if isinstance(i, SendSubmit)]
