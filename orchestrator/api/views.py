@@ -14,6 +14,7 @@ from typing import Any
 
 from ..core.model import JobInfo
 from ..core.statuses import ALL_STATUSES, JobStatus
+from ..plugin.wrapper import read_log
 from .job import Job
 
 #: Subjobs listed by ``show`` on a master unless asked otherwise.
@@ -73,9 +74,20 @@ def summaries(jobs: Sequence[Job]) -> list[dict[str, Any]]:
 def subjob_row(sub: Job) -> dict[str, Any]:
     info = sub.info
     started, ended, run_seconds = run_times(sub, info)
+    host, exit_code = run_place(sub, info)
     return {"fqid": sub.fqid, "status": sub.status.value, "args": list(sub.application.args) if sub.application else [],
             "submits": info.submit_counter, "backend_id": sub.backend_id, "reason": info.reason,
-            "started_at": started, "ended_at": ended, "run_seconds": run_seconds}
+            "started_at": started, "ended_at": ended, "run_seconds": run_seconds, "host": host, "exit_code": exit_code}
+
+
+def run_place(job: Job, info: JobInfo | None = None) -> tuple[str | None, int | None]:
+    """``(host, exit code)`` of a run's latest attempt, as its wrapper's log says (``None`` where it says nothing:
+    not started, a backend that runs no wrapper, a master)."""
+    info = info or job.info
+    if job.id is None or info.submit_counter == 0 or counts(job):
+        return None, None
+    log = read_log(job.outputdir, info.submit_counter)
+    return log.host, log.exit_code if log.exit_code is not None else log.end_code
 
 
 def subjob_rows(job: Job, statuses: Sequence[str] = (), offset: int = 0, limit: int | None = None,
@@ -102,6 +114,7 @@ def detail(job: Job, subjobs: int = SHOW_SUBJOBS) -> dict[str, Any]:
         "backend_id": job.backend_id, "info": job.info.to_dict(), "outputdir": str(job.outputdir),
         "subjob_rows": [],
     }
+    out["host"], out["exit_code"] = run_place(job)
     if out["counts"] and subjobs > 0:
         out["subjob_rows"] = [subjob_row(sub) for sub in job.subjobs.build(range(min(len(job.subjobs), subjobs)))]
     return out

@@ -32,7 +32,7 @@ from ..core.ids import parse_id_range
 from ..core.statuses import ALL_STATUSES, FINAL, JobStatus
 from ..plugin.logs import configure as configure_logs
 from ..runtime.registry import backend_names
-from . import render
+from . import columns, render
 from .app import (
     CliError,
     Group,
@@ -44,6 +44,7 @@ from .app import (
     repository_option,
     run,
 )
+from .columns import FIELDS
 from .jobfile import demo_job_text, load_job
 from .targets import Named, job_ids_argument, lookup, resolve
 
@@ -123,10 +124,12 @@ def print_json(value: Any) -> None:
 @click.option("--backend", default=None, help="Only jobs on this backend.")
 @click.option("--owner", default=None, help="Only the jobs of this user (an admin sees every user's).")
 @click.option("--limit", type=click.IntRange(1), default=None, help="Only the N most recent of the matching jobs.")
+@click.option("--format", "format_", metavar="FIELD,...", default=None,
+              help="The columns, as sacct's --format: " + ",".join(FIELDS) + " (docs/reference.md, Columns).")
 @click.option("--json", "as_json", is_flag=True, help="A JSON document instead of the table (docs/reference.md).")
 @home_option
 def jobs(statuses: tuple[str, ...], name: str | None, backend: str | None, owner: str | None, limit: int | None,
-         as_json: bool, home: Path | None) -> None:
+         format_: str | None, as_json: bool, home: Path | None) -> None:
     """List the top-level jobs: id, name, owner, status, backend, subjob counts per status, submitted, elapsed.
 
     Through a shared service, a user's own jobs; an admin's, everyone's."""
@@ -143,7 +146,9 @@ def jobs(statuses: tuple[str, ...], name: str | None, backend: str | None, owner
         if not selected:
             console.print("no jobs")
             return
-        console.print(render.jobs_table(selected, console.width), soft_wrap=True)
+        fields = _fields(format_, columns.JOBS)
+        totals = render.totals_of(selected) if len(selected) > 1 else None
+        console.print(columns.table(selected, fields, console.width, totals), soft_wrap=True)
 
     run(home, body, refresh=True, read_only=True)
 
@@ -179,12 +184,16 @@ SHOW_CPU_RUNS = 20_000
 @click.option("--all", "all_", is_flag=True, help="On a master: list every subjob (not only the first 50).")
 @click.option("--offset", type=click.IntRange(0), default=0, help="With --status or --all: skip the first K listed.")
 @click.option("--limit", type=click.IntRange(1), default=None, help="With --status or --all: list at most N.")
+@click.option("--format", "format_", metavar="FIELD,...", default=None,
+              help="A master's subjobs' columns, as sacct's --format (docs/reference.md, Columns).")
 @click.option("--json", "as_json", is_flag=True, help="A JSON document instead of the text (docs/reference.md).")
 @home_option
 def show(job_ids: Sequence[Named], statuses: tuple[str, ...], all_: bool, offset: int, limit: int | None,
-         as_json: bool, home: Path | None) -> None:
+         format_: str | None, as_json: bool, home: Path | None) -> None:
     """Show jobs (ID...: 3, 3 4 5) or subjobs (3.1, 3.[0-9], 3.0-99) in full; on a master, its subjobs (the first
     50, or those asked). Several: one after another (--json: {"schema", "shown": [...]})."""
+
+    fields = _fields(format_, columns.SUBJOBS)
 
     async def body(orch: Orchestrator) -> None:
         jobs = [job for target in resolve(orch, job_ids) for job in target.jobs()]
@@ -204,18 +213,25 @@ def show(job_ids: Sequence[Named], statuses: tuple[str, ...], all_: bool, offset
         if console.is_terminal and (len(records) > 1 or listing) and lines > console.height:
             os.environ.setdefault("LESS", "FRX")  # colours as colours (git's default), not raw ESC[1m
             with console.pager(styles=True):
-                _show_all(records, console, listing)
+                _show_all(records, console, listing, fields)
         else:
-            _show_all(records, console, listing)
+            _show_all(records, console, listing, fields)
 
     run(home, body, refresh=True, read_only=True)
 
 
-def _show_all(records: list[dict[str, Any]], console: Console, listing: bool) -> None:
+def _show_all(records: list[dict[str, Any]], console: Console, listing: bool, fields: list[str]) -> None:
     for k, record in enumerate(records):
         if k:
             console.print()
-        render.show(record, console, listed=listing)
+        render.show(record, console, listed=listing, fields=fields)
+
+
+def _fields(format_: str | None, default: Sequence[str]) -> list[str]:
+    try:
+        return columns.parse_format(format_, default)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--format'") from None
 
 
 @cli.command()

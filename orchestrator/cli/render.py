@@ -7,7 +7,7 @@ import json
 import os
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -95,52 +95,6 @@ def progress(summary: Mapping[str, Any]) -> tuple[int, int]:
     return sum(counts.get(s.value, 0) for s in FINAL), sum(counts.values())
 
 
-#: The columns of ``orchestrator jobs``, always in this order; per-status counts come between subjobs and
-#: submitted, one column per status that any listed job has.
-JOBS_COLUMNS = ("id", "name", "owner", "status", "backend", "subjobs", "submitted", "elapsed")
-#: Of those, the ones before the per-status counts.
-_BEFORE_COUNTS = JOBS_COLUMNS.index("subjobs") + 1
-
-
-def jobs_table(summaries: list[dict[str, Any]], width: int | None = None) -> Text:
-    """``orchestrator jobs``: a line per job in aligned columns, totals last, as one ``Text``. (A rich ``Table``
-    measures and renders every cell as an object of its own: 0.45 s for a thousand jobs, most of the command.)
-    ``width``: the console's; the name column is cut to fit it."""
-    shown = [s for s in ALL_STATUSES if any(j["counts"].get(s.value) for j in summaries)]
-    columns = (*JOBS_COLUMNS[:_BEFORE_COUNTS], *(s.value for s in shown), *JOBS_COLUMNS[_BEFORE_COUNTS:])
-    right = {"id", "subjobs", "elapsed", *(s.value for s in shown)}
-    rows: list[list[tuple[str, str | None]]] = []
-    for j in summaries:
-        c = j["counts"]
-        rows.append([(j["fqid"], None), (safe(j["name"]), None), (safe(j.get("owner") or "-"), None),
-                     (j["status"], STYLES[JobStatus(j["status"])]), (safe(j["backend"]), None),
-                     (str(j["subjobs"]) if c else "", None),
-                     *((str(c.get(s.value, "")), STYLES[s]) for s in shown),
-                     (when(j["submitted_at"]), None), (duration(j["elapsed"]), None)])
-    if len(summaries) > 1:
-        totals = totals_of(summaries)
-        rows.append([("", "bold"), (f"{len(summaries)} jobs", "bold"), ("", "bold"), ("", "bold"), ("", "bold"),
-                     (str(totals["subjobs"]), "bold"),
-                     *((str(totals["counts"].get(s.value, "")), "bold") for s in shown), ("", "bold"), ("", "bold")])
-    widths = [max(len(col), *(len(row[k][0]) for row in rows)) for k, col in enumerate(columns)]
-    name = columns.index("name")
-    # two spaces between columns and none at the edges: with the owner column, the usual listing fits 80
-    if width is not None and sum(widths) + 2 * (len(widths) - 1) > width:
-        widths[name] = max(8, widths[name] - (sum(widths) + 2 * (len(widths) - 1) - width))
-    text = Text(no_wrap=True, overflow="ignore")
-    header: list[tuple[str, str | None]] = [(col, "bold") for col in columns]
-    for row in [header, *rows]:
-        for k, (cell, style) in enumerate(row):
-            if k == name and len(cell) > widths[k]:
-                cell = cell[:widths[k] - 1] + "\u2026"
-            if k:
-                text.append("  ")
-            text.append(cell.rjust(widths[k]) if columns[k] in right else cell.ljust(widths[k]), style)
-        text.append("\n")
-    text.rstrip()
-    return text
-
-
 def totals_of(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """Subjobs (a job without subjobs counts as one run) per status over the listed jobs."""
     counts: dict[str, int] = {}
@@ -150,8 +104,9 @@ def totals_of(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     return {"jobs": len(summaries), "subjobs": sum(counts.values()), "counts": counts}
 
 
-def show(detail: dict[str, Any], out: Console, listed: bool = False) -> None:
-    """The job's fields, then its subjobs: the first ones, or (``listed``) exactly those chosen."""
+def show(detail: dict[str, Any], out: Console, listed: bool = False, fields: Sequence[str] | None = None) -> None:
+    """The job's fields, then its subjobs: the first ones, or (``listed``) exactly those chosen; ``fields``: the
+    subjobs' columns (:mod:`.columns`, ``show --format``)."""
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
@@ -189,10 +144,17 @@ def show(detail: dict[str, Any], out: Console, listed: bool = False) -> None:
     row("timestamps", "\n".join(f"{k:<11}{when(t)}" for k, t in stamps) or "-")
     if detail.get("submitted_at") is not None:
         row("elapsed", duration(detail.get("elapsed")))
+    if detail.get("started_at") is not None:  # when it ran, by its log (sacct's Start, End, Elapsed)
+        end = when(detail.get("ended_at")) if detail.get("ended_at") is not None else "-"
+        row("ran", f"{when(detail['started_at'])} to {end}" + (f" ({duration(detail['run_seconds'])})"
+                                                                  if detail.get("run_seconds") is not None else ""))
+    if detail.get("host") is not None or detail.get("exit_code") is not None:
+        row("host", f"{detail.get('host') or '-'}, exit code "
+                    f"{'-' if detail.get('exit_code') is None else detail['exit_code']}")
     if info.get("reason"):
         row("reason", Text(safe(info["reason"]), style="red"))
     for i, entry in enumerate(info.get("history", [])):
-        row("history" if i == 0 else "", safe(", ".join(f"{k}={short(v, 80)}" for k, v in entry.items())))
+        row("history" if i == 0 else "", safe(", ".join(f"{k}={_entry_value(k, v)}" for k, v in entry.items())))
     if info.get("retry_args"):
         row("retry_args", safe(" ".join(info["retry_args"])))
     row("outputdir", detail["outputdir"])
@@ -210,14 +172,15 @@ def show(detail: dict[str, Any], out: Console, listed: bool = False) -> None:
     out.print(grid)
     if listed:
         out.print()
-        out.print(subjobs_table(detail["subjob_rows"]) if detail["subjob_rows"] else Text("no such subjobs"))
+        out.print(subjobs_table(detail["subjob_rows"], fields, out.width) if detail["subjob_rows"]
+                  else Text("no such subjobs"), soft_wrap=True)
     elif detail["counts"]:
-        _subjobs(detail, out)
+        _subjobs(detail, out, fields)
 
 
-def _subjobs(detail: dict[str, Any], out: Console) -> None:
+def _subjobs(detail: dict[str, Any], out: Console, fields: Sequence[str] | None) -> None:
     out.print()
-    out.print(subjobs_table(detail["subjob_rows"]))
+    out.print(subjobs_table(detail["subjob_rows"], fields, out.width), soft_wrap=True)
     n = detail["subjobs"]
     rows = detail["subjob_rows"]
     if n > len(rows):
@@ -225,12 +188,15 @@ def _subjobs(detail: dict[str, Any], out: Console) -> None:
                        f"or --status STATUS)", style="dim"))
 
 
-def subjobs_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table(box=None, header_style="bold", title=None)
-    for col in ("id", "status", "args", "submits", "backend_id", "reason"):
-        table.add_column(col, no_wrap=col in ("id", "status", "submits"), overflow="fold")
-    for sub in rows:
-        table.add_row(sub["fqid"], status_text(sub["status"]), Text(safe(short(" ".join(sub["args"]), 60))),
-                      str(sub["submits"]), Text(safe(sub["backend_id"] or "-")),
-                      Text(safe(sub["reason"] or ""), style="red"))
-    return table
+def _entry_value(key: str, value: Any) -> str:
+    """A failure history entry's value as shown: its ``time`` as a local clock time, never raw epoch seconds."""
+    if key == "time" and isinstance(value, int | float) and not isinstance(value, bool):
+        return when(value)
+    return short(value, 80)
+
+
+def subjobs_table(rows: list[dict[str, Any]], fields: Sequence[str] | None = None, width: int | None = None) -> Text:
+    """A master's subjobs in sacct's columns (:data:`.columns.SUBJOBS`, or ``fields``)."""
+    from .columns import SUBJOBS, table  # (columns uses this module's styles and formats)
+
+    return table(rows, list(fields or SUBJOBS), width)

@@ -1,7 +1,7 @@
 """What the job wrapper's log says about one run, parsed: pure, so the analyser can judge without I/O.
 
 The wrapper (``orchestrator/scripts/wrapper.sh``) writes one line per event,
-``<time> <WORD> <data>``: ``START <pid>``, the application's keywords
+``<time> <WORD> <data>``: ``START <pid> <host>``, the application's keywords
 (``SUCCEEDED``, ``FAILED``, ``RETRY``, ``HOLD``, ``INFO``, ``RETURN_FILE``),
 ``REFUSED`` for a returned file it would not move, ``EXIT <code>`` and
 ``END <code>``. The runtime reads the file; this module only reads its text.
@@ -17,6 +17,8 @@ class RunLog:
     """What the wrapper's log says about one run."""
 
     started: float | None = None
+    #: The host the run ran on (the START line's second word; ``None`` in a log written before it said so).
+    host: str | None = None
     exit_code: int | None = None
     ended: float | None = None
     end_code: int | None = None
@@ -41,6 +43,8 @@ def parse_log(text: str) -> RunLog:
         word, data = parts[1], parts[2] if len(parts) > 2 else ""
         if word == "START":
             log.started = ts
+            said = data.split()
+            log.host = said[1] if len(said) > 1 and said[1] != "-" else None
         elif word == "EXIT":
             log.exit_code = _int(data)
         elif word == "END":

@@ -50,7 +50,9 @@ ORCH_JOBLOG="$ORCH_OUTDIR/orch.${ORCH_ATTEMPT:-0}.log"
 export ORCH_HOME ORCH_MODE ORCH_RETRY_COUNT ORCH_ATTEMPT ORCH_JOBLOG ORCH_FQID ORCH_BOOT
 export ORCH_LOG="$ORCH_BIN/orch-log"
 export ORCH_STATE="$ORCH_BIN/orch-state"
-orch_ts; echo "$_ts START $$" > "$ORCH_JOBLOG"
+# the host it runs on, for sacct-like views (read, not a process: uname only where /proc has no hostname)
+{ read -r _host < /proc/sys/kernel/hostname; } 2>/dev/null || _host=$(uname -n 2>/dev/null) || _host=-
+orch_ts; echo "$_ts START $$ $_host" > "$ORCH_JOBLOG"
 _t0=$_ts
 orch_notify START $$
 _from=0

@@ -76,8 +76,9 @@ def test_submit_then_wait_then_jobs_lists_counts(tmp_path: Path, home: Path) -> 
     assert f"job {job_id} completed: 4/4 final (completed 4)" in waited.stdout
     listing = run(home, "jobs").stdout
     header, row = listing.splitlines()[:2]
-    assert header.split() == ["id", "name", "owner", "status", "backend", "subjobs", "completed", "submitted",
-                              "elapsed"]
+    # sacct's way: fixed columns whatever the statuses, one header each (the counts, then the submission's time)
+    assert header.split() == ["id", "name", "owner", "status", "backend", "subjobs", "pending", "running",
+                              "completed", "failed", "killed", "held", "submit", "elapsed"]
     assert row.split()[:7] == [job_id, "simjob", pwd.getpwuid(os.getuid()).pw_name, "completed", "sim", "4", "4"]
     assert re.fullmatch(r"\d\d:\d\d:\d\d", row.split()[7]) and re.fullmatch(r"[\d.]+s", row.split()[8])
 

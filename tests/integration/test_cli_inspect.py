@@ -76,8 +76,8 @@ async def test_json_round_trips_the_counts(production: Path) -> None:
 async def test_jobs_filters_columns_and_totals(production: Path) -> None:
     out = cli(production, "jobs")
     header = out.splitlines()[0].split()
-    assert header == ["id", "name", "owner", "status", "backend", "subjobs", "completed", "failed", "submitted",
-                      "elapsed"]
+    assert header == ["id", "name", "owner", "status", "backend", "subjobs", "pending", "running", "completed",
+                      "failed", "killed", "held", "submit", "elapsed"]
     assert "2 jobs" in out.splitlines()[-1] and "203" in out.splitlines()[-1]
     only = json.loads(cli(production, "jobs", "--backend", "local", "--json"))
     assert [j["name"] for j in only["jobs"]] == ["echo"]
