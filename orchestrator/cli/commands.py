@@ -32,7 +32,7 @@ from ..core.ids import parse_id_range
 from ..core.statuses import ALL_STATUSES, FINAL, JobStatus
 from ..plugin.logs import configure as configure_logs
 from ..runtime.registry import backend_names
-from . import columns, render
+from . import columns, render, showing
 from .app import (
     CliError,
     Group,
@@ -224,7 +224,7 @@ def _show_all(records: list[dict[str, Any]], console: Console, listing: bool, fi
     for k, record in enumerate(records):
         if k:
             console.print()
-        render.show(record, console, listed=listing, fields=fields)
+        showing.show(record, console, listed=listing, fields=fields)
 
 
 def _fields(format_: str | None, default: Sequence[str]) -> list[str]:
