@@ -12,9 +12,12 @@ a watcher; such a service that finds a watcher holding its home asks it to stop,
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -60,6 +63,26 @@ def start_watcher(home: Path, repository: str | None = None) -> None:
         os.close(fd)
 
 
+def ask_to_leave(home: Path, wait: float = 20.0) -> None:
+    """A command that needs the home itself (a file written with the caller's rights): the home's watcher, if one
+    holds it, is asked to stop (SIGTERM by the PID its lock names) and waited for; the command's close starts
+    another if jobs are still active."""
+    from ..runtime.homelock import WATCHER_ROLE
+    from .client import service_holds
+
+    try:
+        holder = (home / "lock").read_text(errors="replace").strip()
+    except OSError:
+        return
+    if not holder.startswith(WATCHER_ROLE):
+        return
+    with contextlib.suppress(ValueError, IndexError, ProcessLookupError):
+        os.kill(int(holder.split("pid ", 1)[1].split()[0]), signal.SIGTERM)
+    deadline = time.monotonic() + wait
+    while service_holds(home) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def mark_managed(home: Path) -> None:
     """A plain ``orchestrator serve`` holds ``home``: from now on it is never given a watcher."""
     paths = ServicePaths(home)
@@ -67,4 +90,4 @@ def mark_managed(home: Path) -> None:
     (paths.dir / MANAGED).touch(mode=0o600)
 
 
-__all__ = ["ENV", "LOG", "MANAGED", "autostart", "mark_managed", "start_watcher"]
+__all__ = ["ENV", "LOG", "MANAGED", "ask_to_leave", "autostart", "mark_managed", "start_watcher"]

@@ -39,6 +39,7 @@ from rich.tree import Tree
 from ...api.client import ServiceClient, connect
 from ...api.orchestrator import Orchestrator
 from ...api.owners import Caller
+from ...api.watcher import ask_to_leave
 from ...cli.app import CliError, Group, home_of, home_option, remote_of
 from ...cli.render import console as _console
 from ...cli.render import safe
@@ -410,6 +411,7 @@ def dagman(wf_id: str, output: Path | None, home: Path | None) -> None:
         _run(home, "dagman", {"wf_id": wf_id})
         return
     path = home_of(home)
+    ask_to_leave(path)  # the home's watcher, if it holds the home, lets this command have it
 
     async def main() -> None:  # files written here: on the home itself (a service's would write as itself)
         async with Orchestrator(home=path, service=False) as orch, Workflows(orch, autorun=False) as wfs:
