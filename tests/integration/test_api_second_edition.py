@@ -216,8 +216,13 @@ async def test_force_status_kills_an_active_run_first_unless_force(api_home: Pat
         killed = await orch.jobs.add(sh("killed", script, str(api_home / "killed.pid")))
         left = await orch.jobs.add(sh("left", script, str(api_home / "left.pid")))
         await orch.jobs[-2:].submit()
-        await until(lambda: (api_home / "killed.pid").exists() and (api_home / "left.pid").exists()
-                    and killed.status == left.status == "running")
+        try:  # (this wait timed out now and then under load: the message says what it saw)
+            await until(lambda: (api_home / "killed.pid").exists() and (api_home / "left.pid").exists()
+                        and killed.status == left.status == "running", timeout=60)
+        except TimeoutError:
+            raise AssertionError(f"both runs never seen running: statuses {killed.status}, {left.status}; pid files "
+                                 f"{(api_home / 'killed.pid').exists()}, {(api_home / 'left.pid').exists()}; "
+                                 f"{killed.info.to_dict()}; {left.info.to_dict()}") from None
         pids = [int((api_home / f"{n}.pid").read_text()) for n in ("killed", "left")]
         try:
             await killed.force_status("failed")
