@@ -23,6 +23,7 @@ master's definition answers for all its subjobs without reading theirs.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -52,6 +53,9 @@ class Checkpoints:
         self.max_restarts: int = settings["max_restarts_per_state"]
         self.default_partitions: int = settings["default_partitions"]
         self.repo = repo
+        #: Each run's state pointer (``current``) as last looked at: its mtime (a run that saved nothing since is
+        #: passed over with one ``stat``).
+        self._looked: dict[str, int] = {}
         #: A run's checkpoint record in the state machine (``seq``, ``label``, ``final``, ``time``), by fqid.
         self.record = record
         #: A run's definition, by fqid (steps).
@@ -134,11 +138,18 @@ class Checkpoints:
     def harvest(self, fqid: str, workdir: Path) -> dict[str, Any] | None:
         """The states a run saved since the last look, stored; the newest's record, or ``None``."""
         directory = workdir / STATE_DIR
+        try:  # one stat first: most runs save nothing, and a pointer not touched since the last look says nothing new
+            seen = os.stat(directory / "current").st_mtime_ns
+        except OSError:
+            return None
+        if self._looked.get(fqid) == seen:
+            return None
         top = workdir.parent.parent if "." in fqid else workdir.parent  # the top-level job's dir: only ours to replace
         try:
             current = int(read_inside(directory / "current", top).decode("ascii").strip())
         except (OSError, ValueError):
             return None
+        self._looked[fqid] = seen
         known = int(self.record(fqid).get("seq", -1))
         if current <= known:
             return None

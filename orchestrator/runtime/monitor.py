@@ -37,7 +37,7 @@ from .held import RunKey
 S = JobStatus
 ENDINGS = frozenset({S.COMPLETED, S.FAILED, S.HELD, S.KILLED})
 #: Seconds between two looks for saved states at running runs of jobs that saved none yet (one ``stat`` each).
-DISCOVER_SECONDS = 1.0
+DISCOVER_SECONDS = 5.0
 
 
 @dataclass
