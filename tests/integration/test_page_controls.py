@@ -6,44 +6,26 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from chromium import Chromium, chromium_binary
+from chromium import Chromium
 from served import Service
 
 pytestmark = pytest.mark.anyio
+
+from test_status_page import browser, service  # noqa: E402,F401 - the page tests' fixtures, used by name
 
 NAME = "a\x1b[2Jb\u202eevil\x07"
 SHOWN = "a\\x1b[2Jb\\u202eevil\\x07"
 
 
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[Service]:
-    svc = Service(tmp_path / "home", "--tcp-port", "0")
-    try:
-        yield svc.start()
-    finally:
-        svc.stop()
 
 
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Chromium]:
-    binary = chromium_binary()
-    if binary is None:
-        pytest.skip("chromium is not installed (scripts/install-test-deps.sh installs it)")
-    chromium = Chromium(binary, tmp_path / "chromium-profile").start()
-    try:
-        yield chromium
-    finally:
-        chromium.stop()
-
-
-async def test_the_pages_show_control_characters_as_escapes(tmp_path: Path, service: Service,
-                                                            browser: Chromium) -> None:
+async def test_the_pages_show_control_characters_as_escapes(tmp_path: Path, service: Service,  # noqa: F811
+                                                            browser: Chromium) -> None:  # noqa: F811
     jobfile = tmp_path / "job.toml"
     jobfile.write_text(f'name = {json.dumps(NAME)}\n[application]\nexe = "/bin/true"\n[backend]\nname = "sim"\n'
                        f'run_seconds = 0.05\noutcome = {{ 1 = "failed" }}\n[splitter]\ntype = "args"\n'
