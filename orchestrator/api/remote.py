@@ -60,6 +60,8 @@ class Mirror:
     codes: bytearray | None
     #: The service's step count when this job was last read: changes of later steps apply.
     step: int
+    #: The step of the last change applied from the stream: a read taken before it is older than the mirror.
+    applied: int = 0
 
 
 class Remote:
@@ -126,11 +128,19 @@ class Remote:
         for r in answer["jobs"]:
             codes = bytearray(r["codes"].encode().translate(_FROM_DIGITS)) if r.get("codes") is not None else None
             record = JobRecord(r["id"], r["name"], r["spec"], r["added"], str(r.get("owner", "")))
-            self._tops[r["id"]] = Mirror(record, JobStatus(r["status"]), codes, step)
             seen.add(r["id"])
+            mine = self._tops.get(r["id"])
+            if mine is not None and mine.applied > step:  # read before a change the stream brought already:
+                mine.record = record                        # the statuses held are the newer ones
+                if codes is not None and (mine.codes is None or len(mine.codes) != len(codes)):
+                    self._stale.add(r["id"])  # its subjobs changed in number meanwhile: read again
+                continue
+            self._tops[r["id"]] = Mirror(record, JobStatus(r["status"]), codes, step)
         gone = set(answer.get("gone", ())) if jobs is not None else set(self._tops) - seen
         for job in gone:
             self._tops.pop(int(job), None)
+        if self._stale:
+            self._wake.set()
 
     async def _follow(self) -> None:
         delay = 0.1
@@ -181,6 +191,7 @@ class Remote:
             if mirror is None:
                 self._stale.add(job)
             elif step > mirror.step and not isinstance(runs, tuple):
+                mirror.applied = step
                 if runs.indexes is None:
                     mirror.status = event.new
                 elif mirror.codes is not None and max(runs.indexes, default=-1) < len(mirror.codes):

@@ -26,6 +26,7 @@ Directives, HTML comments a reader does not see rendered (the skip's visible sen
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -33,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
 from collections import Counter
 from collections.abc import Iterable
@@ -134,6 +136,27 @@ def stop_background_service(home: Path) -> None:
         return
     if str(home).encode() in cmdline:
         os.kill(pid, signal.SIGTERM)
+        wait_gone(pid)  # it writes what it holds as it stops: the home is read after, not while
+
+
+def wait_gone(pid: int, timeout: float = 30.0) -> None:
+    """Until process ``pid`` is gone (its own child: reaped), SIGKILL past ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}").exists():
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:
+            pass  # not ours: its parent reaps it
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return  # a zombie: it has stopped
+        except (OSError, IndexError):
+            return
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            deadline = math.inf
+        time.sleep(0.05)
 
 
 def stop_supervisord(home: Path) -> None:
@@ -146,6 +169,7 @@ def stop_supervisord(home: Path) -> None:
         return
     if f"ORCHESTRATOR_HOME={home}".encode() in environ.split(b"\0"):
         os.kill(pid, signal.SIGTERM)
+        wait_gone(pid)
 
 
 def session_of(example: Example) -> Session:
