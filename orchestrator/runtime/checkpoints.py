@@ -56,6 +56,9 @@ class Checkpoints:
         #: Each run's state pointer (``current``) as last looked at: its mtime (a run that saved nothing since is
         #: passed over with one ``stat``).
         self._looked: dict[str, int] = {}
+        #: Each looked-at run's state pointer path, as a string (an idle service stats a thousand of them every few
+        #: seconds: joining paths cost more than the ``stat``). Both are forgotten when the run ends.
+        self._pointers: dict[str, str] = {}
         #: A run's checkpoint record in the state machine (``seq``, ``label``, ``final``, ``time``), by fqid.
         self.record = record
         #: A run's definition, by fqid (steps).
@@ -135,21 +138,34 @@ class Checkpoints:
         return out
 
     # ------------------------------------------------------------ while and after
-    def harvest(self, fqid: str, workdir: Path) -> dict[str, Any] | None:
-        """The states a run saved since the last look, stored; the newest's record, or ``None``."""
-        directory = workdir / STATE_DIR
+    def harvest(self, fqid: str, jobdir: Path, *, final: bool = False) -> dict[str, Any] | None:
+        """The states a run saved since the last look, stored; the newest's record, or ``None``.
+
+        ``jobdir``: the run's directory (its work dir is ``work/`` in it); ``final``: the run has ended, this is
+        its last look (what was kept about it is dropped).
+        """
+        pointer = self._pointers.get(fqid)
+        if pointer is None:
+            pointer = self._pointers[fqid] = f"{jobdir}/work/{STATE_DIR}/current"
         try:  # one stat first: most runs save nothing, and a pointer not touched since the last look says nothing new
-            seen = os.stat(directory / "current").st_mtime_ns
+            seen = os.stat(pointer).st_mtime_ns
         except OSError:
+            seen = None
+        unchanged = seen is None or self._looked.get(fqid) == seen
+        if final:
+            self._pointers.pop(fqid, None)
+            self._looked.pop(fqid, None)
+        if unchanged or seen is None:
             return None
-        if self._looked.get(fqid) == seen:
-            return None
+        workdir = jobdir / "work"
+        directory = workdir / STATE_DIR
         top = workdir.parent.parent if "." in fqid else workdir.parent  # the top-level job's dir: only ours to replace
         try:
             current = int(read_inside(directory / "current", top).decode("ascii").strip())
         except (OSError, ValueError):
             return None
-        self._looked[fqid] = seen
+        if not final:
+            self._looked[fqid] = seen
         known = int(self.record(fqid).get("seq", -1))
         if current <= known:
             return None

@@ -109,6 +109,8 @@ class Monitor:
         self._seq = 0
         #: When running runs not yet known to save states are looked at next (``time.monotonic()``).
         self._discover_at = 0.0
+        #: The handles of the running runs the last discovery round looked at, by key (kept while they run).
+        self._looking: dict[RunKey, RunHandle] = {}
 
     @property
     def name(self) -> str:
@@ -136,6 +138,9 @@ class Monitor:
         if discover:
             self._discover_at = now + max(DISCOVER_SECONDS, self.poll_interval)
         held = self.actor.held
+        # A run's fqid and directory do not change while it runs: its handle is made once, and kept while it
+        # runs (a fetch from a remote backend needs the current attempt's, made each time).
+        made = {} if driver.capabilities.remote_states else self._looking
         handles: list[tuple[RunKey, RunHandle]] = []
         for job in held.jobs():  # a job without steps: only its runs that saved a state already
             which = None if discover else self.harvestable(job)
@@ -143,9 +148,11 @@ class Monitor:
             for key in candidates:
                 if self.status_of(key) not in (S.RUNNING, S.COMPLETING):
                     continue
-                handle = held.handle(key)
+                handle = made.get(key) or held.handle(key)
                 if handle is not None:
                     handles.append((key, handle))
+        if discover:
+            self._looking = dict(handles)
         if not handles:
             return
         sid = self._sid("state")

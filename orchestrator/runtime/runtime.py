@@ -404,7 +404,7 @@ class Runtime:
     def _read_ending(self, handle: RunHandle) -> Ending:
         ending = read_ending(handle)
         # Every run's: a job without steps may have saved states (one failed open when it saved none).
-        ending.state = self.checkpoints.harvest(handle.fqid, handle.jobdir / "work")
+        ending.state = self.checkpoints.harvest(handle.fqid, handle.jobdir, final=True)
         return ending
 
     def _harvestable(self, job: int) -> Collection[int | None] | None:
@@ -418,7 +418,7 @@ class Runtime:
 
     def _harvest(self, handle: RunHandle) -> dict[str, Any] | None:
         """The states a running run saved since the last look (any run: the monitor chooses which to look at)."""
-        return self.checkpoints.harvest(handle.fqid, handle.jobdir / "work")
+        return self.checkpoints.harvest(handle.fqid, handle.jobdir)
 
     # ------------------------------------------------------------ helpers for the pieces
     def _admit(self, job: int, spec: Mapping[str, Any], n: int) -> None:
