@@ -154,7 +154,8 @@ async def test_wait_times_out(api_home: Path) -> None:
 
 async def test_single_job_without_splitter_follows_the_table(api_home: Path) -> None:
     async with Orchestrator(home=api_home) as orch:
-        j = await orch.jobs.add(Job(application=Executable("/bin/true"), backend=Backend("sim", run_seconds=0.01)))
+        # long enough to be seen active after submit() returned, through a loaded service too
+        j = await orch.jobs.add(Job(application=Executable("/bin/true"), backend=Backend("sim", run_seconds=1.5)))
         await j.submit()
         assert j.status in ("submitted", "running") and j.subjobs == []
         await j.wait(timeout=10)

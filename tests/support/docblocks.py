@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 import tomllib
+import warnings
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -101,15 +102,28 @@ def setup(namespace: dict[str, Any]) -> None:
 
 def teardown(namespace: dict[str, Any]) -> None:
     session: Session = namespace["__docs_session__"]
+    took: dict[str, float] = {}
+    t0 = time.monotonic()
     for service in session.services:
         service.stop()
+    took["services"] = time.monotonic() - t0
     stop_background_service(session.home)
+    took["background service"] = time.monotonic() - t0 - sum(took.values())
     stop_supervisord(session.home)
+    took["supervisord"] = time.monotonic() - t0 - sum(took.values())
     try:
         left = active_jobs(session.home)
+        took["reading the home"] = time.monotonic() - t0 - sum(took.values())
         assert not left, f"the document left jobs running (wait for them in the doc): {left}"
     finally:
         shutil.rmtree(session.base, ignore_errors=True)
+    if sum(took.values()) > SLOW_TEARDOWN:  # said in the run's summary: a slow stop is a fault to look into
+        warnings.warn(f"a document's teardown took {sum(took.values()):.1f} s: "
+                      + ", ".join(f"{k} {v:.1f} s" for k, v in took.items()), stacklevel=1)
+
+
+#: Seconds past which a document's teardown is reported (a service stops within 10 s of its SIGTERM).
+SLOW_TEARDOWN = 10.0
 
 
 def active_jobs(home: Path) -> list[str]:
@@ -139,7 +153,7 @@ def stop_background_service(home: Path) -> None:
         wait_gone(pid)  # it writes what it holds as it stops: the home is read after, not while
 
 
-def wait_gone(pid: int, timeout: float = 30.0) -> None:
+def wait_gone(pid: int, timeout: float = 15.0) -> None:
     """Until process ``pid`` is gone (its own child: reaped), SIGKILL past ``timeout``."""
     deadline = time.monotonic() + timeout
     while Path(f"/proc/{pid}").exists():
