@@ -36,8 +36,11 @@ from .held import RunKey
 
 S = JobStatus
 ENDINGS = frozenset({S.COMPLETED, S.FAILED, S.HELD, S.KILLED})
-#: Seconds between two looks for saved states at running runs of jobs that saved none yet (one ``stat`` each).
+#: Seconds between two looks for saved states at running runs of jobs that saved none yet (one ``stat`` each)...
 DISCOVER_SECONDS = 5.0
+#: ... and at most this many such looks per second on average: a thousand runs are looked at every 20 s (an idle
+#: service's cost stays flat as runs grow; a run's states are always read when it ends).
+DISCOVER_RATE = 50.0
 
 
 @dataclass
@@ -127,7 +130,8 @@ class Monitor:
         """States saved by runs going on reach the repository, and the newest the state machine, each tick.
 
         Runs of jobs with steps, or that saved a state already, are looked at every tick; any other running
-        run (a job without steps may start saving states at any time) once every :data:`DISCOVER_SECONDS`.
+        run (a job without steps may start saving states at any time) once every :data:`DISCOVER_SECONDS`, or
+        less often when there are many (:data:`DISCOVER_RATE`).
         A driver with ``remote_states`` first copies the running runs' states here (``fetch_states``).
         """
         driver = self.actor.driver
@@ -135,8 +139,6 @@ class Monitor:
             return  # no wrapper, no states (sim): and no look at a hundred thousand runs per tick
         now = time.monotonic()
         discover = now >= self._discover_at
-        if discover:
-            self._discover_at = now + max(DISCOVER_SECONDS, self.poll_interval)
         held = self.actor.held
         # A run's fqid and directory do not change while it runs: its handle is made once, and kept while it
         # runs (a fetch from a remote backend needs the current attempt's, made each time).
@@ -153,6 +155,7 @@ class Monitor:
                     handles.append((key, handle))
         if discover:
             self._looking = dict(handles)
+            self._discover_at = now + max(DISCOVER_SECONDS, self.poll_interval, len(handles) / DISCOVER_RATE)
         if not handles:
             return
         sid = self._sid("state")
