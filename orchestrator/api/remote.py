@@ -10,7 +10,10 @@ again for the jobs an operation touched before the operation returns.
 Every snapshot says how many steps the service had handled when it was
 read, and every streamed change the step that made it, so a change already
 in a snapshot is never applied twice, and one that came while a read was
-under way is applied after it.
+under way is applied after it: the transport keeps the last
+:data:`RECENT_CHANGES` streamed changes, and a snapshot older than some of
+them has them applied again on top (a subjob's change that came before the
+mirror knew the split included).
 
 Details that change with every run (``info``, a backend id, a subjob's
 definition) are read when someone looks: a short blocking request on the
@@ -28,6 +31,7 @@ transport follows it (the mirror is read again from it).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -51,6 +55,10 @@ from .transport import Done, JobRecord
 log = get_logger(component="remote")
 _FROM_DIGITS = bytes.maketrans(b"0123456789", bytes(range(10)))
 OPEN_TIMEOUT = 30.0
+
+
+#: Streamed status changes kept to be applied again over a snapshot read before them.
+RECENT_CHANGES = 4096
 
 
 @dataclass(slots=True)
@@ -79,6 +87,10 @@ class Remote:
         self._sync = client.sync()
         self._tops: dict[int, Mirror] = {}
         self._stale: set[int] = set()
+        #: The last streamed status changes: (step, job, subjob indexes or ``None`` for the job, new status).
+        self._recent: deque[tuple[int, int, Sequence[int] | None, JobStatus]] = deque()
+        #: The step of the newest change no longer in :attr:`_recent`: a snapshot older than it is incomplete.
+        self._forgotten = 0
         self._wake = anyio.Event()
         self._connected = anyio.Event()
         self._closing = False
@@ -125,17 +137,28 @@ class Remote:
         if answer.get("workspace"):
             self.workspace = Path(answer["workspace"])
         seen = set()
+        later: dict[int, list[tuple[int, Sequence[int] | None, JobStatus]]] = {}
+        for seq, job, indexes, new in reversed(self._recent):  # the changes streamed since the read, in order
+            if seq <= step:
+                break
+            later.setdefault(job, []).append((seq, indexes, new))
+        for changes in later.values():
+            changes.reverse()
         for r in answer["jobs"]:
             codes = bytearray(r["codes"].encode().translate(_FROM_DIGITS)) if r.get("codes") is not None else None
             record = JobRecord(r["id"], r["name"], r["spec"], r["added"], str(r.get("owner", "")))
             seen.add(r["id"])
             mine = self._tops.get(r["id"])
-            if mine is not None and mine.applied > step:  # read before a change the stream brought already:
-                mine.record = record                        # the statuses held are the newer ones
+            if mine is not None and mine.applied > step and self._forgotten > step:
+                # read before changes the stream brought, some no longer kept: the statuses held are the newer
+                mine.record = record
                 if codes is not None and (mine.codes is None or len(mine.codes) != len(codes)):
                     self._stale.add(r["id"])  # its subjobs changed in number meanwhile: read again
                 continue
-            self._tops[r["id"]] = Mirror(record, JobStatus(r["status"]), codes, step)
+            fresh = self._tops[r["id"]] = Mirror(record, JobStatus(r["status"]), codes, step)
+            for seq, indexes, new in later.get(r["id"], ()):  # applied again on top
+                if not _change(fresh, seq, indexes, new):
+                    self._stale.add(r["id"])
         gone = set(answer.get("gone", ())) if jobs is not None else set(self._tops) - seen
         for job in gone:
             self._tops.pop(int(job), None)
@@ -188,17 +211,15 @@ class Remote:
             runs = event.changed
             job = runs.job if not isinstance(runs, tuple) else runs[0][0]
             mirror = self._tops.get(job)
+            if not isinstance(runs, tuple):
+                self._recent.append((step, job, runs.indexes, event.new))
+                if len(self._recent) > RECENT_CHANGES:
+                    self._forgotten = self._recent.popleft()[0]
             if mirror is None:
                 self._stale.add(job)
-            elif step > mirror.step and not isinstance(runs, tuple):
-                mirror.applied = step
-                if runs.indexes is None:
-                    mirror.status = event.new
-                elif mirror.codes is not None and max(runs.indexes, default=-1) < len(mirror.codes):
-                    for i in runs.indexes:
-                        mirror.codes[i] = event.new.code
-                else:  # subjobs this mirror does not know yet (a split)
-                    self._stale.add(job)
+            elif (step > mirror.step and not isinstance(runs, tuple)
+                  and not _change(mirror, step, runs.indexes, event.new)):
+                self._stale.add(job)  # subjobs this mirror does not know yet (a split): read again
         elif kind in (AddRequested.__name__, RemoveRequested.__name__):
             for fq in item.get("targets", ()):
                 self._stale.add(int(fq[0]))
@@ -385,3 +406,16 @@ async def connect_remote(home: Path, stack: AsyncExitStack, *, required: bool, c
     except OrchestratorError:
         raise
     return remote
+
+
+def _change(mirror: Mirror, step: int, indexes: Sequence[int] | None, new: JobStatus) -> bool:
+    """A streamed change applied to a job's mirror; ``False``: it names subjobs the mirror does not know yet."""
+    mirror.applied = max(mirror.applied, step)
+    if indexes is None:
+        mirror.status = new
+        return True
+    if mirror.codes is None or max(indexes, default=-1) >= len(mirror.codes):
+        return False
+    for i in indexes:
+        mirror.codes[i] = new.code
+    return True

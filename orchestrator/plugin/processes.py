@@ -207,7 +207,8 @@ class ExitWatcher:
             pids = self.ready()
             if pids:
                 return pids
-            assert self._epoll is not None
+            if self._epoll is None:  # closed while this task was about to wake from its wait
+                raise anyio.ClosedResourceError
             await anyio.wait_readable(self._epoll.fileno())
 
     def close(self) -> None:

@@ -40,21 +40,32 @@ def team_dir() -> Iterator[Path]:
 
 
 def give_keys(user: str, env: SshEnv, trust: bool = True) -> Path:
-    """``user``'s own ~/.ssh: a key pair the sshd accepts, and a known_hosts trusting the host (or not)."""
+    """``user``'s own ~/.ssh: a key pair the sshd accepts, and a known_hosts trusting the host (or not).
+
+    The user is a real one that another copy of the suite may be using at the same time: its key is kept once
+    made, and only the lines of this test's hosts are replaced in its known_hosts."""
     entry = pwd.getpwnam(user)
     ssh = Path(entry.pw_dir) / ".ssh"
-    shutil.rmtree(ssh, ignore_errors=True)
-    ssh.mkdir(mode=0o700)
+    ssh.mkdir(mode=0o700, exist_ok=True)
     key = ssh / "id_ed25519"
-    write_key(key)
-    (ssh / "authorized_keys").write_bytes((ssh / "id_ed25519.pub").read_bytes())
+    if not key.exists() or not Path(f"{key}.pub").exists():
+        write_key(key)
+    public_line = (ssh / "id_ed25519.pub").read_text()
+    authorized = ssh / "authorized_keys"
+    if not authorized.exists() or public_line.strip() not in authorized.read_text():
+        with open(authorized, "a") as f:
+            f.write(public_line if public_line.endswith("\n") else public_line + "\n")
     if trust:
-        (ssh / "known_hosts").write_text("".join(sshd.known_hosts_line() for sshd in env.sshds))
+        lines = {f"[127.0.0.1]:{sshd.port}": sshd.known_hosts_line() for sshd in env.sshds}
     else:  # another host's key under this host's name
         other = env.base / "impostor"
         write_key(other)
         public = " ".join(Path(f"{other}.pub").read_text().split()[:2])
-        (ssh / "known_hosts").write_text(f"[127.0.0.1]:{env.sshds[0].port} {public}\n")
+        lines = {f"[127.0.0.1]:{env.sshds[0].port}": f"[127.0.0.1]:{env.sshds[0].port} {public}\n"}
+    known = ssh / "known_hosts"
+    kept = [line for line in (known.read_text().splitlines(keepends=True) if known.exists() else [])
+            if line.split(" ", 1)[0] not in lines]
+    known.write_text("".join(kept) + "".join(lines.values()))
     for path in (ssh, *ssh.iterdir()):
         os.chown(path, entry.pw_uid, entry.pw_gid)
     return ssh

@@ -35,8 +35,9 @@ class ScriptedService:
         self.asked = anyio.Event()
 
     @staticmethod
-    def snapshot(step: int, status: str) -> dict[str, Any]:
-        job = {"id": 0, "name": "j", "spec": {}, "added": 0.0, "owner": "me", "status": status, "active": True}
+    def snapshot(step: int, status: str, codes: str | None = None) -> dict[str, Any]:
+        job = {"id": 0, "name": "j", "spec": {}, "added": 0.0, "owner": "me", "status": status, "active": True,
+               "codes": codes}
         return {"step": step, "jobs": [job], "workspace": "", "gone": [], "caller": {"name": "me", "admin": False}}
 
     async def __aenter__(self) -> ScriptedService:
@@ -92,3 +93,35 @@ async def test_a_read_answered_after_a_streamed_change_keeps_the_change(tmp_path
                 await anyio.sleep(0.01)
         await anyio.sleep(0.1)
         assert remote.status((0,)) == JobStatus.RUNNING, "a read older than the change it followed undid it"
+
+
+async def test_a_split_read_after_its_subjobs_changed_shows_them_with_the_changes(tmp_path: Path) -> None:
+    """A master split while a read was under way: the stream's changes of its subjobs came before the mirror
+    knew them; the read that brings the split has them applied on top, and submit() sees the subjobs."""
+    service = ScriptedService()
+    now = anyio.Event()
+    now.set()
+    service.snapshots.append((now, service.snapshot(5, "new")))  # the read at opening: not split yet
+    late = anyio.Event()
+    submitted = str(JobStatus.SUBMITTED.code)
+    service.snapshots.append((late, service.snapshot(6, "submitted", submitted * 2)))  # split at step 6
+    remote = Remote(tmp_path, service)  # type: ignore[arg-type]
+    async with AsyncExitStack() as stack:
+        await remote.open(stack)
+        assert remote.n_subjobs(0) == 0
+        service.asked = anyio.Event()
+        master = StatusChanged(stimulus_id="s", time=0.0, changed=Runs(0), old=JobStatus.NEW,
+                               new=JobStatus.RUNNING)
+        first = StatusChanged(stimulus_id="r", time=0.0, changed=Runs(0, [0]), old=JobStatus.SUBMITTED,
+                              new=JobStatus.COMPLETED)
+        await service.stream_in.send({"seq": 7, **codec.encode(master)})
+        await service.stream_in.send({"seq": 8, **codec.encode(first)})  # subjob 0, unknown yet: read again
+        with anyio.fail_after(5):
+            await service.asked.wait()
+        late.set()  # the read of step 6 arrives after both changes
+        with anyio.fail_after(5):
+            while remote.n_subjobs(0) != 2:
+                await anyio.sleep(0.01)
+        assert remote.status((0,)) == JobStatus.RUNNING
+        assert [remote.status((0, i)) for i in (0, 1)] == [JobStatus.COMPLETED, JobStatus.SUBMITTED]
+
