@@ -1,0 +1,173 @@
+"""Small parts of the core no other unit test reached: the public errors, id ranges, a step's changes as
+events, and the state machine's queries."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.core.errors import (
+    JobError,
+    NotOwnerError,
+    RepositoryError,
+    RepositoryHeldError,
+    UnknownJobError,
+    WaitTimeout,
+    leaves,
+)
+from orchestrator.core.events import StatusChanged, SubmitRequested
+from orchestrator.core.ids import Runs, parse_id_range
+from orchestrator.core.instructions import SendSubmit
+from orchestrator.core.statuses import JobStatus
+from orchestrator.core.step import Change, Refusal
+
+from .harness import Harness, only
+
+S = JobStatus
+FORMS = "3, 3.1, 3-5, 3.0-99 or 3.[0-9,12]"
+
+
+# ------------------------------------------------------------------ errors
+def test_job_error_message() -> None:
+    e = JobError("refused", fqid="3.1", field="backend")
+    assert str(e) == "job 3.1: refused [field backend]" and e.fqid == "3.1" and e.field == "backend"
+    assert str(JobError("refused")) == "refused"
+    assert str(JobError("refused", field="")) == "refused"
+
+
+def test_not_owner_error() -> None:
+    e = NotOwnerError("3", owner="ann", user="bob")
+    assert str(e) == "job 3 belongs to ann; you are bob"
+    assert (e.fqid, e.field, e.owner, e.user) == ("3", None, "ann", "bob")
+    assert isinstance(e, JobError)
+
+
+def test_unknown_job_error_is_a_key_error_with_a_plain_message() -> None:
+    e = UnknownJobError("no job 3.7", fqid="3.7", field="f")
+    assert str(e) == "no job 3.7" and e.fqid == "3.7" and e.field == "f"
+    assert isinstance(e, KeyError) and isinstance(e, JobError)
+    plain = UnknownJobError("no job 4")
+    assert plain.fqid is None and plain.field is None and str(plain) == "no job 4"
+
+
+def test_repository_errors_keep_what_they_name() -> None:
+    leader: dict[str, object] = {"pid": 4}
+    e = RepositoryHeldError("held", leader)
+    leader["pid"] = 5
+    assert str(e) == "held" and e.leader == {"pid": 4}
+    assert RepositoryHeldError("held").leader is None
+    assert RepositoryHeldError("held", {}).leader is None
+    r = RepositoryError("bad file", path="/x")
+    assert str(r) == "bad file" and r.path == "/x"
+    assert RepositoryError("bad").path is None
+
+
+def test_wait_timeout_names_the_first_ten_jobs() -> None:
+    one = WaitTimeout(["1"], 2.5)
+    assert str(one) == "job 1 still active after 2.5 s" and one.active == ["1"] and one.timeout == 2.5
+    assert str(WaitTimeout(["1", "2"], None)) == "jobs 1, 2 still active"
+    ten = [str(i) for i in range(10)]
+    assert str(WaitTimeout(ten, 1.0)) == "jobs 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 still active after 1 s"
+    many = [str(i) for i in range(12)]
+    e = WaitTimeout(many, 3)
+    assert str(e) == "jobs 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, ... (12 in all) still active after 3 s"
+    many.append("x")
+    assert e.active == [str(i) for i in range(12)]
+    assert isinstance(e, TimeoutError)
+
+
+def test_leaves_of_nested_groups() -> None:
+    a, b, c = ValueError("a"), KeyError("b"), TypeError("c")
+    group = ExceptionGroup("g", [a, ExceptionGroup("h", [b, ExceptionGroup("i", [c])])])
+    assert leaves(group) == [a, b, c]
+    assert leaves(ExceptionGroup("g", [a])) == [a]
+
+
+# ------------------------------------------------------------------ id ranges
+def test_plain_ids() -> None:
+    assert parse_id_range(" 3 ") == [((3,), None)]
+    assert parse_id_range("3.1") == [((3, 1), None)]
+
+
+def test_ranges_of_top_level_jobs() -> None:
+    assert parse_id_range("3-5") == [((3,), None), ((4,), None), ((5,), None)]
+    assert parse_id_range("[5,3]") == [((3,), None), ((5,), None)]
+    assert parse_id_range("4,2-3,3") == [((2,), None), ((3,), None), ((4,), None)]
+
+
+def test_ranges_of_subjobs() -> None:
+    assert parse_id_range("3.0-99") == [((3,), range(0, 100))]
+    assert parse_id_range("3.[0-2,4]") == [((3,), (0, 1, 2, 4))]
+    assert parse_id_range("3.[ 1 - 2 , 7 ]") == [((3,), (1, 2, 7))]
+    assert parse_id_range("3.5-5") == [((3,), range(5, 6))]
+    assert parse_id_range("3.1.[0,1]") == [((3, 1), range(0, 2))]
+
+
+@pytest.mark.parametrize(("text", "detail"), [
+    ("x", f"expected e.g. {FORMS}"),
+    ("3.x", f"expected e.g. {FORMS}"),
+    ("3.[0-2", f"expected e.g. {FORMS}"),
+    ("3.a-2", f"expected e.g. {FORMS}"),
+    ("3.0-b", f"expected e.g. {FORMS}"),
+    ("x.0-2", f"expected e.g. {FORMS}"),
+    ("3.5-4", f"5-4 is empty; expected e.g. {FORMS}"),
+    ("3.[1, 5-4]", f"5-4 is empty; expected e.g. {FORMS}"),
+    ("3.-1-2", f"expected e.g. {FORMS}"),
+])
+def test_bad_ranges(text: str, detail: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        parse_id_range(text)
+    assert str(caught.value) == f"not a job id or range: {text!r} ({detail})"
+
+
+# ------------------------------------------------------------------ a step's parts
+def test_change_as_event_and_refusal_text() -> None:
+    change = Change(3, (1, 2), S.RUNNING, S.COMPLETED, 12.5, "s-1", forced=True)
+    assert change.as_event() == StatusChanged(stimulus_id="s-1", time=12.5, changed=Runs(3, (1, 2)),
+                                              old=S.RUNNING, new=S.COMPLETED, forced=True)
+    assert len(change) == 2 and list(change.fqids()) == [(3, 1), (3, 2)]
+    whole = Change(4, None, S.NEW, S.SUBMITTING, 1.0, "s-2")
+    assert whole.as_event().forced is False and whole.as_event().ids == ((4,),) and len(whole) == 1
+    assert str(Refusal((3, 1), "illegal transition", "s")) == "job 3.1: illegal transition"
+
+
+# ------------------------------------------------------------------ the state machine's queries
+def test_queries_of_a_master_and_its_subjobs() -> None:
+    h = Harness()
+    job = h.add()
+    single = h.add(splits=False)
+    assert h.sm.job_ids() == [job, single]
+    assert h.sm.status_if_known((job,)) == S.NEW
+    assert h.sm.status_if_known((9,)) is None
+    assert h.sm.status_if_known((job, 0)) is None
+    assert h.sm.indexes(single, [S.NEW]) == []
+    step = h.request(SubmitRequested, job)
+    step = h.prepared(step, job, 3)
+    send = only(step, SendSubmit)
+    assert h.sm.active((job,)) and h.sm.active((job, 1))
+    assert h.sm.indexes(job, [S.SUBMITTING]) == [0, 1, 2]
+    h.outcomes(send, accepted=[0, 1], rejected=[(2, "full")])
+    assert h.sm.status_if_known((job, 0)) == S.SUBMITTED
+    assert h.sm.indexes(job, [S.SUBMITTED]) == [0, 1]
+    assert h.sm.indexes(job, [S.FAILED]) == [2]
+    assert h.sm.indexes(job, [S.FAILED, S.SUBMITTED]) == [0, 1, 2]
+    assert h.sm.active((job, 0)) and not h.sm.active((job, 2))
+    assert not h.sm.active((9,)) and not h.sm.active((job, 7)) and not h.sm.active((single,))
+    h.report(job, [0, 1], S.COMPLETED)
+    assert not h.sm.active((job, 0)) and not h.sm.active((job,))
+    h.sm.forget(single)
+    assert h.sm.job_ids() == [job] and (single,) not in h.sm
+    h.sm.forget(single)  # forgetting twice is harmless
+
+
+def test_mark_dirty_gives_runs_back_to_the_writer() -> None:
+    h = Harness()
+    job = h.add()
+    h.submit_all(job, 3)
+    h.sm.take_dirty()
+    assert h.sm.take_dirty() == ({}, set())
+    h.sm.mark_dirty(job, {1})
+    assert h.sm.take_dirty() == ({job: {1}}, {job})
+    h.sm.mark_dirty(job, None)
+    assert h.sm.take_dirty() == ({job: None}, {job})
+    h.sm.mark_dirty(42, {1})
+    assert h.sm.take_dirty() == ({}, set())
