@@ -14,13 +14,15 @@ from orchestrator.core.errors import (
     WaitTimeout,
     leaves,
 )
-from orchestrator.core.events import StatusChanged, SubmitRequested
+from orchestrator.core.events import PrepareFailed, RetryDue, StatusChanged, SubmitRequested
 from orchestrator.core.ids import Runs, parse_id_range
-from orchestrator.core.instructions import SendSubmit
+from orchestrator.core.instructions import Reply, SendSubmit
+from orchestrator.core.runlog import parse_log
 from orchestrator.core.statuses import JobStatus
-from orchestrator.core.step import Change, Refusal
+from orchestrator.core.step import Change, Refusal, Step
+from orchestrator.core.table import RunExtra, RunTable
 
-from .harness import Harness, only
+from .harness import Harness, limits, only, profile
 
 S = JobStatus
 FORMS = "3, 3.1, 3-5, 3.0-99 or 3.[0-9,12]"
@@ -171,3 +173,75 @@ def test_mark_dirty_gives_runs_back_to_the_writer() -> None:
     assert h.sm.take_dirty() == ({job: None}, {job})
     h.sm.mark_dirty(42, {1})
     assert h.sm.take_dirty() == ({}, set())
+
+
+def test_a_step_is_true_when_it_did_anything() -> None:
+    assert not Step("s")
+    assert Step("s", changes=[Change(1, None, S.NEW, S.SUBMITTING, 1.0, "s")])
+    assert Step("s", refusals=[Refusal((1,), "no", "s")])
+    assert Step("s", instructions=[Reply(stimulus_id="s")])
+    assert len(Change(1, None, S.NEW, S.SUBMITTING, 1.0, "s")) == 1
+    assert len(Change(1, (), S.NEW, S.SUBMITTING, 1.0, "s")) == 0
+
+
+def test_statuses_of_a_master_and_of_a_single_job() -> None:
+    h = Harness()
+    m = h.add()
+    single = h.add(splits=False)
+    assert h.sm.statuses(single) == b""
+    h.submit_all(m, 2)
+    h.report(m, [1], S.RUNNING)
+    assert h.sm.statuses(m) == bytes([S.SUBMITTED.code, S.RUNNING.code])
+
+
+def test_info_of_a_master_a_subjob_and_a_single_job() -> None:
+    h = Harness()
+    m = h.add()
+    h.submit_all(m, 2)
+    info = h.sm.info((m,))
+    assert info["submit_counter"] == 1 and info["timestamps"]["new"] == 1000.0
+    assert "partition" not in info and info.get("reason") is None
+    assert h.sm.info((m, 1))["submit_counter"] == 1 and "partition" not in h.sm.info((m, 1))
+    single = h.add(splits=False)
+    step = h.request(SubmitRequested, single)
+    h.post(PrepareFailed(stimulus_id=step.stimulus_id, time=h.clock, job=single,
+                         error=JobError("no such exe", fqid=str(single))))
+    assert h.sm.info((single,)).get("reason") is None and h.status(single) == S.NEW
+
+
+def test_a_single_jobs_info_falls_back_to_its_own_reason() -> None:
+    h = Harness()
+    h.sm.load(4, profile(splits=False), created=1.0, top={"reason": "why"})
+    assert h.sm.info((4,))["reason"] == "why"
+    h.sm.load(5, profile(), created=1.0, top={"reason": "top"}, master=True,
+              table=RunTable.restore(bytearray([S.FAILED.code]), [1], {}, {0: RunExtra(reason="own")}))
+    assert h.sm.info((5, 0))["reason"] == "own"
+    assert h.sm.info((5,))["reason"] == "top"
+    h.sm.load(6, profile(splits=False), created=1.0, top={"reason": "top"},
+              table=RunTable.restore(bytearray([S.FAILED.code]), [1], {}, {0: RunExtra(reason="own")}))
+    assert h.sm.info((6,))["reason"] == "own"
+
+
+def test_the_run_log_names_the_host() -> None:
+    log = parse_log("1.0 START 12 node7 x\n2.0 EXIT 3\n3.0 END 0\n")
+    assert log.host == "node7" and log.started == 1.0 and log.exit_code == 3 and log.ended == 3.0
+    assert parse_log("1.0 START 12 -").host is None
+    assert parse_log("1.0 START 12").host is None
+    assert parse_log("1.0 START").host is None
+
+
+def test_a_retry_due_sends_the_waiting_and_the_failed_runs_under_its_stimulus() -> None:
+    h = Harness()
+    m = h.add(limits=limits(early=1, unhandled=1))
+    h.submit_all(m, 3)
+    send = only(h.report(m, [0], S.FAILED, exit_code=1), SendSubmit)
+    h.outcomes(send, accepted=[], rejected=[(0, "unreachable")])  # a refused retry: it waits, submitting
+    h.outcomes(only(h.report(m, [2], S.FAILED, exit_code=1), SendSubmit))
+    assert not h.report(m, [2], S.FAILED, exit_code=1).of(SendSubmit)  # its early retry used up: failed
+    assert (h.status(m, 0), h.status(m, 2)) == (S.SUBMITTING, S.FAILED)
+    h.tick(5)
+    step = h.post(RetryDue(stimulus_id="due", time=h.clock, runs=Runs(m, [2, 0])))
+    send = only(step, SendSubmit)
+    assert send.stimulus_id == "due" and send.runs == Runs(m, [0, 2]) and send.start == "resume"
+    assert [(c.indexes, c.stimulus_id) for c in step.changes] == [([2], "due")]
+    assert not h.post(RetryDue(stimulus_id="x", time=h.clock, runs=Runs(99)))
