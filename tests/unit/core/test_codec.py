@@ -137,7 +137,20 @@ def test_not_an_event() -> None:
         codec.decode({"type": "Event", "stimulus_id": "x", "time": 1})
 
 
-def test_a_batch_of_runs_must_be_a_mapping() -> None:
+def test_a_batch_of_runs_must_be_a_mapping_and_a_sequence_a_list() -> None:
     data: dict[str, Any] = {"type": "RetryDue", "stimulus_id": "x", "time": 1.0, "runs": [3, 1]}
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="^not a batch of runs$"):
         codec.decode(data)
+    data = {"type": "KillOutcomes", "stimulus_id": "x", "time": 1.0, "runs": {"job": 3, "indexes": None},
+            "killed": "0"}
+    with pytest.raises(TypeError, match="^not a sequence$"):
+        codec.decode(data)
+
+
+def test_any_sequence_encodes_as_a_list() -> None:
+    event = ev.SubmitOutcomes(stimulus_id="x", time=1.0, runs=Runs(3, (4, 5)), accepted=range(2),
+                              not_attempted=[1])
+    data = json.loads(json.dumps(codec.encode(event)))
+    assert data["accepted"] == [0, 1] and data["not_attempted"] == [1]
+    back = codec.decode(data)
+    assert isinstance(back, ev.SubmitOutcomes) and back.accepted == (0, 1)
