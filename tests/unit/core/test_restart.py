@@ -228,3 +228,27 @@ def test_remove_refusals() -> None:
     assert reply(h.request(RemoveRequested, new)).error is None
     assert reply(h.request(RemoveRequested, m)).error is None
     assert h.sm.job_ids() == []
+
+
+def test_load_defaults() -> None:
+    h = Harness()
+    h.sm.load(5, profile(postprocess=True), created=2.0, table=table(S.COMPLETED, S.COMPLETED, final=0.5))
+    assert not h.sm.is_master(5)
+    h.sm.load(6, profile(postprocess=True), created=2.0, table=table(S.COMPLETED, S.COMPLETED, final=0.5),
+              master=True)
+    info = h.sm.info((6,))
+    assert info["submit_counter"] == 0 and info["timestamps"] == {"new": 2.0} and "partition" not in info
+    assert h.status(6) == S.COMPLETED
+    step = h.post(Started(stimulus_id="s", time=3.0))  # never merged: ended after time 0
+    assert step.instructions == [RunPostprocess(stimulus_id="s", job=6)]
+
+
+def test_busy_while_a_request_is_under_way_or_waits() -> None:
+    h = Harness()
+    a = h.add()
+    b = h.add()
+    assert not h.sm.busy(a) and not h.sm.busy(b)
+    h.request(SubmitRequested, a)
+    assert h.sm.busy(a) and not h.sm.busy(b)
+    h.request(RemoveRequested, a, b)  # waits for a
+    assert h.sm.busy(b) and h.sm.busy(a)
