@@ -3,9 +3,10 @@ counts, what the runs keep on record (core.requests)."""
 
 from __future__ import annotations
 
-from orchestrator.core.events import ForceStatusRequested, ReleaseRequested, RunLost
+from orchestrator.core.errors import JobError
+from orchestrator.core.events import ForceStatusRequested, PrepareFailed, ReleaseRequested, RunLost, SubmitRequested
 from orchestrator.core.ids import Runs
-from orchestrator.core.instructions import Reply, SendKill, SendSubmit, Unwatch
+from orchestrator.core.instructions import Reply, SendKill, SendSubmit, Unprepare, Unwatch
 from orchestrator.core.statuses import JobStatus
 from orchestrator.core.step import Change, Step
 from orchestrator.core.table import RunTable
@@ -157,10 +158,29 @@ def test_a_lost_run_is_killed_at_its_backend_and_judged() -> None:
     m = h.add(limits=limits(unhandled=1))
     h.submit_all(m, 3)
     h.report(m, [2], S.COMPLETED)
-    step = h.post(RunLost(stimulus_id="lost", time=h.clock, runs=Runs(m, [0, 2]), reason="no word for 1 h"))
+    step = h.post(RunLost(stimulus_id="lost", time=h.clock, runs=Runs(m, [1, 2]), reason="no word for 1 h"))
     kill = only(step, SendKill)
-    assert kill.runs == Runs(m, [0]) and kill.stimulus_id == "lost"
-    assert only(step, SendSubmit).runs == Runs(m, [0])
-    assert h.sm.info((m, 0))["history"][-1]["reason"] == "no word for 1 h"
-    assert h.sm.info((m, 0))["history"][-1]["verdict"] == "late_unhandled"
+    assert kill.runs == Runs(m, [1]) and kill.stimulus_id == "lost"
+    assert only(step, SendSubmit).runs == Runs(m, [1])
+    assert {c.stimulus_id for c in step.changes} == {"lost"}
+    assert (m, [1], S.SUBMITTED, S.FAILED) in [(c.job, c.indexes, c.old, c.new) for c in step.changes]
+    entry = h.sm.info((m, 1))["history"][-1]
+    assert entry["reason"] == "no word for 1 h" and entry["verdict"] == "late_unhandled"
+    assert h.sm.info((m, 0)).get("history") is None
+    h.outcomes(only(step, SendSubmit))
+    h.killed(kill)  # the lost attempt's kill: the run's retry goes on
+    assert h.status(m, 1) == S.SUBMITTED
     assert not h.post(RunLost(stimulus_id="x", time=h.clock, runs=Runs(99), reason="r"))
+
+
+def test_a_failed_preparation_rolls_the_job_back_and_answers_with_the_error() -> None:
+    h = Harness()
+    m = h.add()
+    step = h.request(SubmitRequested, m, keep_going=True)
+    step = h.post(PrepareFailed(stimulus_id=step.stimulus_id, time=h.clock, job=m,
+                                error=JobError("bad splitter", fqid=str(m))))
+    assert not step.of(Unprepare)
+    assert {c.stimulus_id for c in step.changes} == {step.stimulus_id}
+    r = reply(step)
+    assert str(r.error) == f"job {m}: bad splitter"
+    assert h.status(m) == S.NEW
