@@ -69,6 +69,8 @@ def test_wait_timeout_names_the_first_ten_jobs() -> None:
     assert str(WaitTimeout(["1", "2"], None)) == "jobs 1, 2 still active"
     ten = [str(i) for i in range(10)]
     assert str(WaitTimeout(ten, 1.0)) == "jobs 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 still active after 1 s"
+    eleven = [str(i) for i in range(11)]
+    assert str(WaitTimeout(eleven, 2)) == "jobs 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, ... (11 in all) still active after 2 s"
     many = [str(i) for i in range(12)]
     e = WaitTimeout(many, 3)
     assert str(e) == "jobs 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, ... (12 in all) still active after 3 s"

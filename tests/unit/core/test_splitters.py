@@ -115,12 +115,19 @@ def test_apply_delta_sets_application_backend_and_top_fields_leaving_the_master(
 
 def test_apply_delta_copies_top_fields_and_backend_values() -> None:
     files = [["f"]]
-    mem = {"gb": 1}
+    mem: dict[str, list[int]] = {"gb": [1]}
     out = apply_delta(SPEC, {"inputfiles": files, "backend.mem": mem})
     files[0].append("g")
-    mem["gb"] = 2
+    mem["gb"].append(2)
     assert out["inputfiles"] == [["f"]]
-    assert out["backend"]["settings"]["mem"] == {"gb": 1}
+    assert out["backend"]["settings"]["mem"] == {"gb": [1]}
+
+
+def test_apply_delta_keeps_the_other_backend_settings() -> None:
+    spec = {"backend": {"name": "slurm", "settings": {"mem": "1G", "partition": "a"}}}
+    out = apply_delta(spec, {"backend.mem": "2G"})
+    assert out["backend"] == {"name": "slurm", "settings": {"mem": "2G", "partition": "a"}}
+    assert spec["backend"]["settings"] == {"mem": "1G", "partition": "a"}
 
 
 def test_apply_delta_on_a_master_without_application_or_settings() -> None:
