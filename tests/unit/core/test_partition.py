@@ -7,6 +7,7 @@ from typing import Any
 
 from orchestrator.core.errors import JobError
 from orchestrator.core.events import (
+    KillRequested,
     LinkedAdded,
     LookupOutcomes,
     Prepared,
@@ -15,9 +16,10 @@ from orchestrator.core.events import (
     SubmitRequested,
 )
 from orchestrator.core.ids import Runs
-from orchestrator.core.instructions import CreateLinked, Forget, Notify, Prepare, SendSubmit, Unprepare
+from orchestrator.core.instructions import CreateLinked, Forget, Notify, Prepare, SendKill, SendSubmit, Unprepare
 from orchestrator.core.statuses import JobStatus
 from orchestrator.core.step import Step
+from orchestrator.core.table import RunTable
 
 from .harness import Harness, only, profile, reply
 
@@ -28,10 +30,10 @@ FINAL_STATE = {"final": True, "label": "L", "seq": 2}
 class Grid:
     """A master with a pre-job and an aggregator, its linked jobs added as the runtime would."""
 
-    def __init__(self, n: int = 3, prejob: bool = True, **kw: Any) -> None:
+    def __init__(self, n: int = 3, prejob: bool = True, profile_native: bool = True, **kw: Any) -> None:
         self.h = Harness()
         self.n = n
-        self.m = self.h.add(prejob=prejob, aggregator=True, **kw)
+        self.m = self.h.add(prejob=prejob, aggregator=True, native_submit=profile_native, **kw)
         self.submit_step = self.h.request(SubmitRequested, self.m)
         self.sid = self.submit_step.stimulus_id
 
@@ -65,6 +67,9 @@ class Grid:
 
     def info(self, *fq: int) -> dict[str, Any]:
         return self.h.sm.info(fq)
+
+    def master_dirty(self) -> bool:
+        return self.m in self.h.sm.take_dirty()[1]
 
     def phase(self) -> Any:
         return self.info(self.m)["partition"].get("phase")
@@ -298,3 +303,105 @@ def test_lookup_adopts_found_runs_and_resends_absent_ones() -> None:
     assert resend.runs == Runs(m, [2])
     assert h.sm.indexes(m, [S.SUBMITTING]) == [2, 3]
     assert not h.post(LookupOutcomes(stimulus_id="x", time=h.clock, runs=Runs(42), found=[0]))
+
+
+# ------------------------------------------------------------------ exact stimuli, phases and reasons
+def test_every_move_of_the_gating_carries_its_stimulus_and_marks_the_master() -> None:
+    g = Grid()
+    g.split()
+    assert g.master_dirty()
+    g.link(1, "prejob")
+    step = g.prepare_linked(1)
+    assert g.phase() == "starting"  # the pre-job is being submitted: not its phase yet
+    step = g.h.outcomes(only(step, SendSubmit))
+    assert {c.stimulus_id for c in step.changes} == {g.sid}
+    step = g.h.report(1, None, S.RUNNING)
+    assert {c.stimulus_id for c in step.changes} == {step.stimulus_id} and g.master_dirty()
+    step = g.h.report(1, None, S.COMPLETED)
+    assert {c.stimulus_id for c in step.changes} == {step.stimulus_id}
+    assert only(step, SendSubmit).stimulus_id == step.stimulus_id and g.master_dirty()
+    step = g.h.outcomes(only(step, SendSubmit))
+    for i in range(3):
+        g.h.report(g.m, [i], S.RUNNING, state=FINAL_STATE)
+    step = g.h.report(g.m, [0, 1, 2], S.COMPLETED)
+    assert {c.stimulus_id for c in step.changes} == {step.stimulus_id} and g.master_dirty()
+    sid = step.stimulus_id
+    g.link(2, "aggregator", sid)
+    g.h.outcomes(only(g.prepare_linked(2, sid), SendSubmit))
+    step = g.h.report(2, None, S.FAILED, exit_code=1)
+    assert {c.stimulus_id for c in step.changes} == {step.stimulus_id} and g.master_dirty()
+
+
+def test_subjobs_that_cannot_be_submitted_after_the_prejob() -> None:
+    g = Grid()
+    g.prejob_running()
+    step = g.h.report(1, None, S.COMPLETED)
+    step = g.h.outcomes(only(step, SendSubmit), accepted=[], rejected=[(0, "full"), (1, "full"), (2, "full")])
+    assert g.h.sm.counts(g.m)[S.FAILED] == 3
+    step = g.h.outcomes(only(g.h.request(ResubmitRequested, g.m), SendSubmit), accepted=[0, 1, 2])
+    assert g.h.sm.counts(g.m)[S.SUBMITTED] == 3
+
+
+def test_subjobs_none_of_which_could_be_submitted_after_the_prejob_say_why() -> None:
+    g = Grid(profile_native=False)
+    g.prejob_running()
+    step = g.h.report(1, None, S.COMPLETED)
+    g.h.outcomes(only(step, SendSubmit), accepted=[], rejected=[(0, "full"), (1, "no"), (2, "no")], native=False)
+    assert g.h.sm.counts(g.m)[S.NEW] == 3
+    assert g.info(g.m)["reason"] == "no subjob could be submitted after the prejob; first error: full"
+
+
+def test_a_prejob_killed_by_the_user_names_no_reason() -> None:
+    g = Grid()
+    g.prejob_running()
+    step = g.h.request(KillRequested, 1)
+    g.h.killed(only(step, SendKill))
+    assert g.info(g.m)["reason"] == "prejob 1 killed; no subjob was started"
+    assert g.phase() == "prejob-ended"
+
+
+def test_a_prejob_resubmitted_after_the_subjobs_started_leaves_the_master_alone() -> None:
+    g = Grid()
+    g.prejob_running()
+    step = g.h.report(1, None, S.COMPLETED)
+    g.h.outcomes(only(step, SendSubmit))
+    g.h.report(g.m, [0, 1, 2], S.RUNNING)
+    assert g.status(g.m) == S.RUNNING
+    step = g.h.request(ResubmitRequested, 1)
+    assert g.status(g.m) == S.RUNNING and g.phase() == "subjobs"
+    g.h.outcomes(only(step, SendSubmit))
+    g.h.report(1, None, S.RUNNING)
+    assert g.status(g.m) == S.RUNNING and g.phase() == "subjobs"
+
+
+def test_an_aggregator_resubmitted_after_it_failed_can_complete_the_master() -> None:
+    g = Grid()
+    sid = g.subjobs_done().stimulus_id
+    g.link(2, "aggregator", sid)
+    g.h.outcomes(only(g.prepare_linked(2, sid), SendSubmit))
+    g.h.report(2, None, S.FAILED, exit_code=1)
+    assert g.status(g.m) == S.FAILED and g.info(g.m)["partition"]["failed"] is True
+    step = g.h.request(ResubmitRequested, 2)
+    assert g.phase() == "aggregator"
+    g.h.outcomes(only(step, SendSubmit))
+    g.h.report(2, None, S.COMPLETED)
+    assert g.status(g.m) == S.COMPLETED
+    assert g.info(g.m)["partition"]["failed"] is False and g.info(g.m).get("reason") is None
+
+
+def test_a_master_still_starting_its_prejob_refuses_a_resubmission() -> None:
+    h = Harness()
+    h.sm.load(5, profile(prejob=True), created=1.0, table=RunTable(2), master=True,
+              partition={"phase": "starting", "prejob": 6})
+    error = reply(h.request(ResubmitRequested, 5)).error
+    assert "its prejob 6 has not completed: the subjobs start once it completes" in str(error)
+
+
+def test_killing_a_master_kills_its_running_aggregator() -> None:
+    g = Grid()
+    sid = g.subjobs_done().stimulus_id
+    g.link(2, "aggregator", sid)
+    g.h.outcomes(only(g.prepare_linked(2, sid), SendSubmit))
+    g.h.report(2, None, S.RUNNING)
+    kills = g.h.request(KillRequested, g.m).of(SendKill)
+    assert [k.runs for k in kills] == [Runs(2)]
