@@ -152,3 +152,14 @@ def test_scaled() -> None:
     assert scaled("time", "10", 3, "20") == "20"
     assert scaled("time", "10", 1.5, "1:00:00") == "15"
     assert scaled("time", "10", 1.25, None) == "12"
+
+
+def test_each_condition_can_refuse_a_match() -> None:
+    (rule,) = parse_rules([{"action": "retry", "backends": "slurm", "level": "worker", "verdict": "early",
+                            "reason": "OOM", "stderr": "killed"}])
+    args = {"backend": "slurm", "level": "worker", "verdict": "early", "reason": "OOM", "exit_code": 1,
+            "stderr": "was killed"}
+    assert rule.matches(**args)  # type: ignore[arg-type]
+    for key, other in (("backend", "ssh"), ("level", "batch"), ("verdict", "late_handled"), ("reason", "exit 1"),
+                       ("stderr", "fine"), ("stderr", None)):
+        assert not rule.matches(**{**args, key: other}), key  # type: ignore[arg-type]

@@ -166,3 +166,20 @@ def test_a_retrying_rule_on_a_lost_checkpointable_run_resumes_it() -> None:
     assert r.reason == f"{LOST}; resumed from state ?:0"
     assert r.last["action"] == "retry" and r.last["restart"] == 1 and r.last["rule"] == "rule-1"
     assert r.adjusted[0].values == (("partition", "b"),)
+
+
+def test_rules_decide_the_history_action_even_when_the_limits_would_retry() -> None:
+    r = Run(limits=limits(early=5), actions=parse_rules([{"name": "f", "action": "fail", "verdict": "early"}]))
+    assert r.end(status=S.FAILED, exit_code=2) == S.FAILED
+    assert r.last["action"] == "failed" and r.reason == "failed; failed by rule f"
+    r = Run(limits=limits(early=5), actions=parse_rules([{"name": "m", "action": "more_time", "max": 0}]))
+    assert r.end(status=S.FAILED, exit_code=2) == S.FAILED
+    assert r.last["action"] == "failed" and r.last["limit"] == "rule:m"
+    assert r.reason == "failed; rule m retried it 0 time(s): its max=0 reached"
+
+
+def test_a_retrying_rule_on_a_run_without_states_records_a_retry() -> None:
+    r = Run(actions=parse_rules([{"name": "t", "action": "more_time"}]))
+    assert r.end(status=S.FAILED, exit_code=2) == S.SUBMITTING
+    assert r.last["action"] == "retry" and r.last["change"] == "time x2" and "restart" not in r.last
+    assert r.reason == "failed; retried by rule t (time x2)"

@@ -104,6 +104,8 @@ def test_ranges_of_subjobs() -> None:
     assert parse_id_range("3.[ 1 - 2 , 7 ]") == [((3,), (1, 2, 7))]
     assert parse_id_range("3.5-5") == [((3,), range(5, 6))]
     assert parse_id_range("3.1.[0,1]") == [((3, 1), range(0, 2))]
+    assert parse_id_range("3.[5]") == [((3,), range(5, 6))]
+    assert parse_id_range("3.1,4") == [((3,), (1, 4))]
 
 
 @pytest.mark.parametrize(("text", "detail"), [
@@ -201,6 +203,7 @@ def test_info_of_a_master_a_subjob_and_a_single_job() -> None:
     m = h.add()
     h.submit_all(m, 2)
     info = h.sm.info((m,))
+    assert set(info) == {"timestamps", "submit_counter"}
     assert info["submit_counter"] == 1 and info["timestamps"]["new"] == 1000.0
     assert "partition" not in info and info.get("reason") is None
     assert h.sm.info((m, 1))["submit_counter"] == 1 and "partition" not in h.sm.info((m, 1))
@@ -213,8 +216,9 @@ def test_info_of_a_master_a_subjob_and_a_single_job() -> None:
 
 def test_a_single_jobs_info_falls_back_to_its_own_reason() -> None:
     h = Harness()
-    h.sm.load(4, profile(splits=False), created=1.0, top={"reason": "why"})
+    h.sm.load(4, profile(splits=False), created=3.0, top={"reason": "why"})
     assert h.sm.info((4,))["reason"] == "why"
+    assert h.sm.info((4,))["timestamps"] == {"new": 3.0}
     h.sm.load(5, profile(), created=1.0, top={"reason": "top"}, master=True,
               table=RunTable.restore(bytearray([S.FAILED.code]), [1], {}, {0: RunExtra(reason="own")}))
     assert h.sm.info((5, 0))["reason"] == "own"
@@ -227,6 +231,7 @@ def test_a_single_jobs_info_falls_back_to_its_own_reason() -> None:
 def test_the_run_log_names_the_host() -> None:
     log = parse_log("1.0 START 12 node7 x\n2.0 EXIT 3\n3.0 END 0\n")
     assert log.host == "node7" and log.started == 1.0 and log.exit_code == 3 and log.ended == 3.0
+    assert parse_log("1.0 START 12 node8").host == "node8"
     assert parse_log("1.0 START 12 -").host is None
     assert parse_log("1.0 START 12").host is None
     assert parse_log("1.0 START").host is None
