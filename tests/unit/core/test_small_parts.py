@@ -252,3 +252,30 @@ def test_a_retry_due_sends_the_waiting_and_the_failed_runs_under_its_stimulus() 
     assert send.stimulus_id == "due" and send.runs == Runs(m, [0, 2]) and send.start == "resume"
     assert [(c.indexes, c.stimulus_id) for c in step.changes] == [([2], "due")]
     assert not h.post(RetryDue(stimulus_id="x", time=h.clock, runs=Runs(99)))
+
+
+def test_a_masters_times_span_its_subjobs() -> None:
+    h = Harness()
+    m = h.add()
+    h.submit_all(m, 3)
+    h.report(m, [0], S.HELD, verdict="cancelled")
+    h.tick(2)
+    h.report(m, [1], S.HELD, verdict="cancelled")
+    assert h.sm.info((m,))["timestamps"]["held"] == h.clock  # the latest
+    f = h.add()
+    h.submit_all(f, 2)
+    h.report(f, [0], S.FAILED, exit_code=1)
+    failed_at = h.clock
+    h.tick(3)
+    h.report(f, [1], S.COMPLETED)
+    ts = h.sm.info((f,))["timestamps"]
+    assert ts["final"] == h.clock and ts["completed"] == h.clock and ts["failed"] == failed_at
+    single_end = Harness()
+    s = single_end.add()
+    single_end.submit_all(s, 2)
+    single_end.report(s, [0], S.COMPLETED)
+    assert "final" not in single_end.sm.info((s,))["timestamps"]
+    single_end.tick(4)
+    single_end.report(s, [1], S.COMPLETED)
+    ts = single_end.sm.info((s,))["timestamps"]
+    assert ts["final"] == single_end.clock and ts["completed"] == single_end.clock and "failed" not in ts
