@@ -38,9 +38,10 @@ S = JobStatus
 ENDINGS = frozenset({S.COMPLETED, S.FAILED, S.HELD, S.KILLED})
 #: Seconds between two looks for saved states at running runs of jobs that saved none yet (one ``stat`` each)...
 DISCOVER_SECONDS = 5.0
-#: ... and at most this many such looks per second on average: a thousand runs are looked at every 20 s (an idle
-#: service's cost stays flat as runs grow; a run's states are always read when it ends).
-DISCOVER_RATE = 50.0
+#: ... and at most this many such looks per second on average: a thousand runs are looked at every 50 s (an idle
+#: service's cost stays flat as runs grow; a run's states are always read when it ends, and a run that saved one
+#: is looked at every tick from then on).
+DISCOVER_RATE = 20.0
 
 
 @dataclass
