@@ -151,17 +151,16 @@ class Checkpoints:
             seen = os.stat(pointer).st_mtime_ns
         except OSError:
             seen = None
-        unchanged = seen is None or self._looked.get(fqid) == seen
-        if final:
+        if final:  # its last look: nothing is kept about it
             self._pointers.pop(fqid, None)
-            self._looked.pop(fqid, None)
-        if unchanged or seen is None:
+        previous = self._looked.pop(fqid, None) if final else self._looked.get(fqid)
+        if seen is None or seen == previous:
             return None
         workdir = jobdir / "work"
         directory = workdir / STATE_DIR
         top = workdir.parent.parent if "." in fqid else workdir.parent  # the top-level job's dir: only ours to replace
         try:
-            current = int(read_inside(directory / "current", top).decode("ascii").strip())
+            current = int(read_inside(Path(pointer), top).decode("ascii").strip())
         except (OSError, ValueError):
             return None
         if not final:

@@ -47,6 +47,12 @@ class Grid:
     def prepare_linked(self, job: int, sid: str | None = None) -> Step:
         return self.h.post(Prepared(stimulus_id=sid or self.sid, time=self.h.clock, job=job))
 
+    def aggregator_submitted(self) -> None:
+        """The subjobs done, the aggregator (job 2) linked, prepared and accepted by its backend."""
+        sid = self.subjobs_done().stimulus_id
+        self.link(2, "aggregator", sid)
+        self.h.outcomes(only(self.prepare_linked(2, sid), SendSubmit))
+
     def prejob_running(self) -> int:
         self.split()
         self.link(1, "prejob")
@@ -250,9 +256,7 @@ def test_an_aggregator_only_job_starts_its_subjobs_at_once() -> None:
 
 def test_a_later_round_of_the_aggregator_reuses_it() -> None:
     g = Grid()
-    sid = g.subjobs_done().stimulus_id
-    g.link(2, "aggregator", sid)
-    g.h.outcomes(only(g.prepare_linked(2, sid), SendSubmit))
+    g.aggregator_submitted()
     g.h.report(2, None, S.COMPLETED)
     # subjob 0 runs again and ends: a new round over the new states
     step = g.h.request(ResubmitRequested, (g.m, 0), only_failed=False)
@@ -376,9 +380,7 @@ def test_a_prejob_resubmitted_after_the_subjobs_started_leaves_the_master_alone(
 
 def test_an_aggregator_resubmitted_after_it_failed_can_complete_the_master() -> None:
     g = Grid()
-    sid = g.subjobs_done().stimulus_id
-    g.link(2, "aggregator", sid)
-    g.h.outcomes(only(g.prepare_linked(2, sid), SendSubmit))
+    g.aggregator_submitted()
     g.h.report(2, None, S.FAILED, exit_code=1)
     assert g.status(g.m) == S.FAILED and g.info(g.m)["partition"]["failed"] is True
     step = g.h.request(ResubmitRequested, 2)
@@ -399,9 +401,7 @@ def test_a_master_still_starting_its_prejob_refuses_a_resubmission() -> None:
 
 def test_killing_a_master_kills_its_running_aggregator() -> None:
     g = Grid()
-    sid = g.subjobs_done().stimulus_id
-    g.link(2, "aggregator", sid)
-    g.h.outcomes(only(g.prepare_linked(2, sid), SendSubmit))
+    g.aggregator_submitted()
     g.h.report(2, None, S.RUNNING)
     kills = g.h.request(KillRequested, g.m).of(SendKill)
     assert [k.runs for k in kills] == [Runs(2)]
