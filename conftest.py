@@ -1,7 +1,13 @@
 """The docs as tests: every code block of README.md and docs/*.md is collected by Sybil (``tests/support/docblocks.py``
-says how each kind runs). Run them alone with ``python -m pytest README.md docs``; the summary line counts them."""
+says how each kind runs). Run them alone with ``python -m pytest README.md docs``; the summary line counts them.
+
+The suite runs on two pytest-xdist workers (``addopts``); each worker counts the blocks it ran and hands the count to
+the controller when it ends (``workeroutput``), which adds them up for the summary line."""
 
 from __future__ import annotations
+
+from collections import Counter
+from typing import Any
 
 import pytest
 from docblocks import sybil, tally
@@ -9,15 +15,28 @@ from docblocks import sybil, tally
 pytest_collect_file = sybil.pytest()
 
 _skipped: list[str] = []
+_workers: Counter[str] = Counter()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.skipped and report.nodeid.startswith(("README.md", "docs/")):
-        _skipped.append(report.nodeid)
+        _skipped.append(report.nodeid)  # the controller sees every worker's reports
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    output: dict[str, Any] | None = getattr(session.config, "workeroutput", None)
+    if output is not None:  # a worker: its count goes to the controller
+        output["docs_tally"] = dict(tally)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    _workers.update(getattr(node, "workeroutput", {}).get("docs_tally", {}))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if tally or _skipped:
+    counts = tally + _workers
+    if counts or _skipped:
         terminalreporter.write_line(
-            f"docs: {tally['executed']} code blocks executed, {len(_skipped)} marked illustration "
-            f"({tally['written']} written as files for the blocks after them, {tally['parsed']} toml/json parsed)")
+            f"docs: {counts['executed']} code blocks executed, {len(_skipped)} marked illustration "
+            f"({counts['written']} written as files for the blocks after them, {counts['parsed']} toml/json parsed)")

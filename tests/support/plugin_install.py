@@ -8,6 +8,7 @@ as it was.
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import importlib.metadata
 import importlib.util
@@ -52,10 +53,34 @@ def forget_plugins(module: str) -> None:
 
 
 @contextmanager
+def one_installer() -> Iterator[None]:
+    """Only one process at a time installs a plugin into this environment.
+
+    The suite's workers (pytest-xdist) share one venv and the plugins' source
+    trees, where pip builds: two installs of one distribution at once, or an
+    uninstall under another's tests, would break both. The lock is on a file
+    of the venv, so it also holds against a second copy of the suite that
+    shares it.
+    """
+    lock = Path(sys.prefix) / ".orchestrator-tests-plugin-install.lock"
+    with lock.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+
+@contextmanager
 def installed(src: Path, dist: str, module: str) -> Iterator[None]:
     """``src`` (a distribution's directory) installed while the block runs; skips if there is no pip."""
     if pip("--version").returncode != 0:
         pytest.skip(f"pip is not available to {sys.executable}: cannot install the plugin {dist}")
+    with one_installer():
+        yield from _installed(src, dist, module)
+
+
+def _installed(src: Path, dist: str, module: str) -> Iterator[None]:
     args = ["install", "--no-deps", "--no-input"]
     if builds_without_isolation():
         args.append("--no-build-isolation")
