@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import monitoring, outcomes, requests
+from . import monitoring, outcomes, requests, validate
 from .base import Core
 from .events import (
     AddRequested,
@@ -222,6 +222,12 @@ class StateMachine:
         """Mark runs of a job (``None``: all) as still to be written (a write that failed gives them back)."""
         if job_id in self._core.jobs:
             self._core.mark(job_id, indexes)
+
+    def validate_state(self) -> None:
+        """Check the core's own invariants (counters, derived statuses, links, requests under way); raise
+        :class:`~.validate.InvalidState` naming the job and what disagrees. On demand, as Dask's
+        ``validate_state()``: the property test calls it after every step; nothing in production does."""
+        validate.validate(self._core)
 
     def take_dirty(self) -> tuple[dict[int, set[int] | None], set[int]]:
         """What changed since the last call: the runtime's writer takes it at each flush."""
