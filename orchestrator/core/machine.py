@@ -48,7 +48,7 @@ from .events import (
 )
 from .ids import FQID
 from .jobs import JobState
-from .statuses import JobStatus, master_status
+from .statuses import ACTIVE, JobStatus, master_status
 from .step import Step
 from .table import RunExtra, RunTable
 
@@ -172,7 +172,7 @@ class StateMachine:
         if js is None:
             return False
         if len(fq) == 2:
-            return js.runs.get(fq[1]) in _ACTIVE
+            return js.runs.get(fq[1]) in ACTIVE
         return js.active(postprocess=postprocess)
 
     def busy(self, job_id: int) -> bool:
@@ -233,7 +233,5 @@ class StateMachine:
         """What changed since the last call: the runtime's writer takes it at each flush."""
         return self._core.take_dirty()
 
-
-_ACTIVE = frozenset({JobStatus.SUBMITTING, JobStatus.SUBMITTED, JobStatus.RUNNING, JobStatus.COMPLETING})
 
 __all__ = ["HANDLERS", "StateMachine"]

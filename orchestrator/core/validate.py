@@ -17,14 +17,15 @@ from typing import NoReturn
 
 from .base import Core
 from .jobs import JobState
+from .partition import SHOWN
 from .statuses import ACTIVE, ALL_STATUSES, JobStatus
 from .table import RunTable
 
 #: A run in one of these was submitted at least once, so its attempt counter is at least 1. (Final runs may
 #: have 0: ``force_status`` moves a run that was never submitted.)
 SUBMITTED_ONCE = frozenset({*ACTIVE, JobStatus.HELD})
-#: What a master may show while something stands in for its subjobs (a request, its pre-job or aggregator).
-PINNABLE = frozenset({JobStatus.SUBMITTING, JobStatus.SUBMITTED, JobStatus.RUNNING, JobStatus.HELD})
+#: What a master may show while something stands in for its subjobs (a submission, its pre-job or aggregator).
+PINNABLE = frozenset({JobStatus.SUBMITTING, *SHOWN.values()})
 #: A partitioned master's phases (see :mod:`.partition`).
 PHASES = frozenset({"starting", "prejob", "prejob-ended", "subjobs", "aggregator", "aggregator-ended"})
 ROLES = frozenset({"prejob", "aggregator"})

@@ -58,7 +58,7 @@ from .monitor import Ending, Monitor
 from .postprocess import Postprocessing
 from .prepare import Preparer
 from .reattach import reattach
-from .repository import RunsRow, StateRow, TopRow
+from .repository import TIME_KINDS, RunsRow, StateRow, TopRow
 from .runs import read_ending
 from .storage import Storage
 from .workspace import Workspace
@@ -66,8 +66,6 @@ from .writer import Writer, restore
 
 if TYPE_CHECKING:
     from .metrics import Metrics
-
-S = JobStatus
 
 
 async def _detached(loop: Callable[[], Awaitable[None]]) -> None:
@@ -257,7 +255,7 @@ class Runtime:
             await self.bus.changed()
 
     def _retrying(self) -> bool:
-        return any(self.sm.job_state(j).runs.counts[S.SUBMITTING.code] for j in self.sm.job_ids())
+        return any(self.sm.job_state(j).runs.counts[JobStatus.SUBMITTING.code] for j in self.sm.job_ids())
 
     async def _flush_loop(self) -> None:
         interval = float(self.config.core["flush_interval"])
@@ -326,9 +324,8 @@ class Runtime:
         info: dict[str, Any] = {"top": {"timestamps": {"new": now}}, "attempt": 0, "run": {}}
         if link is not None:
             info["link"] = list(link)
-        runs = RunsRow(job, bytes([S.NEW.code]), bytes(4), {k: bytes(8) for k in ("submitting", "submitted",
-                                                                                     "running", "final")})
-        await self.repo.add_job(TopRow(job, name, S.NEW.value, spec, None, info, 0, now), runs)
+        runs = RunsRow(job, bytes([JobStatus.NEW.code]), bytes(4), {k: bytes(8) for k in TIME_KINDS})
+        await self.repo.add_job(TopRow(job, name, JobStatus.NEW.value, spec, None, info, 0, now), runs)
         self.definitions.add(job, name, spec)
         self._added[job] = now  # the one time of its creation, stored and told to the state machine
         return job
