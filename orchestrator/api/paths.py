@@ -3,10 +3,8 @@ so a client does not import the server side)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -26,10 +24,3 @@ class ServicePaths:
     @property
     def info(self) -> Path:
         return self.dir / "service.json"
-
-    def read_info(self) -> dict[str, Any] | None:
-        try:
-            value = json.loads(self.info.read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        return value if isinstance(value, dict) else None

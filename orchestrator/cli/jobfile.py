@@ -1,4 +1,4 @@
-"""Job files: a job written in TOML, loaded into a :class:`~orchestrator.job.Job`.
+"""Job files: a job written in TOML, loaded into a :class:`~orchestrator.api.job.Job`.
 
 ```toml
 name = "scan"

@@ -341,8 +341,4 @@ def positions(js: JobState, runs: Runs) -> Sequence[int]:
     return runs.indexes if runs.indexes is not None and js.is_master else [0]
 
 
-def final_or_new(status: JobStatus) -> bool:
-    return status in FINAL or status == JobStatus.NEW
-
-
 __all__ = ["Core", "Killing", "Pending", "Sending", "positions"]

@@ -1,7 +1,7 @@
 """The plain-data parts of a job: application, backend, retry policy, info.
 
 These are what a user builds and what the repository stores. They hold no
-reference to an orchestrator; :mod:`orchestrator.job` adds the behaviour.
+reference to an orchestrator; :mod:`orchestrator.api.job` adds the behaviour.
 """
 
 from __future__ import annotations
@@ -223,10 +223,11 @@ class JobInfo:
     #: Transitions a backend asked for that the table refused, kept for the record.
     refused: list[str] = field(default_factory=list)
     #: The newest saved state (``seq``, ``label``, ``final``, ``time``) and the restart
-    #: counter (``restart_seq``, ``restarts``); see :mod:`orchestrator.checkpointing`.
+    #: counter (``restart_seq``, ``restarts``); see :mod:`orchestrator.runtime.checkpoints` and
+    #: :mod:`orchestrator.core.retry`.
     checkpoint: dict[str, Any] = field(default_factory=dict)
     #: Pre-job / aggregator links: on a master ``prejob``, ``aggregator`` (job ids) and
-    #: ``phase``; on those jobs ``master`` and ``role``. See :mod:`orchestrator.partition`.
+    #: ``phase``; on those jobs ``master`` and ``role``. See :mod:`orchestrator.core.partition`.
     partition: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -171,11 +171,6 @@ class ExitWatcher:
         self._fd_of[pid], self._pid_of[fd] = fd, pid
         return True
 
-    def unwatch(self, pid: int) -> None:
-        fd = self._fd_of.pop(pid, None)
-        if fd is not None:
-            self._close(fd)
-
     def _close(self, fd: int) -> None:
         self._pid_of.pop(fd, None)
         if self._epoll is not None:

@@ -145,8 +145,8 @@ class Executor:
                         await work(ins)  # a rollback completes before the request is answered
                     else:
                         self.spawn(work(ins))
-            else:
-                self.log.warning("no one carries out this instruction", instruction=repr(ins))
+            else:  # a kind the core emits and the runtime was not taught: its request would wait for ever
+                raise TypeError(f"no one carries out {type(ins).__name__}: {ins!r}")
 
     def _bind(self, ins: SendSubmit | SendKill | Lookup | Unwatch, later: Counter[FQID] | None = None) -> Bound:
         """The instruction with each run's attempt as it was when the instruction was given (and its retry

@@ -19,7 +19,7 @@ import json
 import shutil
 import time
 from array import array
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -198,7 +198,3 @@ def identity_of(spec: Mapping[str, Any], job: int) -> Identity | None:
         return identity(spec.get("owner"))
     except OwnerError as exc:
         raise JobError(str(exc), fqid=str(job), field="owner") from None
-
-
-def subjob_names(deltas: Sequence[Mapping[str, Any]]) -> bool:
-    return any("name" in d for d in deltas)

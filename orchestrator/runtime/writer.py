@@ -14,7 +14,6 @@ if the write fails, what it took is marked dirty again, so nothing is lost.
 
 from __future__ import annotations
 
-import json
 from array import array
 from collections.abc import Sequence
 from typing import Any
@@ -212,8 +211,3 @@ def restore(sm: StateMachine, loaded: Loaded, definitions: Definitions,
                 merged_at=float(info.get("merged_at", 0.0)), master=row.n_subjobs > 0)
         ids.append(row.id)
     return ids
-
-
-def info_json(extra: RunExtra | None) -> str | None:
-    data = extra.to_dict() if extra is not None else {}
-    return json.dumps(data, separators=(",", ":")) if data else None

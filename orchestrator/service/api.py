@@ -105,7 +105,7 @@ class Api:
         if req.path == "/api/events" and req.method == "GET":
             return Response(200, content_type="text/event-stream", stream=self._events(control, req))
         if req.path.startswith("/api/workflow/") and req.method == "POST":
-            return await self._workflow(req, control.t.caller, req.path.removeprefix("/api/workflow/"))
+            return await self._workflow(req, control.transport.caller, req.path.removeprefix("/api/workflow/"))
         if req.path.startswith("/api/"):
             return await self._call(req, control, req.path.removeprefix("/api/"))
         return _error(404, "not found", f"no route {req.method} {req.path}")
@@ -197,8 +197,8 @@ class Api:
     async def _events(self, control: Control, req: Request) -> AsyncIterator[bytes]:
         """Every event and change of the caller's jobs (all, for an admin), in order, until the client or the
         service goes, or the caller loses access (checked every :data:`RECHECK` seconds)."""
-        caller = control.t.caller
-        visible = visible_to(caller, control.t.owners.owner)
+        caller = control.transport.caller
+        visible = visible_to(caller, control.transport.owners.owner)
         receive = self.bus.subscribe(numbered=True)
         with receive:
             yield b": events follow\n\n"

@@ -70,24 +70,26 @@ class Control:
     """See the module docstring. ``step`` tells how many events the service has handled (a snapshot's age)."""
 
     def __init__(self, transport: Embedded, quotas: Quotas | None = None) -> None:
-        self.t = transport
-        self.jobs_ = JobRegistry(transport)
+        #: The caller's embedded transport: every call ends there.
+        self.transport = transport
+        #: The caller's jobs, built as the API builds them, for the views that answer with summaries.
+        self.registry = JobRegistry(transport)
         self._views: dict[Caller, Control] = {}
         #: The service's limits (:mod:`.quotas`); ``None``: none.
         self.quotas = quotas
 
     def as_caller(self, caller: Caller) -> Control:
         """The control methods as ``caller`` may use them (one view per caller, kept: its jobs stay built)."""
-        if caller == self.t.caller:
+        if caller == self.transport.caller:
             return self
         view = self._views.get(caller)
         if view is None:
-            view = self._views[caller] = Control(self.t.as_caller(caller), self.quotas)
+            view = self._views[caller] = Control(self.transport.as_caller(caller), self.quotas)
         return view
 
     def _known(self, fq: FQID) -> FQID:
-        if not self.t.exists(fq):
-            raise self.jobs_.missing(fq)
+        if not self.transport.exists(fq):
+            raise self.registry.missing(fq)
         return fq
 
     def _targets(self, targets: Sequence[Any] | None, fqid: str | None = None) -> list[FQID]:
@@ -97,55 +99,55 @@ class Control:
         return [self._known(_fq(t)) for t in named]
 
     def _answer(self, acted: int, fqid: str | None) -> dict[str, Any]:
-        if fqid is None or not self.t.exists(_fq(fqid)):
+        if fqid is None or not self.transport.exists(_fq(fqid)):
             return {"acted": acted}
-        return {**views.summary(self.jobs_.lookup(_fq(fqid))), "acted": acted}
+        return {**views.summary(self.registry.lookup(_fq(fqid))), "acted": acted}
 
     # ------------------------------------------------------------ reads
     async def jobs(self, status: Sequence[str] | None = None, name: str | None = None,
                    owner: str | None = None) -> list[dict[str, Any]]:
         """Top-level jobs as ``orchestrator jobs`` lists them (the caller's, or every one for an admin)."""
-        return views.summaries(list(self.jobs_.select(status=list(status or ()) or None, name=name, owner=owner)))
+        return views.summaries(list(self.registry.select(status=list(status or ()) or None, name=name, owner=owner)))
 
     async def show(self, fqid: str, subjobs: int = views.SHOW_SUBJOBS) -> dict[str, Any]:
         """A job as ``orchestrator show`` shows it."""
-        return views.detail(self.jobs_.lookup(self._known(_fq(fqid))), int(subjobs))
+        return views.detail(self.registry.lookup(self._known(_fq(fqid))), int(subjobs))
 
     async def health(self) -> dict[str, Any]:
-        rt = self.t.runtime
-        return {"ok": True, "role": "active", "pid": os.getpid(), "home": str(self.t.home),
-                "workspace": str(self.t.workspace), "jobs": len(self.t.job_ids()),
+        rt = self.transport.runtime
+        return {"ok": True, "role": "active", "pid": os.getpid(), "home": str(self.transport.home),
+                "workspace": str(self.transport.workspace), "jobs": len(self.transport.job_ids()),
                 "monitored": sum(b["held"] for b in rt.metrics()["backends"].values()), "time": time.time()}
 
     async def describe(self, jobs: Sequence[int] | None = None) -> dict[str, Any]:
         """Top-level jobs as the remote transport mirrors them, read between two steps (``step``)."""
-        ids = self.t.job_ids() if jobs is None else [j for j in jobs if self.t.exists((int(j),))]
-        sm = self.t.runtime.sm
+        ids = self.transport.job_ids() if jobs is None else [j for j in jobs if self.transport.exists((int(j),))]
+        sm = self.transport.runtime.sm
         records = []
         for job in ids:
-            rec = self.t.record(int(job))
+            rec = self.transport.record(int(job))
             out: dict[str, Any] = {"id": rec.id, "name": rec.name, "spec": without_splitter(rec.spec),
                                    "added": rec.added, "owner": rec.owner,
                                    "status": sm.status((rec.id,)).value, "active": sm.active((rec.id,))}
             if sm.is_master(rec.id):
                 out["codes"] = sm.statuses(rec.id).translate(_DIGITS).decode()
             records.append(out)
-        return {"step": self.t.runtime.bus.handled, "jobs": records, "workspace": str(self.t.workspace),
-                "gone": [j for j in (jobs or ()) if not self.t.exists((int(j),))],
-                "caller": {"name": self.t.caller.name, "admin": self.t.caller.admin}}
+        return {"step": self.transport.runtime.bus.handled, "jobs": records, "workspace": str(self.transport.workspace),
+                "gone": [j for j in (jobs or ()) if not self.transport.exists((int(j),))],
+                "caller": {"name": self.transport.caller.name, "admin": self.transport.caller.admin}}
 
     async def owner(self, job: int) -> dict[str, Any]:
         """Whose top-level job ``job`` is (``null``: no such job), for a refusal that names the owner."""
-        return {"owner": self.t.owner_of(int(job))}
+        return {"owner": self.transport.owner_of(int(job))}
 
     async def master(self, fqid: str, failures: int = 5000, points: int = 400) -> dict[str, Any]:
         """What a master's page shows: its runs' status codes (one digit each, :data:`_DIGITS`), its failed runs
         with their reasons (the first ``failures``), and when its runs ended, completed or failed (at most
         ``points`` times of each, evenly sampled, for the plot)."""
         fq = self._known(_fq(fqid))
-        job = self.jobs_.lookup(fq)
+        job = self.registry.lookup(fq)
         out: dict[str, Any] = {**views.summary(job), "codes": None, "failures": [], "ended": {}}
-        js = self.t.runtime.sm.job_state(fq[0])
+        js = self.transport.runtime.sm.job_state(fq[0])
         if len(fq) > 1 or not js.is_master:
             return out
         runs = js.runs
@@ -161,35 +163,35 @@ class Control:
         return out
 
     async def info(self, fqid: str) -> dict[str, Any]:
-        return self.t.info(self._known(_fq(fqid)))
+        return self.transport.info(self._known(_fq(fqid)))
 
     async def infos(self, fqids: Sequence[str]) -> list[dict[str, Any]]:
-        return self.t.infos([self._known(_fq(f)) for f in fqids])
+        return self.transport.infos([self._known(_fq(f)) for f in fqids])
 
     async def splitter_spec(self, job: int) -> dict[str, Any] | None:
-        return self.t.splitter_spec(self._known((int(job),))[0])
+        return self.transport.splitter_spec(self._known((int(job),))[0])
 
     async def backend_id(self, fqid: str) -> str | None:
-        return self.t.backend_id(self._known(_fq(fqid)))
+        return self.transport.backend_id(self._known(_fq(fqid)))
 
     async def subjob_specs(self, job: int, indexes: Sequence[int]) -> dict[str, Any]:
         self._known((int(job),))
-        return {str(i): spec for i, spec in self.t.subjob_specs(int(job), [int(i) for i in indexes]).items()}
+        return {str(i): spec for i, spec in self.transport.subjob_specs(int(job), [int(i) for i in indexes]).items()}
 
     async def peek(self, fqid: str, name: str = "stdout", tail: int | None = None) -> dict[str, Any]:
-        return {"text": await self.t.peek(self._known(_fq(fqid)), name, tail)}
+        return {"text": await self.transport.peek(self._known(_fq(fqid)), name, tail)}
 
     async def metrics(self) -> dict[str, Any]:
-        return await self.t.metrics()
+        return await self.transport.metrics()
 
     async def states(self, fqid: str) -> list[dict[str, Any]]:
-        return await self.t.states(self._known(_fq(fqid)))
+        return await self.transport.states(self._known(_fq(fqid)))
 
     # ------------------------------------------------------------ operations
     async def add(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
         job = _built(name, spec, None)
-        job_id = await self.t.add(name, job.spec())
-        return {"id": job_id, **views.summary(self.jobs_.top(job_id))}
+        job_id = await self.transport.add(name, job.spec())
+        return {"id": job_id, **views.summary(self.registry.top(job_id))}
 
     async def submit(self, targets: Sequence[str] | None = None, keep_going: bool = False,
                      definitions: dict[int, Any] | None = None, fqid: str | None = None) -> dict[str, Any]:
@@ -201,41 +203,41 @@ class Control:
                 raise BadRequest(f"a definition for job {job}, which the request does not submit",
                                  fqid=str(job), field=f"definitions.{job}")
             defs[int(job)] = (given["name"], _built(given["name"], given["spec"], str(job)).spec())
-        return self._answer((await self.t.submit(chosen, keep_going, defs)).acted, fqid)
+        return self._answer((await self.transport.submit(chosen, keep_going, defs)).acted, fqid)
 
     async def kill(self, targets: Sequence[str] | None = None, keep_going: bool = False,
                    fqid: str | None = None) -> dict[str, Any]:
-        return self._answer((await self.t.kill(self._targets(targets, fqid), keep_going)).acted, fqid)
+        return self._answer((await self.transport.kill(self._targets(targets, fqid), keep_going)).acted, fqid)
 
     async def resubmit(self, targets: Sequence[str] | None = None, only_failed: bool = True, keep_going: bool = False,
                        backend: dict[str, Any] | None = None, from_state: str | None = None,
                        fqid: str | None = None) -> dict[str, Any]:
         chosen = self._targets(targets, fqid)
-        self.t._check(chosen)  # another user's job: refused as not theirs before any quota is counted
+        self.transport._check(chosen)  # another user's job: refused as not theirs before any quota is counted
         if self.quotas is not None:
             self.quotas.check_resubmit(chosen, only_failed)
         if backend is not None:  # checked by its driver, as resubmit(backend=...) checks it embedded
             backend = checked_backend(Backend.from_dict(backend), fqid_str(chosen[0])).to_dict()
-        done = await self.t.resubmit(chosen, only_failed=only_failed, keep_going=keep_going,
+        done = await self.transport.resubmit(chosen, only_failed=only_failed, keep_going=keep_going,
                                      backend=backend, from_state=from_state)
         return self._answer(done.acted, fqid)
 
     async def release(self, targets: Sequence[str] | None = None, retry_args: Sequence[str] | None = None,
                       fqid: str | None = None) -> dict[str, Any]:
-        return self._answer((await self.t.release(self._targets(targets, fqid), retry_args)).acted, fqid)
+        return self._answer((await self.transport.release(self._targets(targets, fqid), retry_args)).acted, fqid)
 
     async def force_status(self, targets: Sequence[str] | None = None, status: str = "failed", force: bool = False,
                            keep_going: bool = False, fqid: str | None = None) -> dict[str, Any]:
-        done = await self.t.force_status(self._targets(targets, fqid), parse_status(status), force, keep_going)
+        done = await self.transport.force_status(self._targets(targets, fqid), parse_status(status), force, keep_going)
         return self._answer(done.acted, fqid)
 
     async def remove(self, targets: Sequence[str] | None = None, keep_going: bool = False,
                      fqid: str | None = None) -> dict[str, Any]:
-        done = await self.t.remove(self._targets(targets, fqid), keep_going)
+        done = await self.transport.remove(self._targets(targets, fqid), keep_going)
         return {"acted": done.acted, **({"fqid": fqid, "removed": True} if fqid is not None else {})}
 
     async def merge(self, targets: Sequence[str] | None = None, fqid: str | None = None) -> dict[str, Any]:
-        return self._answer((await self.t.merge(self._targets(targets, fqid))).acted, fqid)
+        return self._answer((await self.transport.merge(self._targets(targets, fqid))).acted, fqid)
 
     async def wait(self, targets: Sequence[str] | None = None, timeout: float | None = None,
                    fqid: str | None = None) -> dict[str, Any]:
@@ -244,7 +246,7 @@ class Control:
         chosen = self._targets(targets, fqid)
         active: list[str] = []
         try:
-            await self.t.wait(chosen, timeout)
+            await self.transport.wait(chosen, timeout)
             timed_out = False
         except WaitTimeout as exc:
             timed_out, active = True, exc.active
@@ -255,11 +257,11 @@ class Control:
     async def annotate(self, job: int, comment: str | None = None,
                        metadata: dict[str, Any] | None = None) -> dict[str, Any]:
         self._known((int(job),))
-        self.t.annotate(int(job), comment, metadata)
+        self.transport.annotate(int(job), comment, metadata)
         return {}
 
     async def refresh(self) -> dict[str, Any]:
-        await self.t.refresh()
+        await self.transport.refresh()
         await anyio.lowlevel.checkpoint()
         return {}
 
