@@ -120,7 +120,7 @@ class Runtime:
         self.postprocessing = Postprocessing(sm=self.sm, definitions=self.definitions, workspace=self.workspace,
                                              settings=config.section("postprocess"), post=self.answer, log=self.log)
         self.executor = Executor(
-            self.sm, actor=self.actor, flush=self.writer.flush, forget=self._forget, set_backend=self._set_backend,
+            actor=self.actor, flush=self.writer.flush, forget=self._forget, set_backend=self._set_backend,
             given_state=self._given.get, post=self.answer, log=self.log, adjust=self._adjust,
             work_limit=int(config.core["work_limit"]),
             work={Prepare: self.preparer.prepare, Unprepare: self.preparer.unprepare,
