@@ -80,7 +80,7 @@ class Embedded:
 
     def record(self, job: int) -> JobRecord:
         defs = self.runtime.definitions
-        return JobRecord(job, defs.names.get(job, ""), defs.spec(job), self.runtime.sm.job_state(job).created,
+        return JobRecord(job, defs.names.get(job, ""), defs.spec(job), self.runtime.sm.created(job),
                          self.owners.owner(job) or "")
 
     def exists(self, fq: FQID) -> bool:

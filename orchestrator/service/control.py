@@ -145,17 +145,16 @@ class Control:
         fq = self._known(_fq(fqid))
         job = self.jobs_.lookup(fq)
         out: dict[str, Any] = {**views.summary(job), "codes": None, "failures": [], "ended": {}}
-        js = self.t.runtime.sm.job_state(fq[0])
-        if len(fq) > 1 or not js.is_master:
+        sm = self.t.runtime.sm
+        if len(fq) > 1 or not sm.is_master(fq[0]):
             return out
-        runs = js.runs
-        out["codes"] = bytes(runs.status).translate(_DIGITS).decode()
-        failed = [i for i, code in enumerate(runs.status) if code == JobStatus.FAILED.code]
-        out["failures"] = [[i, (runs.extras[i].reason if i in runs.extras else None) or "failed"]
-                           for i in failed[:int(failures)]]
-        final = runs.times["final"]
+        statuses = sm.statuses(fq[0])
+        out["codes"] = statuses.translate(_DIGITS).decode()
+        failed = [i for i, code in enumerate(statuses) if code == JobStatus.FAILED.code][:int(failures)]
+        out["failures"] = [[i, reason or "failed"] for i, reason in zip(failed, sm.reasons(fq[0], failed), strict=True)]
+        final = sm.final_times(fq[0])
         for status in (JobStatus.COMPLETED, JobStatus.FAILED):
-            times = sorted(final[i] for i, code in enumerate(runs.status) if code == status.code and final[i])
+            times = sorted(final[i] for i, code in enumerate(statuses) if code == status.code and final[i])
             step = max(1, len(times) // int(points))
             out["ended"][status.value] = {"n": len(times), "times": times[::step]}
         return out
