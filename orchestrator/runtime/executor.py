@@ -121,7 +121,11 @@ class Executor:
                 work = self._work.get(type(ins))
                 if work is not None:
                     if isinstance(ins, Unprepare):
-                        await work(ins)  # a rollback completes before the request is answered
+                        # A flush under way may hold the split's rows, read before the rollback: it ends first,
+                        # or it would store them again after the rollback removed them. The rollback then
+                        # completes before the request is answered.
+                        await self._flush()
+                        await work(ins)
                     else:
                         self.spawn(work(ins))
             else:
