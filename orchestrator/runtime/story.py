@@ -246,7 +246,8 @@ def _others(event: Event) -> str:
     if isinstance(runs, Runs):
         return f"about {len(runs):,} run{'s' if len(runs) > 1 else ''} of job {runs.job}"
     if isinstance(event, StatusReport):
-        return f"{event.backend} reports on {sum(len(r.runs) for r in event.reports):,} runs"
+        n = sum(len(r.runs) for r in event.reports)
+        return f"{event.backend} reports on {n:,} run{'s' if n > 1 else ''}"
     return ""
 
 
