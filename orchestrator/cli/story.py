@@ -57,9 +57,11 @@ def story(job_id: str, as_json: bool, home: Path | None) -> None:
             print_json({"schema": 1, "fqid": job.fqid, "story": entries})
             return
         if not entries:
-            where = "its service" if orch.remote else "this command, which opened the home itself"
-            click.echo(f"job {job.fqid}: nothing kept: the story is kept in memory by the process that holds the "
-                       f"home, here {where}, since it opened it")
+            why = ("the service kept no step that touched it since it started (it keeps the newest [core] "
+                   "story_length)" if orch.remote else
+                   "a story is kept in memory by the process that holds the home, and this command opened it "
+                   "itself just now (a service, 'orchestrator serve', keeps every job's from its start)")
+            click.echo(f"job {job.fqid}: nothing kept: {why}")
             return
         for line in lines(entries):
             click.echo(line.rstrip())

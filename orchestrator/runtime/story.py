@@ -77,8 +77,8 @@ class Story:
         self._steps: deque[tuple[Event, Step]] = deque(maxlen=capacity)
 
     def record(self, event: Event, step: Step) -> None:
-        """The bus's hook: a truth test and an append per step, nothing more."""
-        if step or type(event) is not StatusReport:
+        """The bus's hook: a type test (a truth test for a report) and an append per step, nothing more."""
+        if type(event) is not StatusReport or step:
             self._steps.append((event, step))
 
     def __len__(self) -> int:
