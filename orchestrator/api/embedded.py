@@ -239,6 +239,12 @@ class Embedded:
         rows = await self.runtime.repo.states(".".join(map(str, fq)))
         return [{"job": r.job, "seq": r.seq, "time": r.time, "final": r.final, "data": r.data} for r in rows]
 
+    async def story(self, fq: FQID) -> list[dict[str, Any]]:
+        self._check([fq])
+        if not self.exists(fq):
+            raise JobError("no such job", fqid=fqid_str(fq))
+        return self.runtime.story.of(fq)
+
     def annotate(self, job: int, comment: str | None, metadata: dict[str, Any] | None) -> None:
         self._check([(job,)])
         spec = self.runtime.definitions.spec(job)

@@ -61,6 +61,7 @@ from .reattach import reattach
 from .repository import RunsRow, StateRow, TopRow
 from .runs import read_ending
 from .storage import Storage
+from .story import Story
 from .workspace import Workspace
 from .writer import Writer, restore
 
@@ -127,6 +128,9 @@ class Runtime:
                   CreateLinked: self.preparer.create_linked, RunPostprocess: self.postprocessing.run,
                   Notify: self.postprocessing.notify})
         self.bus = Bus(self.sm, self.executor, self.log, observer_capacity=int(config.core["events_buffer"]))
+        #: The recent steps, for ``orch.story(fqid)`` (:mod:`.story`): an append per step, read when asked.
+        self.story = Story(int(config.core["story_length"]))
+        self.bus.hooks.append(self.story.record)
         #: Prometheus metrics, for the service (``enable_prometheus``): an embedded runtime neither loads
         #: prometheus-client nor pays the bus hook.
         self.prometheus: Metrics | None = None

@@ -184,6 +184,10 @@ class Control:
     async def states(self, fqid: str) -> list[dict[str, Any]]:
         return await self.t.states(self._known(_fq(fqid)))
 
+    async def story(self, fqid: str) -> list[dict[str, Any]]:
+        """What happened to a job lately, by stimulus (the caller's view: another user's job is refused)."""
+        return await self.t.story(self._known(_fq(fqid)))
+
     # ------------------------------------------------------------ operations
     async def add(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
         job = _built(name, spec, None)
@@ -265,10 +269,10 @@ class Control:
 
 #: The methods a client may call (the HTTP API's routes).
 METHODS = frozenset({"jobs", "show", "master", "health", "describe", "info", "infos", "backend_id", "subjob_specs",
-                     "splitter_spec", "peek", "metrics", "states", "add", "submit", "kill", "resubmit", "release",
-                     "force_status", "remove", "merge", "wait", "annotate", "refresh", "owner"})
+                     "splitter_spec", "peek", "metrics", "states", "story", "add", "submit", "kill", "resubmit",
+                     "release", "force_status", "remove", "merge", "wait", "annotate", "refresh", "owner"})
 #: Methods a ``GET`` may call: they change nothing.
 READ_ONLY = frozenset({"jobs", "show", "master", "health", "describe", "info", "infos", "backend_id", "peek", "metrics",
-                       "states", "splitter_spec", "owner"})
+                       "states", "story", "splitter_spec", "owner"})
 
 __all__ = ["METHODS", "READ_ONLY", "Control", "JobStatus"]
