@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..core.model import JobInfo
-from ..core.statuses import ALL_STATUSES, JobStatus
+from ..core.statuses import ALL_STATUSES, FINAL, JobStatus
 from ..plugin.wrapper import read_log
 from .job import Job
 
@@ -46,7 +46,7 @@ def run_times(job: Job, info: JobInfo | None = None) -> tuple[float | None, floa
     (not yet started, or not yet final)."""
     stamps = (info or job.info).timestamps
     started = stamps.get("running")
-    ended = stamps.get("final") if job.status.value in ("completed", "failed", "killed") else None
+    ended = stamps.get("final") if job.status in FINAL else None
     seconds = max(0.0, ended - started) if started is not None and ended is not None else None
     return started, ended, seconds
 

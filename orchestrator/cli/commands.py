@@ -48,7 +48,6 @@ from .columns import FIELDS
 from .jobfile import demo_job_text, load_job
 from .targets import Named, job_ids_argument, lookup, resolve
 
-S = JobStatus
 #: Seconds between two refreshes of the live display.
 POLL = 0.2
 
@@ -99,7 +98,7 @@ def submit(jobfile: Path, keep_going: bool, wait_: bool, timeout: float | None, 
         try:
             await added.submit(keep_going=keep_going)
         except BaseException:
-            if added.status == S.NEW and not added.is_active():  # a job file that cannot run leaves nothing
+            if added.status == JobStatus.NEW and not added.is_active():  # a job file that cannot run leaves nothing
                 await added.remove()
             raise
         click.echo(added.fqid)
@@ -297,7 +296,7 @@ async def _ended(job: Job, timeout: float | None) -> int:
         await job.wait(timeout=timeout)
     except TimeoutError:
         return 1
-    return 0 if job.status == S.COMPLETED else 1
+    return 0 if job.status == JobStatus.COMPLETED else 1
 
 
 #: The jobs a command is following (``wait``, ``submit --wait``), for the message that Ctrl-C gets.
@@ -367,7 +366,7 @@ async def _follow(job: Job, timeout: float | None) -> int:
         Console(stderr=True).print(Text(f"timed out after {timeout:g} s; job {job.fqid} goes on", style="yellow"),
                                    soft_wrap=True)
         return 1
-    return 0 if record["status"] == S.COMPLETED else 1
+    return 0 if record["status"] == JobStatus.COMPLETED else 1
 
 
 @cli.command()

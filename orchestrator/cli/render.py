@@ -13,9 +13,9 @@ from rich.text import Text
 
 from ..core.statuses import ALL_STATUSES, FINAL, JobStatus
 
-S = JobStatus
-STYLES = {S.NEW: "dim", S.SUBMITTING: "cyan", S.SUBMITTED: "cyan", S.RUNNING: "yellow", S.COMPLETING: "yellow",
-          S.COMPLETED: "green", S.FAILED: "red", S.KILLED: "magenta", S.HELD: "bright_red"}
+STYLES = {JobStatus.NEW: "dim", JobStatus.SUBMITTING: "cyan", JobStatus.SUBMITTED: "cyan", JobStatus.RUNNING: "yellow",
+          JobStatus.COMPLETING: "yellow", JobStatus.COMPLETED: "green", JobStatus.FAILED: "red",
+          JobStatus.KILLED: "magenta", JobStatus.HELD: "bright_red"}
 
 
 #: What never reaches a terminal raw: C0 controls (ESC among them), DEL, C1 controls, and the Unicode controls

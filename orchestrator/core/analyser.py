@@ -21,7 +21,6 @@ from typing import Any
 from .runlog import RunLog
 from .statuses import JobStatus
 
-S = JobStatus
 TERMINAL = ("SUCCEEDED", "FAILED", "RETRY", "HOLD")
 EARLY, LATE_HANDLED, LATE_UNHANDLED = "early", "late_handled", "late_unhandled"
 LIMIT_OF = {EARLY: "max_early", LATE_HANDLED: "max_late_handled", LATE_UNHANDLED: "max_late_unhandled"}
@@ -124,7 +123,7 @@ def classify(outcome: Outcome, log: RunLog, limits: Limits, seconds: float | Non
     ``FailJobIfNoOutputMatched``), early or late unhandled by its run time, the patterns named.
     """
     level, verdict, reason, status, data = _classify(outcome, log, limits, seconds, wrapper=wrapper)
-    if status == S.COMPLETED and missing_output_fails:
+    if status == JobStatus.COMPLETED and missing_output_fails:
         missing = [pattern for _, word, pattern in log.keywords if word == "NOMATCH"]
         if missing:
             unhandled = EARLY if _timing(log, seconds, limits) == EARLY else LATE_UNHANDLED
@@ -136,17 +135,17 @@ def classify(outcome: Outcome, log: RunLog, limits: Limits, seconds: float | Non
 
 def _classify(outcome: Outcome, log: RunLog, limits: Limits, seconds: float | None, *, wrapper: bool,
               ) -> tuple[str, str, str, JobStatus | None, tuple[str, ...]]:
-    if outcome.status == S.KILLED:
-        return "backend", "killed", outcome.reason or "killed", S.KILLED, ()
+    if outcome.status == JobStatus.KILLED:
+        return "backend", "killed", outcome.reason or "killed", JobStatus.KILLED, ()
     if outcome.backend_verdict == "lost":
         return "orchestrator", LATE_UNHANDLED, outcome.reason or "the backend could not be reached", None, ()
-    if outcome.backend_verdict == "cancelled" or outcome.status == S.HELD:
-        return "backend", "hold", outcome.reason or "cancelled by the system", S.HELD, ()
+    if outcome.backend_verdict == "cancelled" or outcome.status == JobStatus.HELD:
+        return "backend", "hold", outcome.reason or "cancelled by the system", JobStatus.HELD, ()
     if outcome.backend_verdict == "aborted":
         return "backend", LATE_UNHANDLED, outcome.reason or "aborted by the backend", None, ()
     if not wrapper:
-        if outcome.status == S.COMPLETED:
-            return "application", "success", outcome.reason or "completed", S.COMPLETED, ()
+        if outcome.status == JobStatus.COMPLETED:
+            return "application", "success", outcome.reason or "completed", JobStatus.COMPLETED, ()
         verdict = EARLY if seconds is None or seconds < limits.early_seconds else LATE_UNHANDLED
         return "application", verdict, outcome.reason or "failed", None, ()
     if log.started is None:
@@ -166,15 +165,15 @@ def _classify(outcome: Outcome, log: RunLog, limits: Limits, seconds: float | No
         args = tuple(data.split())
         handled = EARLY if timing == EARLY else LATE_HANDLED
         if word == "SUCCEEDED":
-            return "user", "success", "SUCCEEDED", S.COMPLETED, args
+            return "user", "success", "SUCCEEDED", JobStatus.COMPLETED, args
         if word == "FAILED":
-            return "user", "failed", f"FAILED {data.strip()}", S.FAILED, args
+            return "user", "failed", f"FAILED {data.strip()}", JobStatus.FAILED, args
         if word == "HOLD":  # counted as handled, like RETRY; the user decides when it runs again
-            return "user", handled, f"HOLD {data.strip()}", S.HELD, args
+            return "user", handled, f"HOLD {data.strip()}", JobStatus.HELD, args
         return "user", handled, f"RETRY {data.strip()}", None, args
     code = log.exit_code if log.exit_code is not None else log.end_code
     if code == 0:
-        return "application", "success", "exit code 0", S.COMPLETED, ()
+        return "application", "success", "exit code 0", JobStatus.COMPLETED, ()
     return "application", unhandled, f"exit code {code} without a terminal keyword", None, ()
 
 
@@ -185,12 +184,12 @@ def decide(outcome: Outcome, log: RunLog, limits: Limits, counters: Mapping[str,
     level, verdict, reason, status, data = classify(outcome, log, limits, seconds, wrapper=wrapper,
                                                     missing_output_fails=missing_output_fails)
     new_counters = dict(counters)
-    if status == S.HELD and level == "user":
+    if status == JobStatus.HELD and level == "user":
         # GBS: the hold's data comes back as the retry arguments when it is released without new ones.
         new_counters[verdict] = new_counters.get(verdict, 0) + 1
         return Decision(status, level, verdict, reason, retry_args=data, counters=new_counters)
     if status is not None:
-        outputs = data if status == S.COMPLETED else ()
+        outputs = data if status == JobStatus.COMPLETED else ()
         return Decision(status, level, verdict, reason, outputs=outputs, retry_args=tuple(previous_args),
                         counters=new_counters)
     # A retry: the application's own args when it said RETRY, else the previous ones. The infrastructure's
@@ -201,6 +200,6 @@ def decide(outcome: Outcome, log: RunLog, limits: Limits, counters: Mapping[str,
     limit_name, limit, used = limits.bound(level, verdict, new_counters)
     if used > limit:
         why = f"{reason}; retry limit {limit_name}={limit} reached" if limit else reason
-        return Decision(S.FAILED, level, verdict, why, retry_args=args, limit_reached=limit_name,
+        return Decision(JobStatus.FAILED, level, verdict, why, retry_args=args, limit_reached=limit_name,
                         counters=new_counters)
-    return Decision(S.FAILED, level, verdict, reason, retry=True, retry_args=args, counters=new_counters)
+    return Decision(JobStatus.FAILED, level, verdict, reason, retry=True, retry_args=args, counters=new_counters)

@@ -21,11 +21,10 @@ from .events import Event, Request
 from .ids import FQID, Runs
 from .instructions import Instruction, Reply
 from .jobs import JobState
-from .statuses import FINAL, START_STATUSES, JobStatus, allowed
+from .statuses import FINAL, JobStatus, allowed, attempt_change
 from .step import Change, Refusal, Step
 from .table import REFUSED_KEPT, SPARSE_TIMED, TIMED
 
-S = JobStatus
 _TIMED_CODES = {JobStatus(k).code: k for k in TIMED}
 _FINAL_CODES = frozenset(s.code for s in FINAL)
 _SPARSE_CODES = {s.code: s.value for s in SPARSE_TIMED}
@@ -74,7 +73,7 @@ class Killing:
     """A ``SendKill`` under way: what its killed runs become (``None``: nothing, e.g. a lost run's kill)."""
 
     request: str | None
-    to: JobStatus | None = S.KILLED
+    to: JobStatus | None = JobStatus.KILLED
     forced: bool = False
 
 
@@ -181,10 +180,8 @@ class Core:
             status[i] = code_new
             counts[code_old] -= 1
             counts[code_new] += 1
-            if new == S.SUBMITTING:
-                attempt[i] += 1
-            elif old == S.SUBMITTING and new == S.NEW:
-                attempt[i] = max(attempt[i] - 1, 0)  # rolled back: that submission never took place
+            if delta := attempt_change(old, new):
+                attempt[i] = max(attempt[i] + delta, 0)
             if timed is not None:
                 timed[i] = now
             if sparse is not None:
@@ -239,10 +236,10 @@ class Core:
             for times in stamps:
                 for i in indexes:
                     times[i] = now
-        if new == S.SUBMITTING or (old == S.SUBMITTING and new == S.NEW):
-            attempt, step = runs.attempt, 1 if new == S.SUBMITTING else -1
+        if delta := attempt_change(old, new):
+            attempt = runs.attempt
             for i in indexes:
-                attempt[i] = max(attempt[i] + step, 0)
+                attempt[i] = max(attempt[i] + delta, 0)
         sparse = _SPARSE_CODES.get(new.code)
         if sparse is not None:
             for i in indexes:
@@ -269,14 +266,14 @@ class Core:
             if started is not None:
                 running[i] = started
             code = runs.status[i]
-            if ended is not None and (code in _FINAL_CODES or code == S.HELD.code):
+            if ended is not None and (code in _FINAL_CODES or code == JobStatus.HELD.code):
                 if code in _FINAL_CODES:
                     finals[i] = ended
                 sparse = _SPARSE_CODES.get(code)
                 if sparse is not None:
                     runs.extra(i).timestamps[sparse] = ended
         if js.is_master and started is not None:
-            js.note_master_times(S.RUNNING, started)
+            js.note_master_times(JobStatus.RUNNING, started)
         self.mark(js.id, indexes if js.is_master else None)
 
     def _refused(self, js: JobState, i: int, old: JobStatus, new: JobStatus, sid: str, report: bool) -> None:
@@ -311,7 +308,7 @@ class Core:
         js.pinned = status
         if status is None:
             js.derived = js.derive()
-        if status == S.SUBMITTING:
+        if status == JobStatus.SUBMITTING:
             js.top.timestamps["submitting"] = self.now
         after = js.status
         self.dirty_tops.add(js.id)
@@ -345,7 +342,7 @@ def positions(js: JobState, runs: Runs) -> Sequence[int]:
 
 
 def final_or_new(status: JobStatus) -> bool:
-    return status in FINAL or status == S.NEW
+    return status in FINAL or status == JobStatus.NEW
 
 
-__all__ = ["Core", "Killing", "Pending", "Sending", "positions", "START_STATUSES"]
+__all__ = ["Core", "Killing", "Pending", "Sending", "positions"]

@@ -15,8 +15,6 @@ from .events import Profile
 from .statuses import ACTIVE, FINAL, START_STATUSES, JobStatus, master_status
 from .table import RunExtra, RunTable
 
-S = JobStatus
-
 
 class JobState:
     """See the module docstring. ``top`` holds the job's own info (a master's reason and timestamps)."""
@@ -30,7 +28,7 @@ class JobState:
         self.runs = RunTable(1)
         self.is_master = False
         self.pinned: JobStatus | None = None
-        self.derived = S.NEW
+        self.derived = JobStatus.NEW
         self.top = RunExtra()
         #: Pre-job / aggregator bookkeeping: on a master ``prejob``, ``aggregator`` (ids), ``phase``,
         #: ``failed``; on a linked job ``master`` and ``role``.
@@ -56,8 +54,8 @@ class JobState:
     def derive(self) -> JobStatus:
         counts = self.runs.counts
         status = master_status({s: counts[s.code] for s in JobStatus if counts[s.code]}, self.order)
-        if status == S.COMPLETED and (self.post_failed or self.partition.get("failed")):
-            return S.FAILED
+        if status == JobStatus.COMPLETED and (self.post_failed or self.partition.get("failed")):
+            return JobStatus.FAILED
         return status
 
     def all_final(self) -> bool:
@@ -85,14 +83,14 @@ class JobState:
         """The job now has ``n`` subjobs, all ``new``."""
         self.runs = RunTable(n)
         self.is_master = True
-        self.derived = S.NEW
+        self.derived = JobStatus.NEW
 
     def unsplit(self) -> None:
         """Back to a job without subjobs, ``new`` (a rolled-back submission)."""
         self.runs = RunTable(1)
         self.is_master = False
         self.pinned = None
-        self.derived = S.NEW
+        self.derived = JobStatus.NEW
         self.top.timestamps = {"new": self.created}
 
     def note_master_times(self, status: JobStatus, time: float) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from . import monitoring, outcomes, requests
+from . import monitoring, outcomes, requests, validate
 from .base import Core
 from .events import (
     AddRequested,
@@ -48,7 +48,7 @@ from .events import (
 )
 from .ids import FQID
 from .jobs import JobState
-from .statuses import MONITORED, JobStatus, master_status
+from .statuses import ACTIVE, MONITORED, JobStatus, master_status
 from .step import Step
 from .table import RunExtra, RunTable
 
@@ -172,7 +172,7 @@ class StateMachine:
         if js is None:
             return False
         if len(fq) == 2:
-            return js.runs.get(fq[1]) in _ACTIVE
+            return js.runs.get(fq[1]) in ACTIVE
         return js.active(postprocess=postprocess)
 
     def busy(self, job_id: int) -> bool:
@@ -269,11 +269,15 @@ class StateMachine:
         if job_id in self._core.jobs:
             self._core.mark(job_id, indexes)
 
+    def validate_state(self) -> None:
+        """Check the core's own invariants (counters, derived statuses, links, requests under way); raise
+        :class:`~.validate.InvalidState` naming the job and what disagrees. On demand, as Dask's
+        ``validate_state()``: the property test calls it after every step; nothing in production does."""
+        validate.validate(self._core)
+
     def take_dirty(self) -> tuple[dict[int, set[int] | None], set[int]]:
         """What changed since the last call: the runtime's writer takes it at each flush."""
         return self._core.take_dirty()
 
-
-_ACTIVE = frozenset({JobStatus.SUBMITTING, JobStatus.SUBMITTED, JobStatus.RUNNING, JobStatus.COMPLETING})
 
 __all__ = ["HANDLERS", "StateMachine"]

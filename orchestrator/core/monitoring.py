@@ -26,14 +26,9 @@ from .jobs import JobState
 from .partition import settle
 from .retry import judge
 from .sending import attempts_of, send_kill, send_submit
-from .statuses import ACTIVE, FINAL, JobStatus
+from .statuses import ON_THE_WAY, JobStatus
 
-S = JobStatus
-#: Reported statuses that end a run (or ask for a judgement).
-ENDINGS = frozenset({S.COMPLETED, S.FAILED, S.HELD, S.KILLED})
-#: Statuses a backend may report of a run on its way.
-ON_THE_WAY = frozenset({S.SUBMITTED, S.RUNNING, S.COMPLETING})
-_ACTIVE_CODES = frozenset(s.code for s in ACTIVE if s != S.SUBMITTING)
+_ON_THE_WAY_CODES = frozenset(s.code for s in ON_THE_WAY)
 
 
 def handle_status_report(core: Core, event: StatusReport) -> None:
@@ -58,19 +53,19 @@ def apply_report(core: Core, js: JobState, report: RunReport, sid: str) -> None:
     if status in ON_THE_WAY and report.verdict is None:
         news = [i for i in idx if js.runs.status[i] != status.code]
         moved = core.move(js, news, status, sid, report=True)
-        if status == S.RUNNING and report.started is not None:
+        if status == JobStatus.RUNNING and report.started is not None:
             core.set_run_times(js, moved, started=report.started, ended=None)
         settle(core, js, sid)
         return
     runs = js.runs
-    ending = [i for i in idx if runs.status[i] in _ACTIVE_CODES]
+    ending = [i for i in idx if runs.status[i] in _ON_THE_WAY_CODES]
     if not ending:
         return
-    if status == S.COMPLETED and report.verdict is None and not js.profile.wrapper:
+    if status == JobStatus.COMPLETED and report.verdict is None and not js.profile.wrapper:
         for i in ending:  # the backend's word is final (no wrapper log to read): a clean ending
             if (extra := runs.extras.get(i)) is not None:
                 extra.reason = None
-        moved = core.move(js, ending, S.COMPLETED, sid, report=True)
+        moved = core.move(js, ending, JobStatus.COMPLETED, sid, report=True)
         core.set_run_times(js, moved, started=report.started, ended=report.ended)
         settle(core, js, sid)
         return
@@ -85,7 +80,7 @@ def apply_report(core: Core, js: JobState, report: RunReport, sid: str) -> None:
             if verdict.adjust is not None:
                 adjust.setdefault(verdict.adjust.name, (verdict.adjust, []))[1].append(i)
     started, ended = report_times(report)
-    for target in (S.HELD, S.COMPLETED, S.FAILED, S.KILLED):
+    for target in (JobStatus.HELD, JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.KILLED):
         if target in by_status:
             moved = core.move(js, by_status[target], target, sid, report=True)
             core.set_run_times(js, moved, started=started, ended=ended)
@@ -114,9 +109,9 @@ def report_times(report: RunReport) -> tuple[float | None, float | None]:
 def retry(core: Core, js: JobState, indexes: list[int], sid: str) -> None:
     """Failed runs the limits allow to run again: submitted again now, from their newest state; and retries the
     backend refused, still ``submitting``, whose pause is over (``RetryDue``)."""
-    ready = [i for i in indexes if js.runs.status[i] == S.FAILED.code]
-    waiting = [i for i in indexes if js.runs.status[i] == S.SUBMITTING.code]
-    core.move(js, ready, S.SUBMITTING, sid)
+    ready = [i for i in indexes if js.runs.status[i] == JobStatus.FAILED.code]
+    waiting = [i for i in indexes if js.runs.status[i] == JobStatus.SUBMITTING.code]
+    core.move(js, ready, JobStatus.SUBMITTING, sid)
     send_submit(core, js, sorted(ready + waiting) if waiting else ready, sid, kind="retry", start="resume")
 
 
@@ -125,9 +120,9 @@ def handle_run_lost(core: Core, event: RunLost) -> None:
     if js is None:
         return
     sid = event.stimulus_id
-    idx = [i for i in positions(js, event.runs) if js.runs.status[i] in _ACTIVE_CODES]
+    idx = [i for i in positions(js, event.runs) if js.runs.status[i] in _ON_THE_WAY_CODES]
     send_kill(core, js, idx, sid, to=None)  # best effort: its late lines must not reach its retry
-    apply_report(core, js, RunReport(core.runs_of(js, idx), S.FAILED, reason=event.reason, verdict="lost"), sid)
+    apply_report(core, js, RunReport(core.runs_of(js, idx), JobStatus.FAILED, reason=event.reason, verdict="lost"), sid)
 
 
 def handle_retry_due(core: Core, event: RetryDue) -> None:
@@ -139,7 +134,7 @@ def handle_retry_due(core: Core, event: RetryDue) -> None:
 def handle_started(core: Core, event: Started) -> None:
     sid = event.stimulus_id
     for js in list(core.jobs.values()):
-        interrupted = js.runs.indexes_in([S.SUBMITTING])
+        interrupted = js.runs.indexes_in([JobStatus.SUBMITTING])
         if interrupted:
             _recover(core, js, interrupted, sid)
         if js.is_master and js.profile.postprocess and js.all_final() and js.pinned is None and \
@@ -163,9 +158,9 @@ def _recover(core: Core, js: JobState, interrupted: list[int], sid: str) -> None
             back.append(i)
             js.runs.extra(i).reason = ("submission interrupted by a restart; the backend cannot say whether "
                                        "it got it: check, then resubmit")
-    core.move(js, back, S.NEW, sid)
+    core.move(js, back, JobStatus.NEW, sid)
     send_submit(core, js, carry_on, sid, kind="resend", persist=False)
     settle(core, js, sid)
 
 
-__all__ = ["ENDINGS", "FINAL", "handle_retry_due", "handle_run_lost", "handle_started", "handle_status_report"]
+__all__ = ["handle_retry_due", "handle_run_lost", "handle_started", "handle_status_report"]

@@ -44,7 +44,6 @@ from .sending import send_kill, send_submit
 from .statuses import FINAL, JobStatus
 from .step import Change
 
-S = JobStatus
 #: Seconds before an automatic retry the backend refused is sent again (see :func:`_retry_refused`).
 RETRY_REFUSED_AFTER = 2.0
 
@@ -58,11 +57,11 @@ def handle_prepared(core: Core, event: Prepared) -> None:
     sid = event.stimulus_id
     stop = pending is not None and not pending.keep_going
     if event.n_subjobs == 0:
-        core.move(js, [0], S.SUBMITTING, sid)
+        core.move(js, [0], JobStatus.SUBMITTING, sid)
         send_submit(core, js, [0], sid, kind="submit", request=sid, start="initial")
         return
     js.split(event.n_subjobs)
-    js.pinned = S.SUBMITTING
+    js.pinned = JobStatus.SUBMITTING
     if js.profile.prejob:
         from .partition import start_prejob
 
@@ -72,7 +71,7 @@ def handle_prepared(core: Core, event: Prepared) -> None:
         js.partition["phase"] = "subjobs"
     everything = range(event.n_subjobs)
     # The runtime stored them as submitting, attempt 1 (the write-ahead record): the same move here.
-    core.move(js, everything, S.SUBMITTING, sid)
+    core.move(js, everything, JobStatus.SUBMITTING, sid)
     core.dirty.pop(js.id, None)
     send_submit(core, js, everything, sid, kind="submit", request=sid, stop_on_failure=stop, start="initial",
                 persist=False)
@@ -95,7 +94,7 @@ def _roll_back(core: Core, js: JobState, sid: str, *, undo: bool = True) -> None
         before = js.status
         js.unsplit()
         js.attempt = max(js.attempt - 1, 0)
-        core.step.changes.append(Change(js.id, None, before, S.NEW, core.now, sid))
+        core.step.changes.append(Change(js.id, None, before, JobStatus.NEW, core.now, sid))
     else:
         js.runs.extras.pop(0, None)  # as it was before: a new job has no reason nor history
     core.mark(js.id)
@@ -118,7 +117,7 @@ def handle_submit_outcomes(core: Core, event: SubmitOutcomes) -> None:
         i = idx[k] if js.is_master else 0
         js.runs.extra(i).checkpoint.update(state)
         core.mark(js.id, [i])
-    core.move(js, accepted, S.SUBMITTED, sid)
+    core.move(js, accepted, JobStatus.SUBMITTED, sid)
     failures: list[tuple[str, str]] = []
     to_new: list[int] = [idx[k] for k in event.not_attempted] if js.is_master else (
         [0] if event.not_attempted else [])
@@ -132,11 +131,11 @@ def handle_submit_outcomes(core: Core, event: SubmitOutcomes) -> None:
         if sending.kind == "retry":
             refused_retries.append((i, reason))
             continue
-        (to_new if _rejected_to(js, i, sending, event.native) == S.NEW else to_failed).append(i)
+        (to_new if _rejected_to(js, i, sending, event.native) == JobStatus.NEW else to_failed).append(i)
     if refused_retries:
         to_failed += _retry_refused(core, js, refused_retries, sid)
-    core.move(js, to_new, S.NEW, sid)
-    core.move(js, to_failed, S.FAILED, sid)
+    core.move(js, to_new, JobStatus.NEW, sid)
+    core.move(js, to_failed, JobStatus.FAILED, sid)
     sending.failures += failures
     if event.more:  # a part: the request is answered with the last one
         settle(core, js, sid)
@@ -148,7 +147,7 @@ def handle_submit_outcomes(core: Core, event: SubmitOutcomes) -> None:
     if js.link is not None and sending.kind in ("submit", "relink"):
         _linked_submitted(core, js, errors, sid)
         return
-    hard = sending.kind == "release" or (sending.kind == "submit" and js.status == S.NEW)
+    hard = sending.kind == "release" or (sending.kind == "submit" and js.status == JobStatus.NEW)
     done(core, sending.request, js.id, errors, hard=hard)
     release_waiting(core)  # requests that waited for this submission's answer
 
@@ -160,7 +159,8 @@ def _retry_refused(core: Core, js: JobState, refused: list[tuple[int, str]], sid
     again: list[int] = []
     failed: list[int] = []
     for i, reason in refused:
-        report = RunReport(core.runs_of(js, [i]), S.FAILED, reason=f"submission failed: {reason}", verdict="lost")
+        report = RunReport(core.runs_of(js, [i]), JobStatus.FAILED, reason=f"submission failed: {reason}",
+                           verdict="lost")
         (again if judge(js, i, report, core.now).retry else failed).append(i)
     if again:
         core.mark(js.id, again)
@@ -170,10 +170,10 @@ def _retry_refused(core: Core, js: JobState, refused: list[tuple[int, str]], sid
 
 def _rejected_to(js: JobState, i: int, sending: Sending, native: bool) -> JobStatus:
     if sending.kind in ("submit", "after-prejob"):
-        return S.FAILED if native and js.is_master else S.NEW
+        return JobStatus.FAILED if native and js.is_master else JobStatus.NEW
     if sending.kind == "resubmit":
-        return S.NEW if i in sending.was_new else S.FAILED
-    return S.FAILED
+        return JobStatus.NEW if i in sending.was_new else JobStatus.FAILED
+    return JobStatus.FAILED
 
 
 def _submit_errors(core: Core, js: JobState, sending: Sending, failures: list[tuple[str, str]],
@@ -185,15 +185,15 @@ def _submit_errors(core: Core, js: JobState, sending: Sending, failures: list[tu
             return [JobError(f"submission failed: {failures[0][1]}", fqid=_fq(js, 0))]
         return []
     if sending.kind == "after-prejob":
-        if failures and js.runs.counts[S.NEW.code] == len(js.runs):
+        if failures and js.runs.counts[JobStatus.NEW.code] == len(js.runs):
             js.top.reason = f"no subjob could be submitted after the prejob; first error: {failures[0][1]}"
         return []
     if sending.kind == "submit":
-        if js.runs.counts[S.NEW.code] == len(js.runs):
+        if js.runs.counts[JobStatus.NEW.code] == len(js.runs):
             first = failures[0][1] if failures else "?"
             _roll_back(core, js, sid)
             return [JobError(f"no subjob could be submitted; first error: {first}", fqid=fqid_str((js.id,)))]
-        if js.pinned == S.SUBMITTING:
+        if js.pinned == JobStatus.SUBMITTING:
             core.pin(js, None, sid)
         pending = core.pending.get(sending.request or "")
         if failures and pending is not None and not pending.keep_going:
@@ -281,9 +281,9 @@ def handle_lookup_outcomes(core: Core, event: LookupOutcomes) -> None:
     if js is None:
         return
     idx = positions(js, event.runs)
-    found = [idx[k] for k in event.found if js.runs.get(idx[k]) == S.SUBMITTING]
-    absent = [idx[k] for k in event.absent if js.runs.get(idx[k]) == S.SUBMITTING]
-    core.move(js, found, S.SUBMITTED, sid)
+    found = [idx[k] for k in event.found if js.runs.get(idx[k]) == JobStatus.SUBMITTING]
+    absent = [idx[k] for k in event.absent if js.runs.get(idx[k]) == JobStatus.SUBMITTING]
+    core.move(js, found, JobStatus.SUBMITTED, sid)
     send_submit(core, js, absent, sid, kind="resend", persist=False)
     settle(core, js, sid)
 
@@ -303,10 +303,10 @@ def handle_linked_added(core: Core, event: LinkedAdded) -> None:
     js.link = (event.master, event.role)
     master.partition[event.role] = event.job
     core.dirty_tops.update((master.id, js.id))
-    if js.status == S.NEW:
+    if js.status == JobStatus.NEW:
         core.emit(Prepare(stimulus_id=sid, job=js.id))
         return
-    core.move(js, [0], S.SUBMITTING, sid)  # a later round of the aggregator: the same job, new steps
+    core.move(js, [0], JobStatus.SUBMITTING, sid)  # a later round of the aggregator: the same job, new steps
     send_submit(core, js, [0], sid, kind="relink", start="initial")
     settle(core, js, sid)
 
@@ -322,8 +322,8 @@ def handle_postprocess_done(core: Core, event: PostprocessDone) -> None:
     if event.error is not None or not js.partition.get("failed"):
         js.top.reason = event.error
     for i, why in event.failed_subjobs:
-        if js.runs.get(i) == S.COMPLETED:
-            force_now(core, js, [i], S.FAILED, sid, checked=why)  # still postprocessing: not run a second time
+        if js.runs.get(i) == JobStatus.COMPLETED:
+            force_now(core, js, [i], JobStatus.FAILED, sid, checked=why)  # still postprocessing: not run a second time
     js.postprocessing = False
     core.dirty_tops.add(js.id)
     core.rederive(js, sid)

@@ -23,12 +23,11 @@ from .base import Core
 from .instructions import CreateLinked, Notify, RunPostprocess
 from .jobs import JobState
 from .sending import send_submit
-from .statuses import FINAL, JobStatus
+from .statuses import AT_REST, KILLABLE, JobStatus
 
-S = JobStatus
 #: What the master shows while its linked job is in each status (rules 1-3 with one run).
-SHOWN = {S.SUBMITTING: S.SUBMITTED, S.SUBMITTED: S.SUBMITTED, S.RUNNING: S.RUNNING, S.COMPLETING: S.RUNNING,
-         S.HELD: S.HELD}
+SHOWN = {JobStatus.SUBMITTING: JobStatus.SUBMITTED, JobStatus.SUBMITTED: JobStatus.SUBMITTED,
+         JobStatus.RUNNING: JobStatus.RUNNING, JobStatus.COMPLETING: JobStatus.RUNNING, JobStatus.HELD: JobStatus.HELD}
 
 
 def settle(core: Core, js: JobState, sid: str) -> None:
@@ -36,8 +35,8 @@ def settle(core: Core, js: JobState, sid: str) -> None:
     before = js.status
     if js.is_master and core.rederive(js, sid):
         master_ended(core, js, sid)
-    if js.is_master and js.profile.notify_held and js.status == S.HELD and before != S.HELD:
-        core.emit(Notify(stimulus_id=sid, job=js.id, status=S.HELD))
+    if js.is_master and js.profile.notify_held and js.status == JobStatus.HELD and before != JobStatus.HELD:
+        core.emit(Notify(stimulus_id=sid, job=js.id, status=JobStatus.HELD))
     if js.link is not None:
         master = core.jobs.get(js.link[0])
         if master is not None:
@@ -62,12 +61,12 @@ def start_prejob(core: Core, master: JobState, sid: str) -> None:
 
 def linked_changed(core: Core, master: JobState, linked: JobState, role: str, sid: str) -> None:
     p = master.partition
-    if p.get("phase") == f"{role}-ended" and linked.status == S.SUBMITTING:
+    if p.get("phase") == f"{role}-ended" and linked.status == JobStatus.SUBMITTING:
         p["phase"] = role  # the user resubmitted the pre-job or the aggregator: its phase again
         core.dirty_tops.add(master.id)
     if p.get("phase") != role or not master.is_master:
         return
-    if linked.status in FINAL or linked.status == S.NEW:
+    if linked.status in AT_REST:
         if role == "prejob":
             prejob_ended(core, master, linked, sid)
         else:
@@ -78,11 +77,11 @@ def linked_changed(core: Core, master: JobState, linked: JobState, role: str, si
 
 def prejob_ended(core: Core, master: JobState, prejob: JobState, sid: str) -> None:
     p = master.partition
-    if prejob.status == S.COMPLETED:
+    if prejob.status == JobStatus.COMPLETED:
         p["phase"] = "subjobs"
-        waiting = master.runs.indexes_in([S.NEW])
+        waiting = master.runs.indexes_in([JobStatus.NEW])
         master.top.reason = None
-        core.move(master, waiting, S.SUBMITTING, sid)
+        core.move(master, waiting, JobStatus.SUBMITTING, sid)
         send_submit(core, master, waiting, sid, kind="after-prejob", start="initial")
     else:
         p["phase"] = "prejob-ended"
@@ -123,7 +122,7 @@ def aggregate(core: Core, master: JobState, sid: str) -> None:
                            f"(min_success={master.profile.min_success:g}); the aggregator was not started", sid)
         return
     p["phase"] = "aggregator"
-    core.pin(master, S.SUBMITTED, sid)
+    core.pin(master, JobStatus.SUBMITTED, sid)
     core.emit(CreateLinked(stimulus_id=sid, master=master.id, role="aggregator", steps=tuple(labels),
                            reuse=p.get("aggregator")))
 
@@ -132,7 +131,7 @@ def aggregator_ended(core: Core, master: JobState, aggregator: JobState, sid: st
     p = master.partition
     p["phase"] = "aggregator-ended"
     core.dirty_tops.add(master.id)
-    if aggregator.status == S.COMPLETED:
+    if aggregator.status == JobStatus.COMPLETED:
         p["failed"] = False
         if not master.post_failed:
             master.top.reason = None
@@ -160,6 +159,6 @@ def active_linked(core: Core, master: JobState) -> list[JobState]:
     out = []
     for role in ("prejob", "aggregator"):
         linked = core.jobs.get(master.partition.get(role, -1))
-        if linked is not None and linked.status in (S.SUBMITTED, S.RUNNING, S.HELD):
+        if linked is not None and linked.status in KILLABLE:
             out.append(linked)
     return out

@@ -27,9 +27,7 @@ from .instructions import Forget, Prepare, RunPostprocess, SetBackend, Unwatch
 from .jobs import JobState
 from .partition import active_linked, resubmit_refusal, settle
 from .sending import send_kill, send_submit
-from .statuses import ACTIVE, FINAL, KILLABLE, MONITORED, RESUBMITTABLE, JobStatus
-
-S = JobStatus
+from .statuses import ACTIVE, AT_REST, FINAL, KILLABLE, MONITORED, RESUBMITTABLE, JobStatus
 
 
 def _job(core: Core, job: int, fq: FQID) -> JobState:
@@ -60,7 +58,7 @@ def begin_submit(core: Core, pending: Pending, job: int, targets: list[FQID]) ->
         js = _job(core, job, fq)
         if len(fq) > 1:
             raise refused("a subjob cannot be submitted on its own (use resubmit())", fq)
-        if js.status != S.NEW or js.is_master:
+        if js.status != JobStatus.NEW or js.is_master:
             raise refused(f"cannot submit a job that is {js.status.value} (use resubmit())", fq)
         event = pending.event
         if isinstance(event, SubmitRequested) and job in event.profiles:  # defined anew before its submission
@@ -68,7 +66,7 @@ def begin_submit(core: Core, pending: Pending, job: int, targets: list[FQID]) ->
         if js.profile.splits:
             js.is_master = True  # no subjobs yet: it shows "submitting" while it is split
             js.attempt += 1
-            core.pin(js, S.SUBMITTING, pending.sid)
+            core.pin(js, JobStatus.SUBMITTING, pending.sid)
         core.emit(Prepare(stimulus_id=pending.sid, job=job, submitting=not js.profile.prejob))
         pending.acted += 1
         return 1
@@ -87,13 +85,13 @@ def begin_kill(core: Core, pending: Pending, job: int, targets: list[FQID]) -> i
             if _is_master_target(js, fq):
                 chosen += js.runs.indexes_in(KILLABLE)
                 linked += active_linked(core, js)
-                if submitting := js.runs.indexes_in([S.SUBMITTING]):  # retries under way: killed once out
+                if submitting := js.runs.indexes_in([JobStatus.SUBMITTING]):  # retries under way: killed once out
                     core.kill_after.setdefault(job, set()).update(submitting)
                     pending.acted += len(submitting)
                 continue
             i = fq[1] if len(fq) > 1 else 0
             status = js.runs.get(i)
-            if status == S.NEW:
+            if status == JobStatus.NEW:
                 raise refused("cannot kill a job that was never submitted", fq)
             if status in FINAL:
                 continue
@@ -149,7 +147,7 @@ def begin_resubmit(core: Core, pending: Pending, job: int, targets: list[FQID]) 
     if js.is_master and any(len(fq) == 1 for fq in targets):
         js.attempt += 1
         core.dirty_tops.add(js.id)
-    was_new = frozenset(i for i in chosen if js.runs.status[i] == S.NEW.code)
+    was_new = frozenset(i for i in chosen if js.runs.status[i] == JobStatus.NEW.code)
     for i in chosen:
         if (extra := js.runs.extras.get(i)) is not None:
             extra.reason = None
@@ -157,7 +155,7 @@ def begin_resubmit(core: Core, pending: Pending, job: int, targets: list[FQID]) 
         js.post_failed = False
         js.top.reason = None
         core.dirty_tops.add(js.id)
-    core.move(js, chosen, S.SUBMITTING, pending.sid)
+    core.move(js, chosen, JobStatus.SUBMITTING, pending.sid)
     settle(core, js, pending.sid)
     send_submit(core, js, chosen, pending.sid, kind="resubmit", request=pending.sid,
                 stop_on_failure=not pending.keep_going, start=event.start, was_new=was_new)
@@ -172,13 +170,13 @@ def _resubmit_targets(js: JobState, fq: FQID, only_failed: bool) -> list[int]:
         why = resubmit_refusal(js)
         if why is not None:
             raise refused(why, fq)
-        wanted = [S.FAILED, S.NEW] + ([] if only_failed else [S.KILLED])
+        wanted = [JobStatus.FAILED, JobStatus.NEW] + ([] if only_failed else [JobStatus.KILLED])
         return js.runs.indexes_in(wanted)
     i = fq[1] if len(fq) > 1 else 0
     status = js.runs.get(i)
-    if status == S.NEW and len(fq) == 1:
+    if status == JobStatus.NEW and len(fq) == 1:
         raise refused("was never submitted (use submit())", fq)
-    if status == S.HELD:
+    if status == JobStatus.HELD:
         raise refused("is held (use release())", fq)
     if status not in RESUBMITTABLE:
         step = "; kill it first, then resubmit it" if status in ACTIVE else ""
@@ -204,13 +202,13 @@ def begin_release(core: Core, pending: Pending, job: int, targets: list[FQID]) -
     for fq in targets:
         js = _job(core, job, fq)
         if _is_master_target(js, fq):
-            held = js.runs.indexes_in([S.HELD])
+            held = js.runs.indexes_in([JobStatus.HELD])
             if not held:
                 raise refused("has no held subjobs to release", fq)
             chosen += held
             continue
         i = fq[1] if len(fq) > 1 else 0
-        if js.runs.get(i) != S.HELD:
+        if js.runs.get(i) != JobStatus.HELD:
             raise refused(f"cannot release a job that is {js.runs.get(i).value} (only held jobs)", fq)
         chosen.append(i)
     if js is None or not chosen:
@@ -221,7 +219,7 @@ def begin_release(core: Core, pending: Pending, job: int, targets: list[FQID]) -
         if event.retry_args is not None:
             extra.retry_args = [str(a) for a in event.retry_args]
         extra.reason = None
-    core.move(js, chosen, S.SUBMITTING, pending.sid)
+    core.move(js, chosen, JobStatus.SUBMITTING, pending.sid)
     settle(core, js, pending.sid)
     send_submit(core, js, chosen, pending.sid, kind="release", request=pending.sid, start="resume")
     pending.acted += len(chosen)
@@ -233,7 +231,7 @@ def begin_force(core: Core, pending: Pending, job: int, targets: list[FQID]) -> 
     event = pending.event
     assert isinstance(event, ForceStatusRequested)
     to = event.status
-    if to not in (S.FAILED, S.COMPLETED):
+    if to not in (JobStatus.FAILED, JobStatus.COMPLETED):
         raise refused(f"force_status takes 'failed' or 'completed', not {to.value!r}", targets[0], "status")
     js = core.jobs.get(job)
     now_idx: list[int] = []
@@ -247,7 +245,7 @@ def begin_force(core: Core, pending: Pending, job: int, targets: list[FQID]) -> 
         for i in candidates:
             status = js.runs.get(i)
             if status in ACTIVE and not event.force:
-                if status == S.SUBMITTING:
+                if status == JobStatus.SUBMITTING:
                     raise refused("is being submitted: try again once it is submitted", fq, "status")
                 kill_idx.append(i)
             else:
@@ -284,7 +282,7 @@ def force_now(core: Core, js: JobState, indexes: list[int], to: JobStatus, sid: 
         if checked is not None:
             extra.reason = checked
         else:
-            extra.reason = f"forced to {to.value} by the user" if to == S.FAILED else None
+            extra.reason = f"forced to {to.value} by the user" if to == JobStatus.FAILED else None
     core.move(js, indexes, to, sid, forced=True)
     if watched:
         core.emit(Unwatch(stimulus_id=sid, backend=js.profile.backend, runs=core.runs_of(js, watched)))
@@ -297,7 +295,7 @@ def begin_remove(core: Core, pending: Pending, job: int, targets: list[FQID]) ->
         js = _job(core, job, fq)
         if len(fq) > 1:
             raise refused("a subjob cannot be removed on its own (remove its master)", fq)
-        if js.active() or js.status not in FINAL | {S.NEW}:
+        if js.active() or js.status not in AT_REST:
             raise refused(f"cannot remove a job that is {js.status.value} (kill it first)", fq)
     js = core.jobs.pop(job)
     for other in core.jobs.values():  # links to it go: its master sees "removed" when its phase looks

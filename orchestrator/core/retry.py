@@ -25,8 +25,6 @@ from .runlog import RunLog
 from .statuses import JobStatus
 from .table import HISTORY_KEPT
 
-S = JobStatus
-
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
@@ -58,15 +56,15 @@ def judge(js: JobState, i: int, report: RunReport, now: float) -> Verdict:
         if word == "REFUSED":  # the wrapper refused a RETURN_FILE or an output file: kept on record
             extra.history = [*extra.history, {"time": now, "level": "user", "verdict": "refused",
                                               "reason": f"RETURN_FILE {data}", "attempt": attempt}]
-    if decision.status == S.COMPLETED:
+    if decision.status == JobStatus.COMPLETED:
         extra.outputs = list(decision.outputs)
         extra.reason = None
-        return Verdict(S.COMPLETED, False)
+        return Verdict(JobStatus.COMPLETED, False)
     reason = decision.reason
     if report.stderr_tail and decision.level in ("application", "worker", "batch") and decision.verdict != "failed":
         reason = f"{reason}; stderr: {report.stderr_tail}"
     extra.reason = reason
-    if decision.retry or decision.status == S.HELD:
+    if decision.retry or decision.status == JobStatus.HELD:
         extra.retry_args = list(decision.retry_args)
     exit_code = report.exit_code if report.exit_code is not None else log.exit_code
     entry = decision.history_entry(now, exit_code, attempt)
@@ -79,9 +77,9 @@ def judge(js: JobState, i: int, report: RunReport, now: float) -> Verdict:
     if rule is not None:
         return _act(js, i, rule, decision, entry, before)
     retry = decision.retry
-    if decision.status == S.FAILED and (js.profile.checkpointable or "seq" in extra.checkpoint):
+    if decision.status == JobStatus.FAILED and (js.profile.checkpointable or "seq" in extra.checkpoint):
         retry = _resume(js, i, decision, entry)
-    return Verdict(S.FAILED if retry else decision.status, retry)
+    return Verdict(JobStatus.FAILED if retry else decision.status, retry)
 
 
 def _resume(js: JobState, i: int, decision: Decision, entry: dict[str, object]) -> bool:
@@ -122,21 +120,21 @@ def _act(js: JobState, i: int, rule: Rule, decision: Decision, entry: dict[str, 
     if rule.action == "hold":
         entry["action"] = "held"
         extra.reason = f"{base}; held by rule {rule.name}"
-        return Verdict(S.HELD, False)
+        return Verdict(JobStatus.HELD, False)
     if rule.action == "fail":
         entry["action"] = "failed"
         extra.reason = f"{base}; failed by rule {rule.name}"
-        return Verdict(S.FAILED, False)
+        return Verdict(JobStatus.FAILED, False)
     assert rule.action in RETRYING
     used = counters.get(rule.counter, 0)
     if used >= rule.max:
         entry.update(action="failed", limit=rule.counter)
         extra.reason = f"{base}; rule {rule.name} retried it {used} time(s): its max={rule.max} reached"
-        return Verdict(S.FAILED, False)
+        return Verdict(JobStatus.FAILED, False)
     extra.counters = {**counters, rule.counter: used + 1}
     entry["action"] = "retry"
     extra.reason = f"{base}; retried by rule {rule.name} ({rule.describe()})"
     if js.profile.checkpointable or "seq" in extra.checkpoint:
         _resume(js, i, decision, entry)  # from the newest state, its restarts counted (the rule retries anyway)
         entry["action"] = "retry"
-    return Verdict(S.FAILED, True, rule if rule.action != "retry" else None)
+    return Verdict(JobStatus.FAILED, True, rule if rule.action != "retry" else None)

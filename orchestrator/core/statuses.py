@@ -1,7 +1,8 @@
-"""Job statuses, the transition table and the master-status rules.
+"""Job statuses, the transition table, the classification of statuses and the master-status rules.
 
-Everything here is pure data and pure functions: the state machine and the
-tests both read the same table, so the rules are written down exactly once.
+Everything here is pure data and pure functions: the state machine, the
+runtime and the tests all read the same table and the same sets (active,
+final, endings...), so each rule is written down exactly once.
 """
 
 from __future__ import annotations
@@ -33,35 +34,48 @@ class JobStatus(enum.StrEnum):
         return _BY_CODE[code]
 
 
-S = JobStatus
 ALL_STATUSES: tuple[JobStatus, ...] = tuple(JobStatus)
 _CODES = {s: i for i, s in enumerate(ALL_STATUSES)}
 _BY_CODE = dict(enumerate(ALL_STATUSES))
 
 #: docs/design.md, "Statuses and transitions": the only moves a running job may make.
 TRANSITIONS: Mapping[JobStatus, frozenset[JobStatus]] = {
-    S.NEW: frozenset({S.SUBMITTING}),
-    S.SUBMITTING: frozenset({S.SUBMITTED, S.NEW, S.FAILED}),
-    S.SUBMITTED: frozenset({S.RUNNING, S.COMPLETING, S.COMPLETED, S.FAILED, S.KILLED, S.HELD}),
-    S.RUNNING: frozenset({S.COMPLETING, S.COMPLETED, S.FAILED, S.KILLED, S.HELD}),
-    S.COMPLETING: frozenset({S.COMPLETED, S.FAILED}),
-    S.COMPLETED: frozenset({S.SUBMITTING}),
-    S.FAILED: frozenset({S.SUBMITTING}),
-    S.KILLED: frozenset({S.SUBMITTING}),
-    S.HELD: frozenset({S.SUBMITTING, S.KILLED}),
+    JobStatus.NEW: frozenset({JobStatus.SUBMITTING}),
+    JobStatus.SUBMITTING: frozenset({JobStatus.SUBMITTED, JobStatus.NEW, JobStatus.FAILED}),
+    JobStatus.SUBMITTED: frozenset({JobStatus.RUNNING, JobStatus.COMPLETING, JobStatus.COMPLETED, JobStatus.FAILED,
+                                    JobStatus.KILLED, JobStatus.HELD}),
+    JobStatus.RUNNING: frozenset({JobStatus.COMPLETING, JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.KILLED,
+                                  JobStatus.HELD}),
+    JobStatus.COMPLETING: frozenset({JobStatus.COMPLETED, JobStatus.FAILED}),
+    JobStatus.COMPLETED: frozenset({JobStatus.SUBMITTING}),
+    JobStatus.FAILED: frozenset({JobStatus.SUBMITTING}),
+    JobStatus.KILLED: frozenset({JobStatus.SUBMITTING}),
+    JobStatus.HELD: frozenset({JobStatus.SUBMITTING, JobStatus.KILLED}),
 }
 
+# The classification of statuses: every other module reads these and defines none of its own.
 #: A job in one of these is still in the hands of a backend (or about to be).
-ACTIVE: frozenset[JobStatus] = frozenset({S.SUBMITTING, S.SUBMITTED, S.RUNNING, S.COMPLETING})
+ACTIVE: frozenset[JobStatus] = frozenset({JobStatus.SUBMITTING, JobStatus.SUBMITTED, JobStatus.RUNNING,
+                                          JobStatus.COMPLETING})
+#: A backend has the run and it has not ended: what it may report of a run on its way.
+ON_THE_WAY: frozenset[JobStatus] = ACTIVE - {JobStatus.SUBMITTING}
+#: The run's program has started (its saved states are worth reading).
+STARTED: frozenset[JobStatus] = frozenset({JobStatus.RUNNING, JobStatus.COMPLETING})
 #: Monitored: the backend is asked about these every tick.
-MONITORED: frozenset[JobStatus] = frozenset({S.SUBMITTED, S.RUNNING, S.COMPLETING, S.HELD})
-FINAL: frozenset[JobStatus] = frozenset({S.COMPLETED, S.FAILED, S.KILLED})
+MONITORED: frozenset[JobStatus] = ON_THE_WAY | {JobStatus.HELD}
+FINAL: frozenset[JobStatus] = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.KILLED})
+#: Reported statuses that end a run, or stop it for a judgement (held): its log is read and the core judges it.
+ENDINGS: frozenset[JobStatus] = FINAL | {JobStatus.HELD}
+#: Nothing of the job is under way nor will be by itself: never submitted, or ended (it may be removed; a
+#: pre-job or aggregator in one of these has done its part).
+AT_REST: frozenset[JobStatus] = FINAL | {JobStatus.NEW}
 #: Statuses from which ``kill()`` acts.
-KILLABLE: frozenset[JobStatus] = frozenset({S.SUBMITTED, S.RUNNING, S.HELD})
-#: Statuses a subjob may be resubmitted from (``new``: left unsubmitted).
-RESUBMITTABLE: frozenset[JobStatus] = frozenset({S.NEW, S.COMPLETED, S.FAILED, S.KILLED})
+KILLABLE: frozenset[JobStatus] = frozenset({JobStatus.SUBMITTED, JobStatus.RUNNING, JobStatus.HELD})
+#: Statuses a subjob may be resubmitted from: at rest (``new``: left unsubmitted).
+RESUBMITTABLE: frozenset[JobStatus] = AT_REST
 #: A master's timestamps for these are its earliest subjob's, for the rest its latest.
-START_STATUSES: frozenset[JobStatus] = frozenset({S.NEW, S.SUBMITTING, S.SUBMITTED, S.RUNNING})
+START_STATUSES: frozenset[JobStatus] = frozenset({JobStatus.NEW, JobStatus.SUBMITTING, JobStatus.SUBMITTED,
+                                                  JobStatus.RUNNING})
 
 MASTER_ORDERS = ("submitted-first", "running-first")
 
@@ -69,6 +83,16 @@ MASTER_ORDERS = ("submitted-first", "running-first")
 def allowed(old: JobStatus, new: JobStatus) -> bool:
     """True when the table lets a running job move from ``old`` to ``new``."""
     return new in TRANSITIONS[old]
+
+
+def attempt_change(old: JobStatus, new: JobStatus) -> int:
+    """What a move does to a run's attempt counter: +1 for each submission (a move to ``submitting``), -1 for a
+    submission taken back (``submitting`` -> ``new``: rolled back or never attempted, so it never took place)."""
+    if new == JobStatus.SUBMITTING:
+        return 1
+    if old == JobStatus.SUBMITTING and new == JobStatus.NEW:
+        return -1
+    return 0
 
 
 def parse_status(value: str | JobStatus) -> JobStatus:
@@ -93,22 +117,22 @@ def master_status(counts: Mapping[JobStatus, int], order: str = "submitted-first
     def any_of(*statuses: JobStatus) -> bool:
         return any(counts.get(s, 0) > 0 for s in statuses)
 
-    submitted = any_of(S.SUBMITTED, S.SUBMITTING)
-    running = any_of(S.RUNNING, S.COMPLETING)
+    submitted = any_of(JobStatus.SUBMITTED, JobStatus.SUBMITTING)
+    running = any_of(JobStatus.RUNNING, JobStatus.COMPLETING)
     if order == "submitted-first":
         if submitted:
-            return S.SUBMITTED
+            return JobStatus.SUBMITTED
         if running:
-            return S.RUNNING
+            return JobStatus.RUNNING
     else:
         if running:
-            return S.RUNNING
+            return JobStatus.RUNNING
         if submitted:
-            return S.SUBMITTED
-    if any_of(S.HELD):
-        return S.HELD
-    if any_of(S.FAILED, S.NEW):
-        return S.FAILED
-    if any_of(S.COMPLETED):
-        return S.COMPLETED
-    return S.KILLED
+            return JobStatus.SUBMITTED
+    if any_of(JobStatus.HELD):
+        return JobStatus.HELD
+    if any_of(JobStatus.FAILED, JobStatus.NEW):
+        return JobStatus.FAILED
+    if any_of(JobStatus.COMPLETED):
+        return JobStatus.COMPLETED
+    return JobStatus.KILLED

@@ -15,13 +15,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .statuses import ALL_STATUSES, JobStatus
+from .statuses import ALL_STATUSES, FINAL, JobStatus
 
-S = JobStatus
 #: Statuses whose latest entry time every run keeps (an array each); the final one is under "final".
 TIMED = ("submitting", "submitted", "running")
 #: Statuses whose entry time only the runs that reached them keep (in their extras).
-SPARSE_TIMED = frozenset({S.COMPLETING, S.HELD, S.FAILED, S.KILLED})
+SPARSE_TIMED = frozenset({JobStatus.COMPLETING, JobStatus.HELD, JobStatus.FAILED, JobStatus.KILLED})
 #: Failure-history entries kept per run, newest last.
 HISTORY_KEPT = 100
 #: Refused backend reports kept per run, for the record.
@@ -66,7 +65,7 @@ class RunTable:
 
     __slots__ = ("status", "attempt", "times", "extras", "counts")
 
-    def __init__(self, n: int, status: JobStatus = S.NEW) -> None:
+    def __init__(self, n: int, status: JobStatus = JobStatus.NEW) -> None:
         self.status = bytearray([status.code]) * n
         self.attempt = array("I", bytes(4 * n))
         self.times = {kind: array("d", bytes(8 * n)) for kind in (*TIMED, "final")}
@@ -134,7 +133,7 @@ class RunTable:
         if final:
             out["final"] = final
             status = self.get(index)
-            if status in (S.COMPLETED, S.FAILED, S.KILLED):
+            if status in FINAL:
                 out.setdefault(status.value, final)
         return out
 

@@ -28,10 +28,12 @@ from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
 
+from ..core import statuses
 from ..plugin.postprocess import Notification, Outcome, PostprocessContext
 from ..runtime.recipients import owner_address, refused
 
-ENDINGS = ("completed", "failed", "killed", "held")
+#: What a master may end as, in the statuses' order: the statuses a mail may be asked for.
+ENDINGS = tuple(s.value for s in statuses.ALL_STATUSES if s in statuses.ENDINGS)
 
 
 class Notifier(Notification):

@@ -28,14 +28,12 @@ from ..checkpoint import STATE_DIR
 from ..core.events import Event, RunLost, RunReport, StatusReport
 from ..core.ids import Runs, parse_fqid_or_none
 from ..core.runlog import RunLog
-from ..core.statuses import JobStatus
+from ..core.statuses import ENDINGS, STARTED, JobStatus
 from ..plugin.contract import RunHandle, StatusUpdate
 from . import bulk, gcpause
 from .actor import Actor
 from .held import RunKey
 
-S = JobStatus
-ENDINGS = frozenset({S.COMPLETED, S.FAILED, S.HELD, S.KILLED})
 #: Seconds between two looks for saved states at running runs of jobs that saved none yet (one ``stat`` each)...
 DISCOVER_SECONDS = 5.0
 #: ... and at most this many such looks per second on average: a thousand runs are looked at every 50 s (an idle
@@ -149,7 +147,7 @@ class Monitor:
             which = None if discover else self.harvestable(job)
             candidates = held.keys(job) if which is None else [(job, i) for i in which if (job, i) in held]
             for key in candidates:
-                if self.status_of(key) not in (S.RUNNING, S.COMPLETING):
+                if self.status_of(key) not in STARTED:
                     continue
                 handle = made.get(key) or held.handle(key)
                 if handle is not None:
@@ -163,7 +161,7 @@ class Monitor:
         with structlog.contextvars.bound_contextvars(stimulus_id=sid):
             if driver.capabilities.remote_states:
                 await self._fetch_states([h for _, h in handles])
-            reports = [RunReport(Runs(k[0], None if k[1] is None else [k[1]]), S.RUNNING, state=state)
+            reports = [RunReport(Runs(k[0], None if k[1] is None else [k[1]]), JobStatus.RUNNING, state=state)
                        for k, h in handles if (state := self.harvest(h)) is not None]
             if reports:
                 await self.post(StatusReport(stimulus_id=sid, time=time.time(), backend=self.name,

@@ -35,11 +35,9 @@ from ..plugin.users import Identity, OwnerError, copy_as, identity, readable_by
 from ..plugin.wrapper import own_dir
 from . import gcpause, registry
 from .definitions import Definitions
-from .repository import Repository, RunsRow
+from .repository import TIME_KINDS, Repository, RunsRow
 from .workspace import Workspace
 from .writer import top_row
-
-S = JobStatus
 
 
 class Preparer:
@@ -79,7 +77,7 @@ class Preparer:
                 deltas = await anyio.to_thread.run_sync(self._split, job, spec)
                 n = len(deltas)
                 self.admit(job, spec, n)
-                code = (S.SUBMITTING if ins.submitting else S.NEW).code
+                code = (JobStatus.SUBMITTING if ins.submitting else JobStatus.NEW).code
                 zeros = bytes(8 * n)
                 times = {"submitting": (array("d", [now]) * n).tobytes() if ins.submitting else zeros,
                          "submitted": zeros, "running": zeros, "final": zeros}
@@ -164,8 +162,7 @@ class Preparer:
         job = ins.job
         js = self.sm.job_state(job)
         if not js.is_master:  # the state machine undid the split: the stored one goes too
-            runs = RunsRow(job, bytes([S.NEW.code]), bytes(4), {k: bytes(8) for k in ("submitting", "submitted",
-                                                                                         "running", "final")})
+            runs = RunsRow(job, bytes([JobStatus.NEW.code]), bytes(4), {k: bytes(8) for k in TIME_KINDS})
             row = top_row(js, self.definitions, with_spec=False)
             with anyio.CancelScope(shield=True):
                 await self.repo.remove_split(row, runs)

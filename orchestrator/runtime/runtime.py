@@ -58,7 +58,7 @@ from .monitor import Ending, Monitor
 from .postprocess import Postprocessing
 from .prepare import Preparer
 from .reattach import reattach
-from .repository import RunsRow, StateRow, TopRow
+from .repository import TIME_KINDS, RunsRow, StateRow, TopRow
 from .runs import read_ending
 from .storage import Storage
 from .story import Story
@@ -67,8 +67,6 @@ from .writer import Writer, restore
 
 if TYPE_CHECKING:
     from .metrics import Metrics
-
-S = JobStatus
 
 
 async def _detached(loop: Callable[[], Awaitable[None]]) -> None:
@@ -330,9 +328,8 @@ class Runtime:
         info: dict[str, Any] = {"top": {"timestamps": {"new": now}}, "attempt": 0, "run": {}}
         if link is not None:
             info["link"] = list(link)
-        runs = RunsRow(job, bytes([S.NEW.code]), bytes(4), {k: bytes(8) for k in ("submitting", "submitted",
-                                                                                     "running", "final")})
-        await self.repo.add_job(TopRow(job, name, S.NEW.value, spec, None, info, 0, now), runs)
+        runs = RunsRow(job, bytes([JobStatus.NEW.code]), bytes(4), {k: bytes(8) for k in TIME_KINDS})
+        await self.repo.add_job(TopRow(job, name, JobStatus.NEW.value, spec, None, info, 0, now), runs)
         self.definitions.add(job, name, spec)
         self._added[job] = now  # the one time of its creation, stored and told to the state machine
         return job

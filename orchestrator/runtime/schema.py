@@ -20,6 +20,7 @@ from typing import Any
 import aiosqlite
 
 from ..core.statuses import JobStatus
+from ..core.table import SPARSE_TIMED
 
 VERSION = 3
 
@@ -120,7 +121,7 @@ def _top_info(info: dict[str, Any], master: dict[str, Any], is_master: bool) -> 
 
 def _extras_json(info: dict[str, Any]) -> str | None:
     extras = {k: v for k, v in info.items() if k not in _ARRAY_KEYS and v}
-    stamps = {k: v for k, v in info.get("timestamps", {}).items() if k in ("completing", "held", "failed", "killed")}
+    stamps = {k: v for k, v in info.get("timestamps", {}).items() if k in SPARSE_TIMED}
     if stamps:
         extras["timestamps"] = stamps
     return json.dumps(extras, separators=(",", ":")) if extras else None

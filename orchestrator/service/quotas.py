@@ -22,10 +22,8 @@ from typing import Any
 
 from ..core.errors import ConfigError, JobError
 from ..core.ids import FQID, fqid_str
-from ..core.statuses import JobStatus
+from ..core.statuses import ACTIVE, JobStatus
 
-S = JobStatus
-ACTIVE = (S.SUBMITTING, S.SUBMITTED, S.RUNNING, S.COMPLETING)
 #: The settings, in the [service] table.
 SETTINGS = ("max_active_per_user", "max_subjobs_per_master")
 
@@ -69,7 +67,7 @@ class Quotas:
         if not self.max_active:
             return
         wanted: dict[str, tuple[str, int]] = {}
-        again = (S.FAILED,) if only_failed else (S.FAILED, S.KILLED)
+        again = (JobStatus.FAILED,) if only_failed else (JobStatus.FAILED, JobStatus.KILLED)
         for fq in targets:
             owner = self.owner_of(fq[0])
             if owner is None:

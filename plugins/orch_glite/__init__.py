@@ -83,14 +83,13 @@ from .protocol import (
 
 __all__ = ["GliteDriver"]
 
-S = JobStatus
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_RETRIES = 2
 #: Status calls (one per collection) in flight at once within one tick.
 STATUS_CONCURRENCY = 8
 _SETTINGS = ("endpoint", "timeout", "retries", "shell", *FAULT_KEYS)
 #: Statuses in which a report of the run's ending is still news to the core.
-_WATCHING = frozenset({S.SUBMITTED, S.RUNNING, S.COMPLETING})
+_WATCHING = frozenset({JobStatus.SUBMITTED, JobStatus.RUNNING, JobStatus.COMPLETING})
 
 
 class GliteDriver(Driver):
@@ -278,7 +277,8 @@ class GliteDriver(Driver):
         for h in handles:
             cid, sep, nid = h.backend_id.partition("/")
             if not sep or not cid or not nid:
-                updates.append(StatusUpdate(h.fqid, S.FAILED, reason=f"glite: unreadable backend id {h.backend_id!r}",
+                updates.append(StatusUpdate(h.fqid, JobStatus.FAILED,
+                                            reason=f"glite: unreadable backend id {h.backend_id!r}",
                                             backend_verdict="lost"))
                 continue
             groups.setdefault((self._endpoint_or_empty(h.settings), cid), []).append((h, nid))
@@ -309,7 +309,7 @@ class GliteDriver(Driver):
                                 timeout=self._timeout(settings))
         except WMSError as exc:
             if exc.status == 404 and exc.message.startswith("unknown collection"):
-                return [StatusUpdate(h.fqid, S.FAILED, reason=f"glite: the WMS does not know collection {cid}",
+                return [StatusUpdate(h.fqid, JobStatus.FAILED, reason=f"glite: the WMS does not know collection {cid}",
                                      backend_verdict="lost") for h, _ in members]
             raise
         nodes = answer.get("nodes")
@@ -319,7 +319,7 @@ class GliteDriver(Driver):
         for h, nid in members:
             entry = nodes.get(nid)
             if entry is None:
-                updates.append(StatusUpdate(h.fqid, S.FAILED, reason=f"glite: the WMS does not know node {nid}",
+                updates.append(StatusUpdate(h.fqid, JobStatus.FAILED, reason=f"glite: the WMS does not know node {nid}",
                                             backend_verdict="lost"))
                 continue
             update = _update(h, _node_entry(cid, nid, entry))
@@ -457,12 +457,12 @@ def _update(h: RunHandle, entry: Mapping[str, Any]) -> StatusUpdate | None:
     if h.status not in _WATCHING:
         return None  # held (the core already judged this run): nothing new can come from the WMS
     if state == "running":
-        return None if h.status == S.RUNNING else StatusUpdate(h.fqid, S.RUNNING)
+        return None if h.status == JobStatus.RUNNING else StatusUpdate(h.fqid, JobStatus.RUNNING)
     if state == "done":
         if code == 0:
-            return StatusUpdate(h.fqid, S.COMPLETED, exit_code=0)
-        return StatusUpdate(h.fqid, S.FAILED, exit_code=code, reason=f"glite: node done with exit code {code}")
+            return StatusUpdate(h.fqid, JobStatus.COMPLETED, exit_code=0)
+        return StatusUpdate(h.fqid, JobStatus.FAILED, exit_code=code, reason=f"glite: node done with exit code {code}")
     if state == "aborted":
-        return StatusUpdate(h.fqid, S.FAILED, reason=f"glite: aborted: {reason or 'by the WMS'}",
+        return StatusUpdate(h.fqid, JobStatus.FAILED, reason=f"glite: aborted: {reason or 'by the WMS'}",
                             backend_verdict="aborted")
-    return StatusUpdate(h.fqid, S.KILLED, reason=f"glite: {reason or 'cancelled'}")
+    return StatusUpdate(h.fqid, JobStatus.KILLED, reason=f"glite: {reason or 'cancelled'}")

@@ -59,7 +59,6 @@ LAUNCH_BATCH = 16
 #: Batches started at once, each in a worker thread (each start waits for its process to exec: a millisecond or
 #: more on a busy machine, during which the other workers go on).
 SPAWNERS = 4
-S = JobStatus
 
 
 def _owner_tag(run: Run) -> str:
@@ -175,7 +174,7 @@ class LocalDriver(Driver):
         self._read_events()
         for h in handles:
             self._follow(h.backend_id, h.fqid, str(h.settings.get("shell", "/bin/sh")), h.jobdir,
-                         running=h.status != S.SUBMITTED)
+                         running=h.status != JobStatus.SUBMITTED)
         self._restart()
         await anyio.lowlevel.checkpoint()
 
@@ -210,7 +209,7 @@ class LocalDriver(Driver):
         if not self._watcher.watch(pid):
             self._unwatched.add(pid)
         if not running:
-            self._queue_report(run, StatusUpdate(run.fqid, S.RUNNING))
+            self._queue_report(run, StatusUpdate(run.fqid, JobStatus.RUNNING))
         return True
 
     def _start_again(self, run: Run) -> None:
@@ -233,7 +232,8 @@ class LocalDriver(Driver):
                     if f"ORCH_KEY={run.key}\n" in text or f"ORCH_KEY='{run.key}'\n" in text:
                         run.runfile = runfile
                 if run.runfile is None:
-                    self._end(run, StatusUpdate(run.fqid, S.FAILED, reason="lost: no record of the run and no launch"))
+                    self._end(run, StatusUpdate(run.fqid, JobStatus.FAILED,
+                                                reason="lost: no record of the run and no launch"))
                     continue
             self._queue.append(run)
         self._wake.set()
@@ -249,10 +249,10 @@ class LocalDriver(Driver):
     def _ending(self, run: Run) -> StatusUpdate:
         rec = run.record
         if rec.reason is not None:
-            return StatusUpdate(run.fqid, S.FAILED, reason=rec.reason)
+            return StatusUpdate(run.fqid, JobStatus.FAILED, reason=rec.reason)
         if rec.end_code == 0:
-            return StatusUpdate(run.fqid, S.COMPLETED, exit_code=0)
-        return StatusUpdate(run.fqid, S.FAILED, exit_code=rec.end_code, reason=f"exit code {rec.end_code}")
+            return StatusUpdate(run.fqid, JobStatus.COMPLETED, exit_code=0)
+        return StatusUpdate(run.fqid, JobStatus.FAILED, exit_code=rec.end_code, reason=f"exit code {rec.end_code}")
 
     def _gone(self, run: Run) -> None:
         """The run's wrapper is gone, and the events file (read last) has no END for it."""
@@ -260,7 +260,7 @@ class LocalDriver(Driver):
             return
         reason = ("the wrapper ended without an END line (killed or crashed)" if run.record.started
                   else "the wrapper never started")
-        self.journal.write([self._lost(run, S.FAILED, reason)])
+        self.journal.write([self._lost(run, JobStatus.FAILED, reason)])
 
     def _lost(self, run: Run, status: JobStatus, reason: str) -> tuple[str, str, object]:
         """The run ended without its wrapper's word (``status``, ``reason``): recorded and reported; the LOST
@@ -282,7 +282,7 @@ class LocalDriver(Driver):
         self._queue_report(run, update)
 
     def _queue_report(self, run: Run, update: StatusUpdate) -> None:
-        if update.status == S.RUNNING and run.ended:
+        if update.status == JobStatus.RUNNING and run.ended:
             return  # its end was read first (a short run, ended while its batch was still being started)
         self._pending[run.key] = (run, update)  # an end replaces a running not yet reported
         self._report_wake.set()
@@ -363,7 +363,7 @@ class LocalDriver(Driver):
         except OSError as exc:  # no INTENT line could be written (a full disk...): nothing of the batch starts
             for run in batch:
                 run.launching = False
-                self._end(run, StatusUpdate(run.fqid, S.FAILED, reason=f"could not record its start: {exc}"))
+                self._end(run, StatusUpdate(run.fqid, JobStatus.FAILED, reason=f"could not record its start: {exc}"))
             return
         finally:
             self._inflight -= 1
@@ -375,10 +375,10 @@ class LocalDriver(Driver):
             run = start.run
             run.launching = False
             if start.pid is None and start.problem is None:  # killed before its turn: it never started
-                lines.append(self._lost(run, S.KILLED, "killed before it started"))
+                lines.append(self._lost(run, JobStatus.KILLED, "killed before it started"))
                 continue
             if start.problem is not None:
-                lines.append(self._lost(run, S.FAILED, start.problem))
+                lines.append(self._lost(run, JobStatus.FAILED, start.problem))
                 continue
             assert start.pid is not None
             run.pid, run.spec = start.pid, None
@@ -391,7 +391,7 @@ class LocalDriver(Driver):
             if run.killed:  # killed while it was being started: it is stopped like any other
                 self._signal(run.pid)
             else:
-                self._queue_report(run, StatusUpdate(run.fqid, S.RUNNING))
+                self._queue_report(run, StatusUpdate(run.fqid, JobStatus.RUNNING))
         if lines:
             try:
                 self.journal.write(lines)
@@ -442,7 +442,7 @@ class LocalDriver(Driver):
         run.silent = run.killed = True
         if run.pid is None:
             if not run.launching:  # queued: it never starts (one being launched is stopped by _launch)
-                self.journal.write([self._lost(run, S.KILLED, "killed before it started")])
+                self.journal.write([self._lost(run, JobStatus.KILLED, "killed before it started")])
             return
         self._signal(run.pid)
         await anyio.lowlevel.checkpoint()
@@ -473,7 +473,7 @@ class LocalDriver(Driver):
             if run is not None:
                 run.silent = True
                 if run.pid is None and not run.launching:
-                    self._end(run, StatusUpdate(run.fqid, S.KILLED))
+                    self._end(run, StatusUpdate(run.fqid, JobStatus.KILLED))
 
     async def aclose(self) -> None:
         if self._closed:

@@ -80,7 +80,6 @@ from .submit import SubmitMixin
 
 __all__ = ["SlurmDriver", "SlurmError"]
 
-S = JobStatus
 #: Ticks a run may be missing from ``squeue`` before it is looked up elsewhere (one answer is not proof).
 ABSENT_TICKS = 2
 
@@ -111,7 +110,7 @@ class SlurmDriver(SubmitMixin):
             try:
                 ref = JobRef.parse(h.backend_id)
             except ValueError as bad:
-                updates.append(StatusUpdate(h.fqid, S.FAILED, reason=f"lost: {bad}", backend_verdict="lost"))
+                updates.append(StatusUpdate(h.fqid, JobStatus.FAILED, reason=f"lost: {bad}", backend_verdict="lost"))
                 continue
             groups.setdefault(self._conf(h.settings), []).append((h, ref))
         errors: dict[str | None, SlurmError] = {}
@@ -131,7 +130,7 @@ class SlurmDriver(SubmitMixin):
             since = self._silent_since.setdefault(conf, now)
             if now - since >= self.lost_after:
                 reason = f"Slurm ({conf or 'SLURM_CONF'}) did not answer for {now - since:.0f} s: {error}"
-                updates += [StatusUpdate(h.fqid, S.FAILED, reason=reason, backend_verdict="lost")
+                updates += [StatusUpdate(h.fqid, JobStatus.FAILED, reason=reason, backend_verdict="lost")
                             for h, _ in groups[conf]]
         return updates
 
@@ -175,7 +174,7 @@ class SlurmDriver(SubmitMixin):
     def _vanished(self, h: RunHandle, ref: JobRef, array_listed: bool) -> tuple[StatusUpdate | None, str | None]:
         """A run ``squeue`` does not list: an update now, or the job id to ask ``sacct -c`` about."""
         if h.backend_id in self._killed:
-            return StatusUpdate(h.fqid, S.KILLED, reason="killed"), None
+            return StatusUpdate(h.fqid, JobStatus.KILLED, reason="killed"), None
         log = read_log(h.outputdir, h.attempt)
         if log.finished:  # the wrapper's own word is there: no need to ask anyone
             return _by_log(h, log, "the wrapper ended"), None
@@ -193,13 +192,15 @@ class SlurmDriver(SubmitMixin):
         if log.finished:
             return _by_log(h, log, "the wrapper ended")
         if log.started is not None:
-            return StatusUpdate(h.fqid, S.FAILED, reason="Slurm no longer knows the job; its wrapper started but "
-                                                         "never ended (killed with its node or its job)")
+            return StatusUpdate(h.fqid, JobStatus.FAILED,
+                                reason="Slurm no longer knows the job; its wrapper started but never ended (killed "
+                                       "with its node or its job)")
         if array_listed and ref.task is not None:
             # Pending tasks cancelled one by one leave no record at all, while their siblings are listed.
-            return StatusUpdate(h.fqid, S.HELD, reason="the array task left the queue before it started: cancelled "
-                                                       "outside the orchestrator", backend_verdict="cancelled")
-        return StatusUpdate(h.fqid, S.FAILED, reason="Slurm has no record of the job and it left no log",
+            return StatusUpdate(h.fqid, JobStatus.HELD,
+                                reason="the array task left the queue before it started: cancelled outside the "
+                                       "orchestrator", backend_verdict="cancelled")
+        return StatusUpdate(h.fqid, JobStatus.FAILED, reason="Slurm has no record of the job and it left no log",
                             backend_verdict="lost")
 
     def _judge_row(self, h: RunHandle, row: Row) -> StatusUpdate | None:
@@ -208,29 +209,30 @@ class SlurmDriver(SubmitMixin):
         if state in QUEUED:
             return None  # submitted (a requeued run never moves back from running)
         if state in ACTIVE:
-            return None if h.status == S.RUNNING else StatusUpdate(h.fqid, S.RUNNING)
+            return None if h.status == JobStatus.RUNNING else StatusUpdate(h.fqid, JobStatus.RUNNING)
         if state == "COMPLETED":
-            return StatusUpdate(h.fqid, S.COMPLETED, exit_code=0)
+            return StatusUpdate(h.fqid, JobStatus.COMPLETED, exit_code=0)
         if state == "CANCELLED" and h.backend_id in self._killed:
-            return StatusUpdate(h.fqid, S.KILLED, reason="killed")
+            return StatusUpdate(h.fqid, JobStatus.KILLED, reason="killed")
         if state in ("CANCELLED", "PREEMPTED"):
             what = "cancelled" if state == "CANCELLED" else "preempted"
-            return StatusUpdate(h.fqid, S.HELD, reason=f"Slurm: {state} ({what} outside the orchestrator, by an "
-                                                       "administrator or the system)", backend_verdict="cancelled")
+            return StatusUpdate(h.fqid, JobStatus.HELD,
+                                reason=f"Slurm: {state} ({what} outside the orchestrator, by an administrator or the "
+                                       "system)", backend_verdict="cancelled")
         log = read_log(h.outputdir, h.attempt)
         code = log.exit_code if log.exit_code is not None else row.exit_code
         if state in FAILED and _over_memory(h):
             verdict = None if log.started is not None else "aborted"
-            return StatusUpdate(h.fqid, S.FAILED, exit_code=code, backend_verdict=verdict,
+            return StatusUpdate(h.fqid, JobStatus.FAILED, exit_code=code, backend_verdict=verdict,
                                 reason="Slurm: OUT_OF_MEMORY (killed over its memory limit, says slurm.out)")
         if state in FAILED:
             why = "" if log.started is not None else " before the wrapper started (see wrapper.out)"
-            return StatusUpdate(h.fqid, S.FAILED, exit_code=code, reason=f"Slurm: {state}{why}")
+            return StatusUpdate(h.fqid, JobStatus.FAILED, exit_code=code, reason=f"Slurm: {state}{why}")
         if state in ABORTED:
             reason = f"Slurm: {state} ({ABORTED[state]})"
             # The wrapper started: its log tells how far the run got (no END: worker level). Else Slurm's word.
             verdict = None if log.started is not None else "aborted"
-            return StatusUpdate(h.fqid, S.FAILED, exit_code=code, reason=reason, backend_verdict=verdict)
+            return StatusUpdate(h.fqid, JobStatus.FAILED, exit_code=code, reason=reason, backend_verdict=verdict)
         self.log.warning("unknown Slurm job state; run left as it is", fqid=h.fqid, backend_id=h.backend_id,
                          state=state)
         return None
@@ -278,8 +280,8 @@ def _by_log(h: RunHandle, log: RunLog, why: str) -> StatusUpdate:
     """A run Slurm no longer lists but whose wrapper wrote END: the log's exit code decides."""
     code = log.exit_code if log.exit_code is not None else log.end_code
     if code == 0:
-        return StatusUpdate(h.fqid, S.COMPLETED, exit_code=0)
-    return StatusUpdate(h.fqid, S.FAILED, exit_code=code, reason=f"{why} with exit code {code}")
+        return StatusUpdate(h.fqid, JobStatus.COMPLETED, exit_code=0)
+    return StatusUpdate(h.fqid, JobStatus.FAILED, exit_code=code, reason=f"{why} with exit code {code}")
 
 
 def _over_memory(h: RunHandle) -> bool:

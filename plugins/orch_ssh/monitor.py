@@ -34,7 +34,6 @@ from .host import (
 )
 from .placement import STATE_DIR, SshBase, _split_id
 
-S = JobStatus
 #: Seconds a launched wrapper whose PID is gone may take to show its START line before it is lost.
 _START_GRACE = 3.0
 _MARK = scripts.EVENTS_MARK.encode() + b"\n"
@@ -65,7 +64,7 @@ class MonitorMixin(SshBase):
             try:
                 host, key = self._locate(h)
             except (ValueError, KeyError) as exc:
-                updates.append(StatusUpdate(h.fqid, S.FAILED, reason=f"lost: {exc}"))
+                updates.append(StatusUpdate(h.fqid, JobStatus.FAILED, reason=f"lost: {exc}"))
                 continue
             groups.setdefault(host, []).append(h)
             watched.setdefault(host, set()).add(key)
@@ -94,7 +93,7 @@ class MonitorMixin(SshBase):
                 entry = host.run(_split_id(h.backend_id)[0])
                 entry.reason = reason
                 entry.advance(LOST)
-                updates.append(StatusUpdate(h.fqid, S.FAILED, reason=reason, backend_verdict="lost"))
+                updates.append(StatusUpdate(h.fqid, JobStatus.FAILED, reason=reason, backend_verdict="lost"))
         return updates
 
     async def _poll(self, host: Host, handles: list[RunHandle], extra: list[Run], tally: dict[str, int],
@@ -255,17 +254,17 @@ def _update(h: RunHandle, entry: Run) -> StatusUpdate | None:
     state = entry.state
     if state == ENDED:
         if entry.code == 0:
-            update = StatusUpdate(h.fqid, S.COMPLETED, exit_code=0)
+            update = StatusUpdate(h.fqid, JobStatus.COMPLETED, exit_code=0)
         else:
-            update = StatusUpdate(h.fqid, S.FAILED, exit_code=entry.code, reason=f"exit code {entry.code}")
+            update = StatusUpdate(h.fqid, JobStatus.FAILED, exit_code=entry.code, reason=f"exit code {entry.code}")
     elif state == LOST:
         if not entry.fetched:
             return None
-        update = StatusUpdate(h.fqid, S.FAILED, reason=entry.reason)
+        update = StatusUpdate(h.fqid, JobStatus.FAILED, reason=entry.reason)
     elif state == KILLED:
-        update = StatusUpdate(h.fqid, S.KILLED, reason=entry.reason)
+        update = StatusUpdate(h.fqid, JobStatus.KILLED, reason=entry.reason)
     elif state == STARTED:
-        update = StatusUpdate(h.fqid, S.RUNNING)
+        update = StatusUpdate(h.fqid, JobStatus.RUNNING)
     else:
         return None
     if state in (ENDED,) and not entry.fetched:

@@ -17,13 +17,14 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from ...core import statuses
 from .model import FileSpec, Workflow
 from .values import WorkflowError
 
-#: Package job statuses in which it holds a slot.
-ACTIVE = frozenset({"submitting", "submitted", "running", "completing"})
+#: Package job statuses in which it holds a slot (statuses are ``str``: a state name is looked up as it is).
+ACTIVE = statuses.ACTIVE
 #: A producer in one of these has "started", for an ``early_start`` consumer.
-STARTED = frozenset({"running", "completing", "completed"})
+STARTED = statuses.STARTED | {statuses.JobStatus.COMPLETED}
 #: A consumer in one of these has finished with its inputs.
 FINISHED = frozenset({"completed", "killed"})
 #: When consumers disagree, the most careful disposition wins.

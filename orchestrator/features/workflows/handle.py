@@ -22,6 +22,7 @@ import anyio
 from ...api.job import Job
 from ...core.analyser import Limits
 from ...core.errors import JobError
+from ...core.statuses import KILLABLE
 from ...plugin.logs import get_logger
 from .dag import Assessment, Dag, Facts, assess, bottom_levels
 from .dagman import node_name, submit_description, to_dagman
@@ -47,7 +48,6 @@ class Runner(Protocol):
     async def tick_locked(self) -> None: ...
 
 #: Package states from which a kill acts at once (others are retried at the next tick).
-KILLABLE = frozenset({"submitted", "running", "held"})
 _HISTORY_KEPT = 50
 
 

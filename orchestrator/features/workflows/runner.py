@@ -42,9 +42,10 @@ from ...api.registry import JobRegistry
 from ...api.validate import checked_backend
 from ...core.errors import OrchestratorError, leaves
 from ...core.model import Backend, Executable
+from ...core.statuses import KILLABLE
 from ...plugin.logs import get_logger
 from .dag import Assessment, build, due_files
-from .handle import KILLABLE, WorkflowRun
+from .handle import WorkflowRun
 from .model import Workflow
 from .script import acquire, clear_markers, data_size, dispose
 from .store import StoredPackage, WorkflowStore

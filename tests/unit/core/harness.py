@@ -43,8 +43,10 @@ def limits(early: int = 0, handled: int = 0, unhandled: int = 0, early_seconds: 
 
 
 class Harness:
-    def __init__(self, order: str = "submitted-first") -> None:
+    def __init__(self, order: str = "submitted-first", *, validate: bool = True) -> None:
         self.sm = StateMachine(order)
+        #: Check the core's own invariants after every event (off where a test counts the core's own scans).
+        self.validate = validate
         self.clock = 1000.0
         self.steps: list[Step] = []
         self._ids = itertools.count()
@@ -56,6 +58,8 @@ class Harness:
 
     def post(self, event: Event) -> Step:
         step = self.sm.handle(event)
+        if self.validate:  # every rule test also checks the core's own invariants after each event
+            self.sm.validate_state()
         self.steps.append(step)
         return step
 

@@ -56,7 +56,7 @@ def test_a_masters_start_times_are_its_earliest_subjobs_and_end_times_its_latest
 
 def test_moving_a_hundred_thousand_subjobs_counts_and_never_rescans() -> None:
     n = 100_000
-    h = Harness()
+    h = Harness(validate=False)  # validate_state scans the statuses: only the core's own reads are counted
     job = h.add(profile())
     h.submit_all(job, n)
     table = h.sm.job_state(job).runs

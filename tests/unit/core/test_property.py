@@ -15,7 +15,8 @@ loses runs. After every step it checks the invariants:
   machine holds as submitted, running or completing is one the backend has;
 - a run's attempt counter equals the submissions sent for it that were not
   taken back (left ``new`` because never attempted or rejected under emulated bulk);
-- every request is answered exactly once.
+- every request is answered exactly once;
+- the core's own invariants hold (:meth:`StateMachine.validate_state`: counters, derived statuses, links).
 """
 
 from __future__ import annotations
@@ -260,6 +261,10 @@ class Machine(RuleBasedStateMachine):
         self.post(RunLost(stimulus_id=self.sid("lost"), time=self.clock, runs=runs, reason="no answer"))
 
     # ------------------------------------------------------------ invariants
+    @invariant()
+    def core_state_is_valid(self) -> None:
+        self.sm.validate_state()
+
     @invariant()
     def masters_follow_the_rules(self) -> None:
         for job in self.jobs:

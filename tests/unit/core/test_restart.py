@@ -235,6 +235,7 @@ def test_load_defaults() -> None:
     h = Harness()
     h.sm.load(5, profile(postprocess=True), created=2.0, table=table(S.COMPLETED, S.COMPLETED, final=0.5))
     assert not h.sm.is_master(5)
+    h.sm.forget(5)  # two runs without the master flag make no valid job (validate_state says so)
     h.sm.load(6, profile(postprocess=True), created=2.0, table=table(S.COMPLETED, S.COMPLETED, final=0.5),
               master=True)
     info = h.sm.info((6,))
