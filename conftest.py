@@ -6,6 +6,7 @@ the controller when it ends (``workeroutput``), which adds them up for the summa
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from typing import Any
 
@@ -13,6 +14,10 @@ import pytest
 from docblocks import sybil, tally
 
 pytest_collect_file = sybil.pytest()
+
+if "PYTEST_XDIST_WORKER" in os.environ:  # a worker gets COLUMNS=80 and LINES=24 from xdist; a user's pipe has none
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
 
 _skipped: list[str] = []
 _workers: Counter[str] = Counter()

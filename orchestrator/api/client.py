@@ -30,6 +30,7 @@ from ..runtime.homelock import SERVICE_ROLE
 from . import wire
 from .owners import current_user
 from .paths import ServicePaths
+from .unixsocket import UnixTransport
 
 _JSON = {"content-type": "application/json"}
 
@@ -83,7 +84,7 @@ class ServiceClient:
         self.url, self.token, self.ca = url, token, ca
         headers = {"authorization": f"Bearer {token}"} if token else {}
         # plain HTTP on a Unix socket: no TLS, so no certificate store to load (verify=False; ~20 ms each)
-        transport = httpx.AsyncHTTPTransport(uds=os.fspath(socket), verify=False) if socket is not None else None
+        transport = UnixTransport(os.fspath(socket)) if socket is not None else None
         self.where = os.fspath(socket) if socket is not None else str(url)
         verify: ssl.SSLContext | bool = tls_context(ca) if str(url or "").startswith("https:") else False
         self._http = httpx.AsyncClient(transport=transport, base_url=url or "http://orchestrator", headers=headers,

@@ -80,7 +80,7 @@ class Embedded:
 
     def record(self, job: int) -> JobRecord:
         defs = self.runtime.definitions
-        return JobRecord(job, defs.names.get(job, ""), defs.spec(job), self.runtime.sm.job_state(job).created,
+        return JobRecord(job, defs.names.get(job, ""), defs.spec(job), self.runtime.sm.created(job),
                          self.owners.owner(job) or "")
 
     def exists(self, fq: FQID) -> bool:
@@ -238,6 +238,12 @@ class Embedded:
         await self.runtime.writer.flush()
         rows = await self.runtime.repo.states(".".join(map(str, fq)))
         return [{"job": r.job, "seq": r.seq, "time": r.time, "final": r.final, "data": r.data} for r in rows]
+
+    async def story(self, fq: FQID) -> list[dict[str, Any]]:
+        self._check([fq])
+        if not self.exists(fq):
+            raise JobError("no such job", fqid=fqid_str(fq))
+        return self.runtime.story.of(fq)
 
     def annotate(self, job: int, comment: str | None, metadata: dict[str, Any] | None) -> None:
         self._check([(job,)])

@@ -212,6 +212,10 @@ class Job(Definition):
         """The checkpoint states kept for this job or subjob, oldest first (label ``fqid:seq``)."""
         return await self.registry.transport.states(self.fqid_tuple)
 
+    async def story(self) -> list[dict[str, Any]]:
+        """What happened to this job or subjob lately, oldest first: see :meth:`Orchestrator.story`."""
+        return await self.registry.transport.story(self.fqid_tuple)
+
     # ------------------------------------------------------------ definitions
     def template(self) -> Job:
         """A detached copy of the whole definition (shares no object with this job)."""

@@ -26,6 +26,7 @@ from ..plugin.logs import configure as configure_logs
 from ..runtime.config import Config
 from ..runtime.homelock import SERVICE_ROLE, HomeLock
 from ..runtime.storage import Storage
+from .job import Job
 from .registry import JobRegistry
 from .transport import Transport
 
@@ -135,6 +136,16 @@ class Orchestrator:
         if self._runtime is not None:
             with anyio.move_on_after(30):
                 await self._runtime.settle()
+
+    async def story(self, job: Job | int | str | tuple[int, ...]) -> list[dict[str, Any]]:
+        """What happened to a job or subjob lately, and why: every event, status change, refusal and instruction
+        of the recent steps (``[core] story_length``) that touched it, oldest first, each a dict of
+        ``stimulus_id``, ``time``, ``kind`` (``event``, ``change``, ``refusal``, ``instruction``), ``type`` and
+        ``description``. ``job``: a :class:`Job`, or whatever ``orch.jobs[...]`` takes (``3``, ``"3.1"``,
+        ``(3, 1)``, a name). A subjob's story includes the requests naming its master and the batches it was
+        in; a master's, its own entries (its subjobs' are theirs: ``orch.story("3.1")``)."""
+        found: Job = job if isinstance(job, Job) else self.jobs[job]
+        return await self.transport.story(found.fqid_tuple)
 
     async def metrics(self) -> dict[str, Any]:
         """Counters of the orchestrator and of each backend (``["backends"]["sim"]["driver"]["calls"]``...)."""

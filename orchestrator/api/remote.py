@@ -372,6 +372,9 @@ class Remote:
     async def states(self, fq: FQID) -> list[dict[str, Any]]:
         return list(await self.client.send(wire.StatesRequest(fqid=fqid_str(fq))))
 
+    async def story(self, fq: FQID) -> list[dict[str, Any]]:
+        return list(await self.client.send(wire.StoryRequest(fqid=fqid_str(fq))))
+
     async def events(self) -> AsyncIterator[Any]:
         async with self.client.twin() as client:
             async for item in client.events():

@@ -193,6 +193,10 @@ class StatesRequest(Request):
     fqid: Fqid
 
 
+class StoryRequest(Request):
+    fqid: Fqid
+
+
 class OwnerRequest(Request):
     job: JobId
 
@@ -272,7 +276,7 @@ REQUESTS: dict[str, type[Request]] = {
     "jobs": JobsRequest, "show": ShowRequest, "master": MasterRequest, "health": HealthRequest,
     "describe": DescribeRequest, "info": InfoRequest, "infos": InfosRequest, "backend_id": BackendIdRequest,
     "subjob_specs": SubjobSpecsRequest, "splitter_spec": SplitterSpecRequest, "peek": PeekRequest,
-    "metrics": MetricsRequest, "states": StatesRequest, "owner": OwnerRequest, "add": AddRequest,
+    "metrics": MetricsRequest, "states": StatesRequest, "story": StoryRequest, "owner": OwnerRequest, "add": AddRequest,
     "submit": SubmitRequest, "kill": KillRequest, "resubmit": ResubmitRequest, "release": ReleaseRequest,
     "force_status": ForceStatusRequest, "remove": RemoveRequest, "merge": MergeRequest,
     "wait": WaitRequest, "annotate": AnnotateRequest, "refresh": RefreshRequest,

@@ -1,6 +1,7 @@
 """The ``orchestrator`` command line (click): written once over the API, embedded or through a service."""
 
 from . import acting as _acting  # noqa: F401  (registers kill, resubmit, release, remove, force-status)
+from . import story as _story  # noqa: F401  (registers story)
 from .commands import cli
 
 

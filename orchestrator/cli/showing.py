@@ -20,7 +20,7 @@ def show(detail: dict[str, Any], out: Console, listed: bool = False, fields: Seq
     subjobs' columns (:mod:`.columns`, ``show --format``)."""
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
-    grid.add_column()
+    grid.add_column(overflow="fold")  # a long path or reason is folded onto the next line, never cut with "…"
 
     def row(key: str, value: Any) -> None:  # every value is escaped (lists are escaped item by item first)
         grid.add_row(key, value if isinstance(value, Text) else Text(safe(str(value), keep="\n")))

@@ -29,7 +29,8 @@ carries that id back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import JobError
@@ -61,6 +62,10 @@ class SendSubmit(Instruction):
 
     ``start``: which checkpoint state each run starts from: ``initial``,
     ``resume`` (the newest saved), or ``given`` (a state the user handed in).
+    ``attempts``: each run's attempt (in the order of ``runs``), the one its
+    key and directory are made for; ``retry_args``: the arguments a retry
+    adds, by run index (a job that runs itself is index 0), for the runs
+    that have any. The runtime needs nothing else from the core to send it.
     """
 
     backend: str
@@ -68,20 +73,29 @@ class SendSubmit(Instruction):
     native: bool
     stop_on_failure: bool = False
     start: str = "resume"
+    attempts: Sequence[int] = ()
+    retry_args: Mapping[int, Sequence[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SendKill(Instruction):
+    """Kill ``runs`` at ``backend``; ``attempts``: each run's attempt as it was when the kill was decided, so a
+    retry submitted by the same step is never the one killed."""
+
     backend: str
     runs: Runs
     native: bool
     stop_on_failure: bool = False
+    attempts: Sequence[int] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Lookup(Instruction):
+    """Ask ``backend`` what became of ``runs`` (interrupted by a restart), at their ``attempts``."""
+
     backend: str
     runs: Runs
+    attempts: Sequence[int] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,7 +18,7 @@ megabytes of arrays, and a count is a counter, never a scan).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from . import monitoring, outcomes, requests, validate
@@ -48,7 +48,7 @@ from .events import (
 )
 from .ids import FQID
 from .jobs import JobState
-from .statuses import ACTIVE, JobStatus, master_status
+from .statuses import ACTIVE, MONITORED, JobStatus, master_status
 from .step import Step
 from .table import RunExtra, RunTable
 
@@ -213,6 +213,52 @@ class StateMachine:
             if partition:
                 out["partition"] = partition
         return out
+
+    # ------------------------------------------------------------ narrow reads for views and the runtime
+    def created(self, job_id: int) -> float:
+        return self._core.jobs[job_id].created
+
+    def attempts(self, job_id: int, indexes: Iterable[int] | None) -> tuple[int, ...]:
+        """The attempts of these runs now (``None``: the job's own run)."""
+        table = self._core.jobs[job_id].runs.attempt
+        return (table[0],) if indexes is None else tuple(table[i] for i in indexes)
+
+    def newest_history(self, job_id: int, indexes: Iterable[int] | None) -> list[Mapping[str, Any]]:
+        """Each run's newest history entry (what was just judged of it), for the runs that have one."""
+        extras = self._core.jobs[job_id].runs.extras
+        out: list[Mapping[str, Any]] = []
+        for i in indexes if indexes is not None else [0]:
+            extra = extras.get(i)
+            if extra is not None and extra.history:
+                out.append(extra.history[-1])
+        return out
+
+    def checkpoint(self, fq: FQID) -> Mapping[str, Any]:
+        """The record of the run's newest saved checkpoint state (empty: none)."""
+        extra = self._core.jobs[fq[0]].runs.extras.get(fq[1] if len(fq) == 2 else 0)
+        return extra.checkpoint if extra is not None else {}
+
+    def checkpointed(self, job_id: int) -> list[int]:
+        """The runs of a job that saved a checkpoint state (index 0 for a job that runs itself)."""
+        extras = self._core.jobs[job_id].runs.extras
+        return [i for i, extra in extras.items() if extra.checkpoint.get("seq") is not None]
+
+    def submitting_anywhere(self) -> bool:
+        """Is a run of any job on its way to a backend (a retry under way)?"""
+        code = JobStatus.SUBMITTING.code
+        return any(js.runs.counts[code] for js in self._core.jobs.values())
+
+    def monitored(self, job_id: int) -> list[int]:
+        """The runs a backend has (submitted, running, completing, held): the ones to watch again on a restart."""
+        return self._core.jobs[job_id].runs.indexes_in(MONITORED)
+
+    def reasons(self, job_id: int, indexes: Iterable[int]) -> list[str | None]:
+        extras = self._core.jobs[job_id].runs.extras
+        return [extras[i].reason if i in extras else None for i in indexes]
+
+    def final_times(self, job_id: int) -> Sequence[float]:
+        """When each run of a master ended (0: not yet)."""
+        return self._core.jobs[job_id].runs.times["final"]
 
     def job_state(self, job_id: int) -> JobState:
         """The job's whole state, read-only by contract (the runtime's writer and loader use it)."""

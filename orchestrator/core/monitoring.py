@@ -25,7 +25,7 @@ from .instructions import AdjustRun, Lookup, RunPostprocess
 from .jobs import JobState
 from .partition import settle
 from .retry import judge
-from .sending import send_kill, send_submit
+from .sending import attempts_of, send_kill, send_submit
 from .statuses import ON_THE_WAY, JobStatus
 
 _ON_THE_WAY_CODES = frozenset(s.code for s in ON_THE_WAY)
@@ -145,7 +145,8 @@ def handle_started(core: Core, event: Started) -> None:
 
 def _recover(core: Core, js: JobState, interrupted: list[int], sid: str) -> None:
     if js.profile.lookup:
-        core.emit(Lookup(stimulus_id=sid, backend=js.profile.backend, runs=core.runs_of(js, interrupted)))
+        runs = core.runs_of(js, interrupted)
+        core.emit(Lookup(stimulus_id=sid, backend=js.profile.backend, runs=runs, attempts=attempts_of(js, runs)))
         return
     carry_on = []
     back = []

@@ -77,6 +77,9 @@ class Config:
         from .storage import Storage  # the check of [repository], where its settings are read
 
         Storage.of(Path(), self.section("repository"), where)
+        length = core["story_length"]
+        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+            raise ConfigError(f"{where}: core.story_length must be a whole number >= 0, not {length!r}")
         chunk = core["submit_chunk"]
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
             raise ConfigError(f"{where}: core.submit_chunk must be an integer >= 1, not {chunk!r}")

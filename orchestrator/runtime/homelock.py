@@ -4,13 +4,18 @@ A second process is refused with an error naming the holder (its role, PID
 and host); the lock goes with the process, however it ends. A holder that is
 a command only reading the home (``orchestrator jobs`` on a home nobody held
 when it started) lets go within seconds, so a process that wants the home
-waits for it (up to :data:`READER_WAIT` seconds) instead of failing.
+waits for it (up to :data:`READER_WAIT` seconds) instead of failing. So
+does a holder whose process is gone (its PID, on this host, is no more): the
+lock is then held only by a child it forked an instant before it died (a
+run being started, between its fork and its exec), which lets go as the
+child execs.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -54,10 +59,10 @@ class HomeLock:
                 written = os.pread(fd, 200, 0).decode(errors="replace").strip()
                 holder = written or "another process"
                 waiting = time.monotonic() < deadline and self.role != READER_ROLE
-                # a reading command lets go in a moment; a holder that has not written its name yet is
-                # one that took the lock an instant ago (its name follows at once)
-                if waiting and (holder.startswith(READER_ROLE) or (not written and deadline - time.monotonic()
-                                                                   > READER_WAIT - 1)):
+                # a reading command lets go in a moment, and so does a holder that is gone; a holder that has
+                # not written its name yet is one that took the lock an instant ago (its name follows at once)
+                if waiting and (holder.startswith(READER_ROLE) or _gone(written) or (
+                        not written and deadline - time.monotonic() > READER_WAIT - 1)):
                     time.sleep(0.05)
                     continue
             os.close(fd)
@@ -86,3 +91,15 @@ class HomeLock:
             self._fd = None
 
 
+def _gone(written: str) -> bool:
+    """Is the holder named in the lock file a process of this host that no longer exists?"""
+    found = re.search(r"pid (\d+) on (\S+)$", written)
+    if found is None or found[2] != socket.gethostname():
+        return False
+    try:
+        os.kill(int(found[1]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, another user's
+    return False

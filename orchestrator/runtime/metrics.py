@@ -160,12 +160,11 @@ class Metrics:
             if not indexes:
                 return
         backend = self._backend(job)
+        chosen = None if indexes is None else tuple(indexes)
         try:
-            attempt = self.sm.job_state(job).runs.attempt
+            attempts = self.sm.attempts(job, chosen)
         except KeyError:
             return
-        chosen = None if indexes is None else tuple(indexes)
-        attempts = (attempt[0],) if chosen is None else tuple(attempt[i] for i in chosen)
         try:
             self._ended_in.send_nowait((backend, again, job, chosen, attempts))
         except anyio.WouldBlock:
@@ -253,31 +252,22 @@ class Metrics:
 
     def _backend(self, job: int) -> str:
         try:
-            return self.sm.job_state(job).profile.backend
+            return self.sm.profile(job).backend
         except KeyError:
             return "unknown"
 
     def _is_master(self, job: int) -> bool:
-        try:
-            return self.sm.job_state(job).is_master
-        except KeyError:
-            return False
+        return self.sm.is_master(job)
 
     def _judged(self, job: int, indexes: Iterable[int] | None) -> list[tuple[str, str, str]]:
         """``(level, verdict, action)`` of the newest history entry of each run (what the state machine just
         judged: ``action`` is ``retry`` when the run goes again at once)."""
         try:
-            runs = self.sm.job_state(job).runs
+            entries = self.sm.newest_history(job, indexes)
         except KeyError:
             return []
-        out = []
-        for i in indexes if indexes is not None else [0]:
-            extra = runs.extras.get(i)
-            if extra is not None and extra.history:
-                entry = extra.history[-1]
-                out.append((str(entry.get("level", "unknown")), str(entry.get("verdict", "unknown")),
-                            str(entry.get("action", "failed"))))
-        return out
+        return [(str(entry.get("level", "unknown")), str(entry.get("verdict", "unknown")),
+                 str(entry.get("action", "failed"))) for entry in entries]
 
 
 def _retried(step: Step) -> dict[int, set[int]]:
@@ -315,9 +305,9 @@ class _Gauges(Collector):
                                  "backend", labels=["backend", "status"])
         totals: dict[tuple[str, str], int] = {}
         for job in self.sm.job_ids():
-            js = self.sm.job_state(job)
-            for status, n in js.counts().items() if js.is_master else [(js.status, 1)]:
-                key = (js.profile.backend, status.value)
+            backend = self.sm.profile(job).backend
+            for status, n in self.sm.counts(job).items() if self.sm.is_master(job) else [(self.sm.status((job,)), 1)]:
+                key = (backend, status.value)
                 totals[key] = totals.get(key, 0) + n
         for (backend, name), n in sorted(totals.items()):
             runs.add_metric([backend, name], n)
@@ -325,7 +315,7 @@ class _Gauges(Collector):
         jobs = GaugeMetricFamily("orchestrator_jobs", "Top-level jobs by status", labels=["status"])
         by_status = {s.value: 0 for s in ALL_STATUSES}
         for job in self.sm.job_ids():
-            by_status[self.sm.job_state(job).status.value] += 1
+            by_status[self.sm.status((job,)).value] += 1
         for name, n in by_status.items():
             jobs.add_metric([name], n)
         yield jobs

@@ -54,15 +54,14 @@ class Postprocessing:
         return [(d, p) for d, p in found if p is not None]
 
     def context(self, job: int) -> PostprocessContext:
-        js = self.sm.job_state(job)
-        statuses = bytes(js.runs.status)
-        subjobs = [SubjobOutput(i, JobStatus.from_code(code), self.workspace.outputdir((job, i)),
-                                js.runs.extras[i].reason if i in js.runs.extras else None)
+        statuses = self.sm.statuses(job)
+        reasons = self.sm.reasons(job, range(len(statuses)))
+        subjobs = [SubjobOutput(i, JobStatus.from_code(code), self.workspace.outputdir((job, i)), reasons[i])
                    for i, code in enumerate(statuses)]
         owner = self.definitions.spec(job).get("owner")
+        counts = {s.value: n for s, n in self.sm.counts(job).items()}
         return PostprocessContext(str(job), self.definitions.names.get(job, ""), self.workspace.outputdir((job,)),
-                                  subjobs, {s.value: n for s, n in js.counts().items()}, self.settings, self.log,
-                                  str(owner) if owner else None)
+                                  subjobs, counts, self.settings, self.log, str(owner) if owner else None)
 
     async def run(self, ins: RunPostprocess) -> None:
         job = ins.job

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from ..core.machine import StateMachine
-from ..core.statuses import MONITORED
+from ..core.statuses import JobStatus
 from .actor import Actor
 from .definitions import Definitions
 from .repository import Repository
@@ -21,15 +21,15 @@ from .repository import Repository
 async def reattach(sm: StateMachine, definitions: Definitions, repo: Repository,
                    actor_of: Callable[[str], Awaitable[Actor]]) -> None:
     for job in sm.job_ids():
-        js = sm.job_state(job)
-        monitored = js.runs.indexes_in(MONITORED)
+        monitored = sm.monitored(job)
         if not monitored:
             continue
-        backend = js.profile.backend
+        master = sm.is_master(job)
+        backend = sm.profile(job).backend
         actor = await actor_of(backend)
         common = definitions.spec(job)["backend"].get("settings", {})
         found: list[tuple[int, str, str | None]] = []  # (index, backend id, delta)
-        if js.is_master:
+        if master:
             rows = repo.subjob_rows(job, monitored)
             found = [(i, b, d) for i in monitored if (b := rows.get(i, (None, None))[0]) is not None
                      for d in [rows[i][1]]]
@@ -40,9 +40,11 @@ async def reattach(sm: StateMachine, definitions: Definitions, repo: Repository,
         indexes = [i for i, _, _ in found]
         settings = [definitions.subjob_spec(job, i)["backend"].get("settings", {})
                     if delta and '"backend.' in delta else common for i, _, delta in found]
-        actor.hold_stored(job, indexes if js.is_master else None, [b for _, b, _ in found],
-                          [js.runs.attempt[i] for i in indexes], settings, [js.runs.get(i) for i in indexes])
+        statuses = sm.statuses(job) if master else None
+        actor.hold_stored(job, indexes if master else None, [b for _, b, _ in found], list(sm.attempts(job, indexes)),
+                          settings, [JobStatus.from_code(statuses[i]) if statuses is not None else sm.status((job,))
+                                     for i in indexes])
         driver = actor.driver
         if driver.capabilities_for(settings[0]).reports:
             for lo in range(0, len(indexes), actor.chunk):
-                await driver.track(actor.held.handles(job, indexes[lo:lo + actor.chunk] if js.is_master else None))
+                await driver.track(actor.held.handles(job, indexes[lo:lo + actor.chunk] if master else None))

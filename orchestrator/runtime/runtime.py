@@ -61,6 +61,7 @@ from .reattach import reattach
 from .repository import TIME_KINDS, RunsRow, StateRow, TopRow
 from .runs import read_ending
 from .storage import Storage
+from .story import Story
 from .workspace import Workspace
 from .writer import Writer, restore
 
@@ -118,13 +119,16 @@ class Runtime:
         self.postprocessing = Postprocessing(sm=self.sm, definitions=self.definitions, workspace=self.workspace,
                                              settings=config.section("postprocess"), post=self.answer, log=self.log)
         self.executor = Executor(
-            self.sm, actor=self.actor, flush=self.writer.flush, forget=self._forget, set_backend=self._set_backend,
+            actor=self.actor, flush=self.writer.flush, forget=self._forget, set_backend=self._set_backend,
             given_state=self._given.get, post=self.answer, log=self.log, adjust=self._adjust,
             work_limit=int(config.core["work_limit"]),
             work={Prepare: self.preparer.prepare, Unprepare: self.preparer.unprepare,
                   CreateLinked: self.preparer.create_linked, RunPostprocess: self.postprocessing.run,
                   Notify: self.postprocessing.notify})
         self.bus = Bus(self.sm, self.executor, self.log, observer_capacity=int(config.core["events_buffer"]))
+        #: The recent steps, for ``orch.story(fqid)`` (:mod:`.story`): an append per step, read when asked.
+        self.story = Story(int(config.core["story_length"]))
+        self.bus.hooks.append(self.story.record)
         #: Prometheus metrics, for the service (``enable_prometheus``): an embedded runtime neither loads
         #: prometheus-client nor pays the bus hook.
         self.prometheus: Metrics | None = None
@@ -255,7 +259,7 @@ class Runtime:
             await self.bus.changed()
 
     def _retrying(self) -> bool:
-        return any(self.sm.job_state(j).runs.counts[JobStatus.SUBMITTING.code] for j in self.sm.job_ids())
+        return self.sm.submitting_anywhere()
 
     async def _flush_loop(self) -> None:
         interval = float(self.config.core["flush_interval"])
@@ -409,9 +413,8 @@ class Runtime:
         one already (a run of a job without steps is not concerned until then, :meth:`Checkpoints.concerned`)."""
         if self.definitions.spec(job).get("steps") is not None:
             return None
-        extras = self.sm.job_state(job).runs.extras
-        saved = [i for i, extra in extras.items() if extra.checkpoint.get("seq") is not None]
-        return saved if self.sm.job_state(job).is_master else [None] if saved else []
+        saved = self.sm.checkpointed(job)
+        return saved if self.sm.is_master(job) else [None] if saved else []
 
     def _harvest(self, handle: RunHandle) -> dict[str, Any] | None:
         """The states a running run saved since the last look (any run: the monitor chooses which to look at)."""
@@ -431,10 +434,7 @@ class Runtime:
         return max(capacity - (len(actor.held) if actor is not None else 0), 1)
 
     def _checkpoint_record(self, fqid: str) -> Mapping[str, Any]:
-        fq = tuple(int(p) for p in fqid.split("."))
-        js = self.sm.job_state(fq[0])
-        extra = js.runs.extras.get(fq[1] if len(fq) == 2 else 0)
-        return extra.checkpoint if extra is not None else {}
+        return self.sm.checkpoint(tuple(int(p) for p in fqid.split(".")))
 
     def _spec_of_fqid(self, fqid: str) -> Mapping[str, Any]:
         fq = tuple(int(p) for p in fqid.split("."))
@@ -458,7 +458,7 @@ class Runtime:
     def _adjust(self, ins: AdjustRun) -> None:
         """An action-table rule retries runs with other settings: more memory, more time, or elsewhere."""
         job = ins.runs.job
-        js = self.sm.job_state(job)
+        master = self.sm.is_master(job)
         for i in ins.runs.indexes if ins.runs.indexes is not None else [None]:
             spec = self.definitions.subjob_spec(job, i) if i is not None else self.definitions.spec(job)
             settings = spec["backend"].get("settings", {})
@@ -471,15 +471,14 @@ class Runtime:
                     continue
             else:
                 values = dict(ins.values)
-            self.definitions.set_run_settings(job, i if js.is_master else None, values)
+            self.definitions.set_run_settings(job, i if master else None, values)
             self.log.info("rule changed the run's settings", rule=ins.rule, fqid=f"{job}.{i}" if i is not None
                           else str(job), changed={k: f"{settings.get(k)} -> {v}" for k, v in values.items()})
 
     def _set_backend(self, ins: SetBackend) -> None:
         backend = ins.backend
         data = backend.to_dict() if hasattr(backend, "to_dict") else dict(backend)
-        js = self.sm.job_state(ins.job)
-        self.definitions.set_backend(ins.job, data, range(len(js.runs)) if js.is_master else ())
+        self.definitions.set_backend(ins.job, data, range(self.sm.n_subjobs(ins.job)))
 
     # ------------------------------------------------------------ waiting
     async def wait_until(self, done: Callable[[], bool], timeout: float | None) -> None:

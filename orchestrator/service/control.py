@@ -147,17 +147,16 @@ class Control:
         fq = self._known(_fq(fqid))
         job = self.registry.lookup(fq)
         out: dict[str, Any] = {**views.summary(job), "codes": None, "failures": [], "ended": {}}
-        js = self.transport.runtime.sm.job_state(fq[0])
-        if len(fq) > 1 or not js.is_master:
+        sm = self.transport.runtime.sm
+        if len(fq) > 1 or not sm.is_master(fq[0]):
             return out
-        runs = js.runs
-        out["codes"] = bytes(runs.status).translate(_DIGITS).decode()
-        failed = [i for i, code in enumerate(runs.status) if code == JobStatus.FAILED.code]
-        out["failures"] = [[i, (runs.extras[i].reason if i in runs.extras else None) or "failed"]
-                           for i in failed[:int(failures)]]
-        final = runs.times["final"]
+        statuses = sm.statuses(fq[0])
+        out["codes"] = statuses.translate(_DIGITS).decode()
+        failed = [i for i, code in enumerate(statuses) if code == JobStatus.FAILED.code][:int(failures)]
+        out["failures"] = [[i, reason or "failed"] for i, reason in zip(failed, sm.reasons(fq[0], failed), strict=True)]
+        final = sm.final_times(fq[0])
         for status in (JobStatus.COMPLETED, JobStatus.FAILED):
-            times = sorted(final[i] for i, code in enumerate(runs.status) if code == status.code and final[i])
+            times = sorted(final[i] for i, code in enumerate(statuses) if code == status.code and final[i])
             step = max(1, len(times) // int(points))
             out["ended"][status.value] = {"n": len(times), "times": times[::step]}
         return out
@@ -186,6 +185,10 @@ class Control:
 
     async def states(self, fqid: str) -> list[dict[str, Any]]:
         return await self.transport.states(self._known(_fq(fqid)))
+
+    async def story(self, fqid: str) -> list[dict[str, Any]]:
+        """What happened to a job lately, by stimulus (the caller's view: another user's job is refused)."""
+        return await self.transport.story(self._known(_fq(fqid)))
 
     # ------------------------------------------------------------ operations
     async def add(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -268,10 +271,10 @@ class Control:
 
 #: The methods a client may call (the HTTP API's routes).
 METHODS = frozenset({"jobs", "show", "master", "health", "describe", "info", "infos", "backend_id", "subjob_specs",
-                     "splitter_spec", "peek", "metrics", "states", "add", "submit", "kill", "resubmit", "release",
-                     "force_status", "remove", "merge", "wait", "annotate", "refresh", "owner"})
+                     "splitter_spec", "peek", "metrics", "states", "story", "add", "submit", "kill", "resubmit",
+                     "release", "force_status", "remove", "merge", "wait", "annotate", "refresh", "owner"})
 #: Methods a ``GET`` may call: they change nothing.
 READ_ONLY = frozenset({"jobs", "show", "master", "health", "describe", "info", "infos", "backend_id", "peek", "metrics",
-                       "states", "splitter_spec", "owner"})
+                       "states", "story", "splitter_spec", "owner"})
 
 __all__ = ["METHODS", "READ_ONLY", "Control", "JobStatus"]

@@ -224,3 +224,28 @@ async def test_a_reopened_master_reads_its_splitter_when_it_is_used(tmp_path: Pa
         assert isinstance(twin.splitter, ArgSplitter) and twin.splitter.args == args
     async with Orchestrator(home) as orch:
         assert orch.jobs[0].splitter.args == args and orch.jobs[1].splitter.args == args
+
+
+async def test_a_home_whose_holder_died_opens_once_the_child_it_forked_lets_go(tmp_path: Path) -> None:
+    """An orchestrator SIGKILLed while a run it started had been forked but not exec'd yet (on a busy machine a
+    spawned child waits for a CPU before its exec) leaves the home's lock with that child for a moment: the next
+    orchestrator waits for it instead of refusing the home as in use by a process that is gone."""
+    holder = textwrap.dedent(f"""
+        import os, signal, time, anyio
+        from orchestrator import Orchestrator
+
+        async def main():
+            async with Orchestrator(home={str(tmp_path)!r}, service=False):
+                if os.fork() == 0:  # the child keeps the lock's file, as one between its fork and its exec does
+                    os.closerange(0, 3)  # not the test's pipes, though
+                    time.sleep(3)
+                    os._exit(0)
+                print("holding", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        anyio.run(main)
+    """)
+    died = subprocess.run([sys.executable, "-c", holder], capture_output=True, text=True, timeout=60)
+    assert died.returncode == -signal.SIGKILL and "holding" in died.stdout, died.stderr
+    async with Orchestrator(home=tmp_path, service=False) as orch:  # refused at once before
+        assert list(orch.jobs) == []

@@ -93,7 +93,8 @@ def test_two_users_over_tcp_see_their_own_jobs_and_are_refused_the_others(team: 
             # Every look-up and operation on alice's job, by bob: refused, naming alice.
             calls: list[tuple[str, dict[str, Any]]] = [
                 ("show", {"fqid": a_id}), ("info", {"fqid": a_id}), ("master", {"fqid": a_id}),
-                ("peek", {"fqid": a_id}), ("states", {"fqid": a_id}), ("infos", {"fqids": [a_id]}),
+                ("peek", {"fqid": a_id}), ("states", {"fqid": a_id}), ("story", {"fqid": a_id}),
+                ("infos", {"fqids": [a_id]}),
                 ("submit", {"fqid": a_id}), ("kill", {"fqid": a_id}), ("resubmit", {"fqid": a_id}),
                 ("release", {"fqid": a_id}), ("force_status", {"fqid": a_id, "status": "failed"}),
                 ("remove", {"fqid": a_id}), ("wait", {"fqid": a_id, "timeout": 1}),

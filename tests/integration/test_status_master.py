@@ -135,4 +135,5 @@ async def test_peek_links_kill_button_and_two_thousand_cells(service: Service, b
                              "nothing left to kill")
         finally:
             await page.close()
+        await big.wait(timeout=60)  # this client follows the service's stream: it hears of the kill in a moment
         assert big.status == "killed" and len(big.subjobs.select(status="killed")) == 2000

@@ -10,7 +10,6 @@ import pytest
 import structlog
 
 from orchestrator.core.instructions import Instruction, Reply
-from orchestrator.core.machine import StateMachine
 from orchestrator.core.step import Step
 from orchestrator.runtime.executor import Executor
 
@@ -27,7 +26,7 @@ async def _nothing(*_: Any) -> None:
 
 
 def executor() -> Executor:
-    return Executor(StateMachine(), actor=_nothing, flush=_nothing, work={}, forget=_nothing,  # type: ignore[arg-type]
+    return Executor(actor=_nothing, flush=_nothing, work={}, forget=_nothing,  # type: ignore[arg-type]
                     set_backend=lambda ins: None, given_state=lambda sid: None, post=_nothing,
                     log=structlog.get_logger())
 

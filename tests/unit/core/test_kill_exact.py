@@ -3,6 +3,8 @@ partitioned master's linked job (core.requests, core.outcomes)."""
 
 from __future__ import annotations
 
+from array import array
+
 from orchestrator.core.events import KillRequested, LinkedAdded, Prepared, RetryDue, SubmitRequested
 from orchestrator.core.ids import Runs
 from orchestrator.core.instructions import Reply, SendKill, SendSubmit
@@ -28,7 +30,7 @@ def test_killing_a_master_kills_its_active_runs_and_counts_them() -> None:
     step = h.request(KillRequested, m)
     kill = only(step, SendKill)
     assert kill == SendKill(stimulus_id=step.stimulus_id, backend="sim", runs=Runs(m, [0, 1]), native=True,
-                            stop_on_failure=True)
+                            stop_on_failure=True, attempts=array("q", [1, 1]))
     assert not step.of(Reply)
     h.tick()
     step = h.killed(kill)
@@ -115,7 +117,7 @@ def test_killing_a_partitioned_master_kills_its_running_prejob_and_waits_for_it(
     step = h.request(KillRequested, m)
     kill = only(step, SendKill)
     assert kill == SendKill(stimulus_id=step.stimulus_id, backend="sim", runs=Runs(1), native=True,
-                            stop_on_failure=False)
+                            stop_on_failure=False, attempts=array("q", [1]))
     assert not step.of(Reply)
     step = h.killed(kill)
     assert reply(step) == Reply(stimulus_id=kill.stimulus_id, error=None, acted=1)

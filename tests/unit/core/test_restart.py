@@ -125,7 +125,8 @@ def test_started_looks_up_interrupted_runs_when_the_driver_can() -> None:
     step = h.request(SubmitRequested, m)
     h.prepared(step, m, 2)
     step = h.post(Started(stimulus_id="start", time=h.tick()))
-    assert step.instructions == [Lookup(stimulus_id="start", backend="sim", runs=Runs(m, [0, 1]))]
+    assert step.instructions == [Lookup(stimulus_id="start", backend="sim", runs=Runs(m, [0, 1]),
+                                        attempts=array("q", [1, 1]))]
     assert not step.changes and h.sm.indexes(m, [S.SUBMITTING]) == [0, 1]
 
 

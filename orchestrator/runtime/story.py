@@ -1,0 +1,293 @@
+"""A story per job: the recent steps, kept as the core made them, told for one job or subjob on demand.
+
+As Dask's ``WorkerState.story()``: when a run did something nobody expected
+(lost, retried, killed twice), the question is *what happened to it, and
+why*, and the answer is the stimuli that touched it, in order, with the
+stimulus ids that tie a request to its instructions, the backend's reports
+and the changes they made.
+
+The bus hands every step to :meth:`Story.record`, which only appends the
+event and its :class:`~orchestrator.core.step.Step` (objects the core made
+anyway) to a bounded deque: no string is formatted, no run looked at, on the
+path a million subjobs take. Steps that did nothing (a monitoring tick that
+found every run as it was: a status report that changed nothing) are not
+kept, so an idle backend polled five times a second does not push a job's
+history out; every other event is (a kill's outcome on a run that moved on
+changes nothing, and still belongs to its story). :meth:`Story.of` filters
+and describes only when a story is asked for.
+
+What touches a job: for a subjob ``3.1``, every event, change, refusal and
+instruction whose runs include it, and requests naming its master (a kill of
+``3`` kills ``3.1``); for a top-level job ``3``, those about the job itself
+(its own status, requests naming it, its preparation, its postprocessors),
+not its subjobs' batches (``story 3.1`` tells those). The event of a step is
+told whenever anything of the step touched the job, so no change appears
+without its cause.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from ..core.events import (
+    Event,
+    KillOutcomes,
+    LinkedAdded,
+    LookupOutcomes,
+    PostprocessDone,
+    Prepared,
+    PrepareFailed,
+    Request,
+    RetryDue,
+    RunLost,
+    StatusReport,
+    SubmitOutcomes,
+)
+from ..core.ids import FQID, Runs
+from ..core.instructions import (
+    AdjustRun,
+    CreateLinked,
+    Forget,
+    Instruction,
+    Lookup,
+    Notify,
+    Prepare,
+    Reply,
+    RunPostprocess,
+    ScheduleRetry,
+    SendKill,
+    SendSubmit,
+    SetBackend,
+    Unprepare,
+    Unwatch,
+)
+from ..core.step import Change, Refusal, Step
+
+#: One entry of a story, as every transport carries it: ``stimulus_id``, ``time`` (epoch seconds), ``kind``
+#: (``event``, ``change``, ``refusal``, ``instruction``), ``type`` (the class) and ``description``.
+Entry = dict[str, Any]
+
+
+class Story:
+    """The last ``capacity`` steps that did something (see the module docstring)."""
+
+    def __init__(self, capacity: int) -> None:
+        self._steps: deque[tuple[Event, Step]] = deque(maxlen=capacity)
+
+    def record(self, event: Event, step: Step) -> None:
+        """The bus's hook: a type test (a truth test for a report) and an append per step, nothing more."""
+        if type(event) is not StatusReport or step:
+            self._steps.append((event, step))
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def of(self, fq: FQID) -> list[Entry]:
+        """Every kept entry that touched ``fq``, oldest first."""
+        out: list[Entry] = []
+        for event, step in list(self._steps):
+            out.extend(_told(event, step, fq))
+        return out
+
+
+# ------------------------------------------------------------------ what touches a job
+def _position(runs: Runs, fq: FQID) -> int | None:
+    """Where ``fq`` is in ``runs`` (a position, as outcomes name runs), or ``None`` when it is not in them."""
+    if runs.job != fq[0]:
+        return None
+    indexes = runs.indexes
+    if indexes is None:
+        return 0 if len(fq) == 1 else None
+    if len(fq) == 1:
+        return None
+    try:
+        return indexes.index(fq[1])  # a range answers at once; an array searches in C
+    except ValueError:
+        return None
+
+
+def _named(targets: Sequence[FQID], fq: FQID) -> bool:
+    """A request names ``fq``, or (for a subjob) its master."""
+    return fq in targets or (len(fq) > 1 and fq[:1] in targets)
+
+
+def _job_field(item: object, fq: FQID) -> bool:
+    """An event or instruction about a whole job (``job``, ``master``) is about ``fq`` when ``fq`` is that job."""
+    return len(fq) == 1 and fq[0] in (getattr(item, "job", None), getattr(item, "master", None))
+
+
+def _event_touches(event: Event, fq: FQID) -> bool:
+    if isinstance(event, Request):
+        return _named(event.targets, fq)
+    if isinstance(event, StatusReport):
+        return any(_position(r.runs, fq) is not None for r in event.reports)
+    runs = getattr(event, "runs", None)
+    if isinstance(runs, Runs):
+        return _position(runs, fq) is not None
+    if isinstance(event, Prepared) and len(fq) == 2:  # it made the subjob
+        return fq[0] == event.job and fq[1] < event.n_subjobs
+    if isinstance(event, PostprocessDone) and len(fq) == 2:  # a checker failed the subjob
+        return fq[0] == event.job and any(i == fq[1] for i, _ in event.failed_subjobs)
+    return _job_field(event, fq)
+
+
+def _instruction_touches(ins: Instruction, fq: FQID, event: Event, event_touched: bool) -> bool:
+    if isinstance(ins, Reply):  # the answer to a request, given with the event that settled the job's part of it
+        return event_touched
+    runs = getattr(ins, "runs", None)
+    if isinstance(runs, Runs):
+        return _position(runs, fq) is not None
+    return _job_field(ins, fq)
+
+
+def _told(event: Event, step: Step, fq: FQID) -> Iterator[Entry]:
+    """The entries of one step that touched ``fq``: its event first, when anything of the step did."""
+    touched = _event_touches(event, fq)
+    rest: list[Entry] = []
+    for change in step.changes:
+        if _position(change.runs, fq) is not None:
+            rest.append(_entry(change.stimulus_id, change.time, "change", "StatusChanged", _change(change)))
+    for refusal in step.refusals:
+        if refusal.fqid == fq:
+            rest.append(_entry(refusal.stimulus_id, event.time, "refusal", "Refusal", _refusal(refusal)))
+    for ins in step.instructions:
+        if _instruction_touches(ins, fq, event, touched):
+            rest.append(_entry(ins.stimulus_id, event.time, "instruction", type(ins).__name__,
+                               _instruction(ins, fq, event)))
+    if touched or rest:
+        yield _entry(event.stimulus_id, event.time, "event", type(event).__name__,
+                     _event(event, fq) if touched else _others(event))
+    yield from rest
+
+
+def _entry(sid: str, time: float, kind: str, name: str, description: str) -> Entry:
+    return {"stimulus_id": sid, "time": time, "kind": kind, "type": name, "description": description}
+
+
+# ------------------------------------------------------------------ descriptions (only when asked)
+def _of(runs: Runs) -> str:
+    """`` (of 1,000 runs)`` for a batch: the entry was about many runs at once."""
+    return f" (one of {len(runs):,} runs)" if len(runs) > 1 else ""
+
+
+def _change(change: Change) -> str:
+    return f"{change.old.value} -> {change.new.value}" + (" (forced)" if change.forced else "") + _of(change.runs)
+
+
+def _refusal(refusal: Refusal) -> str:
+    moved = f" ({refusal.old.value} -> {refusal.new.value})" if refusal.old and refusal.new else ""
+    return f"refused{moved}: {refusal.reason}"
+
+
+def _request(event: Request) -> str:
+    what = type(event).__name__.removesuffix("Requested").lower()
+    extra = {name: getattr(event, name) for name in ("only_failed", "start", "retry_args", "status", "force", "link")
+             if getattr(event, name, None) not in (None, ())}
+    if "status" in extra:
+        extra["status"] = extra["status"].value
+    said = ", ".join(f"{k}={v}" for k, v in extra.items())
+    many = f" ({len(event.targets):,} targets)" if len(event.targets) > 1 else ""
+    return f"{what} requested" + (f" ({said})" if said else "") + ("; keep going" if event.keep_going else "") + many
+
+
+def _outcome(runs: Runs, fq: FQID, said: Sequence[tuple[str, Sequence[Any]]]) -> str:
+    """What an outcome said of ``fq``'s position: the first list that holds it (``(position, reason)`` pairs too)."""
+    at = _position(runs, fq)
+    for word, positions in said:
+        for p in positions:
+            if p == at:
+                return word
+            if isinstance(p, (tuple, list)) and p[0] == at:
+                return f"{word}: {p[1]}"
+    return "-"
+
+
+def _report(event: StatusReport, fq: FQID) -> str:
+    parts = []
+    for r in event.reports:
+        if _position(r.runs, fq) is None:
+            continue
+        words = [f"{event.backend} says {r.status.value}"]
+        if r.exit_code is not None:
+            words.append(f"exit code {r.exit_code}")
+        if r.verdict:
+            words.append(r.verdict)
+        if r.reason:
+            words.append(r.reason)
+        parts.append(", ".join(words) + _of(r.runs))
+    return "; ".join(parts)
+
+
+_EVENTS: dict[type[Event], Callable[[Any, FQID], str]] = {
+    SubmitOutcomes: lambda e, fq: "submission " + _outcome(e.runs, fq, [
+        ("accepted", e.accepted), ("rejected", e.rejected), ("not attempted", e.not_attempted)])
+        + (" (native bulk)" if e.native else " (one by one)") + _of(e.runs),
+    KillOutcomes: lambda e, fq: "kill " + _outcome(e.runs, fq, [
+        ("done", e.killed), ("failed", e.failed), ("not attempted", e.not_attempted)]) + _of(e.runs),
+    LookupOutcomes: lambda e, fq: "looked up: " + _outcome(e.runs, fq, [
+        ("the backend has it", e.found), ("the backend never got it", e.absent)]) + _of(e.runs),
+    StatusReport: _report,
+    RunLost: lambda e, fq: f"lost: {e.reason}" + _of(e.runs),
+    RetryDue: lambda e, fq: "retry due" + _of(e.runs),
+    Prepared: lambda e, fq: f"prepared: {e.n_subjobs:,} subjobs" if e.n_subjobs else "prepared",
+    PrepareFailed: lambda e, fq: f"preparing failed: {e.error}",
+    LinkedAdded: lambda e, fq: f"{e.role} {e.job} added for master {e.master}",
+    PostprocessDone: lambda e, fq: (f"postprocessors failed it: {e.error}" if len(fq) == 1 and e.error
+                                    else "postprocessors passed" if len(fq) == 1
+                                    else "a checker failed it: " + next(r for i, r in e.failed_subjobs if i == fq[1])),
+}
+
+
+def _others(event: Event) -> str:
+    """An event that touched the job only through what it caused (a master's status, moved by its subjobs')."""
+    runs = getattr(event, "runs", None)
+    if isinstance(runs, Runs):
+        return f"about {len(runs):,} run{'s' if len(runs) > 1 else ''} of job {runs.job}"
+    if isinstance(event, StatusReport):
+        n = sum(len(r.runs) for r in event.reports)
+        return f"{event.backend} reports on {n:,} run{'s' if n > 1 else ''}"
+    return ""
+
+
+def _event(event: Event, fq: FQID) -> str:
+    if isinstance(event, Request):
+        return _request(event)
+    describe = _EVENTS.get(type(event))
+    return describe(event, fq) if describe is not None else ""
+
+
+#: What an instruction without details of its own asks.
+_SAID: dict[type[Instruction], str] = {
+    Prepare: "split into subjobs and store them", Unprepare: "remove what preparing made",
+    RunPostprocess: "run the postprocessors", SetBackend: "store new backend settings", Forget: "forget the job",
+    Lookup: "look the runs up by key", Unwatch: "stop watching",
+}
+
+
+def _instruction(ins: Instruction, fq: FQID, event: Event) -> str:
+    runs = getattr(ins, "runs", None)
+    batch = _of(runs) if isinstance(runs, Runs) else ""
+    if isinstance(ins, SendSubmit):
+        how = "native bulk" if ins.native else "one by one"
+        return f"submit to {ins.backend} ({how}, start {ins.start})" + batch
+    if isinstance(ins, SendKill):
+        return f"kill at {ins.backend}" + batch
+    if isinstance(ins, ScheduleRetry):
+        return f"retry in {max(ins.at - event.time, 0.0):.1f} s" + batch
+    if isinstance(ins, AdjustRun):
+        return f"rule {ins.rule} changes {ins.setting or 'the backend settings'}" + batch
+    if isinstance(ins, Reply):
+        return f"refused: {ins.error}" if ins.error is not None else f"answered: acted on {ins.acted:,}"
+    if isinstance(ins, CreateLinked):
+        return f"add the {ins.role}"
+    if type(ins) in _SAID:
+        return _SAID[type(ins)]
+    if isinstance(ins, Notify):
+        return f"notify: {ins.status}"
+    backend = getattr(ins, "backend", None)
+    return (f"at {backend}" if isinstance(backend, str) else "") + batch
+
+
+__all__ = ["Entry", "Story"]
