@@ -35,7 +35,7 @@ from .events import (
 )
 from .flow import done, release_waiting
 from .ids import fqid_str
-from .instructions import Forget, Prepare, ScheduleRetry, Unprepare
+from .instructions import Forget, Persist, Prepare, ScheduleRetry, Unprepare
 from .jobs import JobState
 from .partition import SHOWN, settle
 from .requests import force_now
@@ -82,6 +82,9 @@ def handle_prepare_failed(core: Core, event: PrepareFailed) -> None:
     if js is None:
         return
     _roll_back(core, js, event.stimulus_id, undo=False)
+    # The job is new again on disk before anyone hears that its submission failed: the write-ahead record of
+    # its submission (a master-to-be) is not left for a reader of the repository to find.
+    core.emit(Persist(stimulus_id=event.stimulus_id))
     if js.link is not None:
         _linked_submitted(core, js, [event.error], event.stimulus_id)
         return

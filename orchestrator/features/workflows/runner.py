@@ -302,7 +302,10 @@ class Workflows:
         await self._evict()
         await self._start_ready(assessed)
         for run in self._runs.values():
-            run.snapshot = run.assess()
+            final = run.assess()
+            if final.status != "running":  # a package that ended during this tick: its files go before anyone
+                await self._dispose(run, final)  # is told the workflow is over (``wait``)
+            run.snapshot = final
         self.ticked.set()
         self.ticked = anyio.Event()
 
