@@ -28,7 +28,7 @@ from orchestrator.core.instructions import Instruction, Reply, SendKill, SendSub
 from orchestrator.core.machine import StateMachine
 from orchestrator.core.runlog import RunLog
 from orchestrator.core.statuses import JobStatus
-from orchestrator.core.step import Step
+from orchestrator.core.step import Change, Refusal, Step
 
 S = JobStatus
 
@@ -51,16 +51,22 @@ class Harness:
         self.steps: list[Step] = []
         self._ids = itertools.count()
         self._next_job = 0
+        self._sids: set[str] = set()
 
     # ------------------------------------------------------------ plumbing
     def sid(self, kind: str = "e") -> str:
         return f"{kind}-{next(self._ids)}"
 
     def post(self, event: Event) -> Step:
+        self._sids.add(event.stimulus_id)
         step = self.sm.handle(event)
         if self.validate:  # every rule test also checks the core's own invariants after each event
             self.sm.validate_state()
         self.steps.append(step)
+        # Everything a step holds answers an event posted so far: this one, or a request it set going again.
+        parts: list[Change | Refusal | Instruction] = [*step.changes, *step.refusals, *step.instructions]
+        for part in parts:
+            assert part.stimulus_id in self._sids, f"{part} names no stimulus posted"
         return step
 
     def tick(self, seconds: float = 1.0) -> float:
