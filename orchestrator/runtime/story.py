@@ -266,14 +266,21 @@ _SAID: dict[type[Instruction], str] = {
 }
 
 
+def _attempt(ins: Instruction, fq: FQID) -> str:
+    """``attempt 2 ``: the attempt of ``fq`` an instruction sends or kills (it carries each run's), when it says."""
+    runs, attempts = getattr(ins, "runs", None), getattr(ins, "attempts", ())
+    at = _position(runs, fq) if isinstance(runs, Runs) else None
+    return f"attempt {attempts[at]} " if at is not None and at < len(attempts) else ""
+
+
 def _instruction(ins: Instruction, fq: FQID, event: Event) -> str:
     runs = getattr(ins, "runs", None)
     batch = _of(runs) if isinstance(runs, Runs) else ""
     if isinstance(ins, SendSubmit):
         how = "native bulk" if ins.native else "one by one"
-        return f"submit to {ins.backend} ({how}, start {ins.start})" + batch
+        return f"submit {_attempt(ins, fq)}to {ins.backend} ({how}, start {ins.start})" + batch
     if isinstance(ins, SendKill):
-        return f"kill at {ins.backend}" + batch
+        return f"kill {_attempt(ins, fq)}at {ins.backend}" + batch
     if isinstance(ins, ScheduleRetry):
         return f"retry in {max(ins.at - event.time, 0.0):.1f} s" + batch
     if isinstance(ins, AdjustRun):
@@ -283,7 +290,7 @@ def _instruction(ins: Instruction, fq: FQID, event: Event) -> str:
     if isinstance(ins, CreateLinked):
         return f"add the {ins.role}"
     if type(ins) in _SAID:
-        return _SAID[type(ins)]
+        return _SAID[type(ins)] + (f" ({_attempt(ins, fq).strip()})" if _attempt(ins, fq) else "")
     if isinstance(ins, Notify):
         return f"notify: {ins.status}"
     backend = getattr(ins, "backend", None)

@@ -40,7 +40,7 @@ def test_a_subjob_s_story_has_its_batches_and_its_master_s_requests_a_master_s_i
     story.record(kill, Step("kill-1", changes=[Change(3, None, S.RUNNING, S.KILLED, 1.0, "kill-1")],
                             instructions=[Prepare(stimulus_id="kill-1", job=3),
                                           SendKill(stimulus_id="kill-1", backend="sim", runs=Runs(3, range(0, 4)),
-                                                   native=True)]))
+                                                   native=True, attempts=[1, 3, 1, 1])]))
     submit = SubmitOutcomes(stimulus_id="submit-2", time=2.0, runs=Runs(3, array("q", [0, 2])), accepted=[1],
                             rejected=[(0, "full")])
     story.record(submit, Step("submit-2", changes=[Change(3, array("q", [0]), S.SUBMITTING, S.FAILED, 2.0, "submit-2"),
@@ -50,7 +50,7 @@ def test_a_subjob_s_story_has_its_batches_and_its_master_s_requests_a_master_s_i
 
     sub1 = [(e["kind"], e["type"], e["description"]) for e in story.of((3, 1))]
     assert sub1 == [("event", "KillRequested", "kill requested"),
-                    ("instruction", "SendKill", "kill at sim (one of 4 runs)")]  # not the master's own change
+                    ("instruction", "SendKill", "kill attempt 3 at sim (one of 4 runs)")]  # not the master's own change
     sub0 = [(e["kind"], e["description"]) for e in story.of((3, 0))]
     assert ("event", "submission rejected: full (native bulk) (one of 2 runs)") in sub0
     assert ("change", "submitting -> failed") in sub0 and ("instruction", "answered: acted on 2") in sub0
