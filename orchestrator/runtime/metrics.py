@@ -135,7 +135,7 @@ class Metrics:
             self.reconciled.labels(backend, "no").inc(len(event.absent))
         retried = _retried(step)
         for change in step.changes:
-            if change.indexes is None and self._is_master(change.job):
+            if change.indexes is None and self.sm.is_master(change.job):
                 continue  # a master's own (derived) status: no run moved, and its history is no run's
             if self.outputdir is not None and (change.new in FINAL) != (change.old in FINAL):
                 self._ended(change.job, change.indexes, change.old in FINAL, retried.get(change.job))
@@ -255,9 +255,6 @@ class Metrics:
             return self.sm.profile(job).backend
         except KeyError:
             return "unknown"
-
-    def _is_master(self, job: int) -> bool:
-        return self.sm.is_master(job)
 
     def _judged(self, job: int, indexes: Iterable[int] | None) -> list[tuple[str, str, str]]:
         """``(level, verdict, action)`` of the newest history entry of each run (what the state machine just

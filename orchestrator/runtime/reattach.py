@@ -40,10 +40,10 @@ async def reattach(sm: StateMachine, definitions: Definitions, repo: Repository,
         indexes = [i for i, _, _ in found]
         settings = [definitions.subjob_spec(job, i)["backend"].get("settings", {})
                     if delta and '"backend.' in delta else common for i, _, delta in found]
-        statuses = sm.statuses(job) if master else None
+        codes = sm.statuses(job)  # a master's subjobs'; a job without subjobs is its one run ([0])
+        statuses = [JobStatus.from_code(codes[i]) for i in indexes] if master else [sm.status((job,))]
         actor.hold_stored(job, indexes if master else None, [b for _, b, _ in found], list(sm.attempts(job, indexes)),
-                          settings, [JobStatus.from_code(statuses[i]) if statuses is not None else sm.status((job,))
-                                     for i in indexes])
+                          settings, statuses)
         driver = actor.driver
         if driver.capabilities_for(settings[0]).reports:
             for lo in range(0, len(indexes), actor.chunk):

@@ -290,7 +290,8 @@ def _instruction(ins: Instruction, fq: FQID, event: Event) -> str:
     if isinstance(ins, CreateLinked):
         return f"add the {ins.role}"
     if type(ins) in _SAID:
-        return _SAID[type(ins)] + (f" ({_attempt(ins, fq).strip()})" if _attempt(ins, fq) else "")
+        attempt = _attempt(ins, fq).strip()
+        return _SAID[type(ins)] + (f" ({attempt})" if attempt else "")
     if isinstance(ins, Notify):
         return f"notify: {ins.status}"
     backend = getattr(ins, "backend", None)
