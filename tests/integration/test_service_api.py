@@ -124,7 +124,7 @@ async def test_sim_select_resubmit_and_errors(served: Service) -> None:
 
 async def test_statuses_follow_the_service_without_asking(served: Service) -> None:
     async with Orchestrator(home=served.home) as orch:
-        j = await orch.jobs.add(sim_job(5, run_seconds=0.4))
+        j = await orch.jobs.add(sim_job(5, run_seconds=2.0))  # read in flight, however loaded the machine
         await j.submit()
         assert j.is_active() and j.status in ("submitted", "running")
         with anyio.fail_after(20):  # no operation here: only the event stream changes the cached statuses

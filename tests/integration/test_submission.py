@@ -79,12 +79,13 @@ async def test_master_is_submitting_while_submit_runs(api_home: Path) -> None:
 @pytest.mark.parametrize("bulk", [False, True])
 async def test_keep_going_true_attempts_everything_and_succeeds(api_home: Path, bulk: bool) -> None:
     async with Orchestrator(home=api_home) as orch:
-        j = await orch.jobs.add(sim_job(5, bulk=bulk, fail_submit=[1, 3]))
+        # runs of 2 s: still on their way when the statuses are read, however loaded the machine
+        j = await orch.jobs.add(sim_job(5, bulk=bulk, fail_submit=[1, 3], run_seconds=2.0))
         await j.submit(keep_going=True)
         left = "failed" if bulk else "new"  # native: rejected -> failed; emulated: left new
         assert statuses(j)[1] == left and statuses(j)[3] == left
         assert all(statuses(j)[i] in ("submitted", "running") for i in (0, 2, 4))
-        await j.wait(timeout=10)
+        await j.wait(timeout=30)
         assert statuses(j) == ["completed", left, "completed", left, "completed"]
         assert j.status == "failed"  # rule 4: a failed or new subjob
         assert "fail_submit" in (j.subjobs[1].info.reason or "")
@@ -231,12 +232,12 @@ async def test_rollback_on_configure_error(api_home: Path, tmp_path: Path) -> No
 
 async def test_subjob_left_new_is_submitted_by_resubmit(api_home: Path) -> None:
     async with Orchestrator(home=api_home) as orch:
-        j = await orch.jobs.add(sim_job(3, bulk=False, fail_submit={1: 1}))
+        j = await orch.jobs.add(sim_job(3, bulk=False, fail_submit={1: 1}, run_seconds=2.0))  # read in flight
         await j.submit(keep_going=True)
         assert statuses(j)[1] == "new"
         await j.subjobs[1].resubmit()
         assert j.subjobs[1].status in ("submitted", "running") and j.subjobs[1].info.submit_counter == 1
-        await j.wait(timeout=10)
+        await j.wait(timeout=30)
         assert j.status == "completed"
 
 
