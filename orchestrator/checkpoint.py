@@ -46,15 +46,17 @@ import contextlib
 import os
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import overload
+from typing import TypeVar, overload
 
 #: The state directory, relative to the job's working directory ($ORCH_HOME).
 STATE_DIR = ".orch-state"
 #: States of other jobs exported for this one (an aggregator's inputs), by label.
 LABELS_DIR = "labels"
 FORMAT = "1"
+#: What a variable is read as (``int`` or ``float``).
+_N = TypeVar("_N", int, float)
 #: Used when ORCH_STATE_MAX is not set (outside the orchestrator).
 DEFAULT_MAX_SIZE = 4 * 1024 * 1024
 #: State files kept in the directory when ORCH_STATE_KEEP is not set.
@@ -279,22 +281,21 @@ class State:
         return self.values.get(name, default)
 
     def get_int_value(self, name: str, default: int | None = None) -> int | None:
-        value = self.values.get(name)
-        if value is None:
-            return default
-        try:
-            return int(value)
-        except ValueError:
-            raise StateError(f"variable {name!r} is {value!r}, not an integer") from None
+        return self._converted(name, default, int, "an integer")
 
     def get_double_value(self, name: str, default: float | None = None) -> float | None:
+        return self._converted(name, default, float, "a number")
+
+    def _converted(self, name: str, default: _N | None, kind: Callable[[str], _N], what: str) -> _N | None:
+        """Variable ``name`` as ``kind`` (``default`` when unset); a value that is not one is a ``StateError``
+        naming the variable, never a bare ``ValueError`` from deep inside a user's script."""
         value = self.values.get(name)
         if value is None:
             return default
         try:
-            return float(value)
+            return kind(value)
         except ValueError:
-            raise StateError(f"variable {name!r} is {value!r}, not a number") from None
+            raise StateError(f"variable {name!r} is {value!r}, not {what}") from None
 
     # ------------------------------------------------------------- steps
     def get_next_step(self) -> str | None:

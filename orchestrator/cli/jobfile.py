@@ -162,21 +162,24 @@ class _Loader:
         return value
 
     def strings(self, value: Any, field: str) -> list[str]:
-        if not isinstance(value, list):
-            raise self.fail(f"must be an array of strings, not {_type_name(value)}", field)
-        for i, item in enumerate(value):
-            if not isinstance(item, str) or not item:
-                raise self.fail(f"item {i} must be a non-empty string, not {item!r}", field)
-        return value
+        return self._items(value, field, lambda item: isinstance(item, str) and bool(item), "a non-empty string",
+                           repr)
 
     def scalar_strings(self, value: Any, field: str) -> list[str]:
         """An array of strings or numbers, as strings (command-line arguments)."""
+        items = self._items(value, field, lambda item: not isinstance(item, bool)
+                            and isinstance(item, (str, int, float)), "a string or a number", _type_name)
+        return [str(v) for v in items]
+
+    def _items(self, value: Any, field: str, good: Callable[[Any], bool], what: str,
+               shown: Callable[[Any], str]) -> list[Any]:
+        """``value`` as an array whose every item is ``good``; else the error names the field and the item."""
         if not isinstance(value, list):
             raise self.fail(f"must be an array of strings, not {_type_name(value)}", field)
         for i, item in enumerate(value):
-            if isinstance(item, bool) or not isinstance(item, (str, int, float)):
-                raise self.fail(f"item {i} must be a string or a number, not {_type_name(item)}", field)
-        return [str(v) for v in value]
+            if not good(item):
+                raise self.fail(f"item {i} must be {what}, not {shown(item)}", field)
+        return value
 
     def local_path(self, value: str) -> Path:
         p = Path(value).expanduser()

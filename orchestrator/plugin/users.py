@@ -34,20 +34,18 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .accounts import Account
+
 
 class OwnerError(Exception):
     """The run cannot be run as its owner; the message is ready to serve as its reason."""
 
 
 @dataclass(frozen=True, slots=True)
-class Identity:
-    """An OS user's ids, as a run of theirs gets them."""
+class Identity(Account):
+    """An OS user's ids, as a run of theirs gets them: the :class:`~.accounts.Account` a plugin acts as, and
+    the login shell the orchestrator's own runs start under."""
 
-    name: str
-    uid: int
-    gid: int
-    groups: tuple[int, ...]
-    home: str
     shell: str
 
     def env(self, env: Mapping[str, str]) -> dict[str, str]:

@@ -46,10 +46,35 @@ async def connect(path: Path, *, readonly: bool = False) -> aiosqlite.Connection
             await db.execute("PRAGMA synchronous=NORMAL")
         await db.execute("PRAGMA busy_timeout=10000")
     except BaseException:
-        with anyio.CancelScope(shield=True):
-            await db.close()
+        await close(db)
         raise
     return db
+
+
+class Connected:
+    """What owns one writer connection: ``db`` while open (an assertion naming ``what`` otherwise), and a
+    shielded close (:func:`close`)."""
+
+    _db: aiosqlite.Connection | None = None
+    #: What the owner is, for the assertion's message.
+    what = "the database"
+
+    @property
+    def db(self) -> aiosqlite.Connection:
+        assert self._db is not None, f"{self.what} is not open"
+        return self._db
+
+    async def close(self) -> None:
+        db, self._db = self._db, None
+        await close(db)
+
+
+async def close(db: aiosqlite.Connection | None) -> None:
+    """Close ``db`` (if any), shielded: closed as the service stops (a cancellation), the connection's thread
+    must still end before the loop does, or it calls back into a closed loop."""
+    if db is not None:
+        with anyio.CancelScope(shield=True):
+            await db.close()
 
 
 def _uri(path: Path) -> str:

@@ -48,8 +48,10 @@ _SPEC_WITHOUT_SPLITTER = ("CASE WHEN json_type(spec, '$.splitter') = 'object' TH
                           "ELSE spec END")
 
 
-class SqliteRepository:
+class SqliteRepository(sqlite.Connected):
     """The SQLite repository of one home; see the module docstring."""
+
+    what = "the repository"
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -89,15 +91,7 @@ class SqliteRepository:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
-        if self._db is not None:
-            db, self._db = self._db, None
-            with anyio.CancelScope(shield=True):
-                await db.close()
-
-    @property
-    def db(self) -> aiosqlite.Connection:
-        assert self._db is not None, "repository is not open"
-        return self._db
+        await super().close()
 
     @property
     def reader(self) -> sqlite3.Connection:

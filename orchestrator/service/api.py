@@ -285,7 +285,11 @@ def _is_page(path: str) -> bool:
 @cache
 def _page(name: str) -> tuple[bytes, str]:
     """A page's HTML and its content security policy: its own inline scripts (by their hashes) and nothing else."""
-    html = resources.files(__package__).joinpath(name).read_bytes()
+    here = resources.files(__package__)
+    html = here.joinpath(name).read_bytes()
+    for tag, shared in re.findall(rb'<(script|style) data-inline="([a-z]+\.(?:js|css))"></\1>', html):
+        html = html.replace(b'<%s data-inline="%s"></%s>' % (tag, shared, tag),  # the pages' common code
+                            b"<%s>%s</%s>" % (tag, here.joinpath(shared.decode()).read_bytes(), tag))
     hashes = " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(m).digest()).decode()}'"
                       for m in re.findall(rb"<script>(.*?)</script>", html, re.S))
     csp = (f"default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; connect-src 'self'; "

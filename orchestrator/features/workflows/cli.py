@@ -353,13 +353,19 @@ async def _kill_line(wfs: Runs, out: Out, wf_id: str, line: str, drop_outputs: b
     out.echo(safe(f"workflow {wf_id}: line {line} killed: {what}" + ("; outputs dropped" if drop_outputs else "")))
 
 
-@workflow_group.command()
-@click.argument("wf_id", metavar="ID")
-@click.argument("package", required=False)
-@home_option
-def release(wf_id: str, package: str | None, home: Path | None) -> None:
-    """Release a held workflow (and its held packages), or one PACKAGE (STAGE.LINE.PACKAGE)."""
-    _run(home, "release", {"wf_id": wf_id, "package": package})
+def _hold_command(name: str, doc: str) -> None:
+    """``release`` and ``hold``: the same arguments, sent the same way."""
+
+    @workflow_group.command(name=name, help=doc)
+    @click.argument("wf_id", metavar="ID")
+    @click.argument("package", required=False)
+    @home_option
+    def run(wf_id: str, package: str | None, home: Path | None) -> None:
+        _run(home, name, {"wf_id": wf_id, "package": package})
+
+
+_hold_command("release", "Release a held workflow (and its held packages), or one PACKAGE (STAGE.LINE.PACKAGE).")
+_hold_command("hold", "Hold a workflow, or one PACKAGE: nothing more of it starts until released.")
 
 
 @command("release")
@@ -367,15 +373,6 @@ async def _release(wfs: Runs, out: Out, wf_id: str, package: str | None = None) 
     run = _lookup(wfs, wf_id)
     await run.release(package)
     out.echo(safe(f"workflow {wf_id}: released{f' package {package}' if package else ''}; {run.status}"))
-
-
-@workflow_group.command()
-@click.argument("wf_id", metavar="ID")
-@click.argument("package", required=False)
-@home_option
-def hold(wf_id: str, package: str | None, home: Path | None) -> None:
-    """Hold a workflow, or one PACKAGE: nothing more of it starts until released."""
-    _run(home, "hold", {"wf_id": wf_id, "package": package})
 
 
 @command("hold")

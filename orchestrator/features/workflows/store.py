@@ -66,8 +66,10 @@ class StoredWorkflow:
     packages: dict[str, StoredPackage]
 
 
-class WorkflowStore:
+class WorkflowStore(sqlite.Connected):
     """One connection; every write is one short transaction."""
+
+    what = "the workflow store"
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -85,19 +87,6 @@ class WorkflowStore:
                 with anyio.CancelScope(shield=True):
                     await db.close()
                 raise
-
-    async def close(self) -> None:
-        """Shielded: closed as the service stops (a cancellation), the connection's thread must still end
-        before the loop does, or it calls back into a closed loop."""
-        if self._db is not None:
-            db, self._db = self._db, None
-            with anyio.CancelScope(shield=True):
-                await db.close()
-
-    @property
-    def db(self) -> aiosqlite.Connection:
-        assert self._db is not None, "the workflow store is not open"
-        return self._db
 
     async def _migrate(self) -> None:
         if await sqlite.checked_version(self.db, self.path, SCHEMA_VERSION) < 1:
