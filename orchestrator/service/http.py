@@ -26,10 +26,11 @@ from urllib.parse import parse_qs, urlsplit
 
 import anyio
 import h11
-from anyio.abc import ByteStream, Listener, SocketAttribute, SocketListener, TaskGroup
+from anyio.abc import ByteStream, Listener, SocketAttribute, SocketListener, SocketStream, TaskGroup
 from anyio.streams.tls import TLSStream
 
 from ..plugin.logs import get_logger
+from .unixstream import over_transport
 
 log = get_logger(component="http")
 
@@ -206,6 +207,12 @@ class Server:
 
     async def _connection(self, stream: ByteStream, via: str, tls: ssl.SSLContext | None = None,
                           handshake_timeout: float = 10.0) -> None:
+        if via == "unix" and isinstance(stream, SocketStream):
+            try:
+                stream = await over_transport(stream)
+            except OSError:  # the client went at once
+                await anyio.aclose_forcefully(stream)
+                return
         uid = peer_uid(stream) if via == "unix" else None
         peer: Hashable = ("uid", uid) if via == "unix" else ("address", _remote_host(stream))
         slot = self.gate.admit(peer)
