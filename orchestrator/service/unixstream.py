@@ -80,4 +80,8 @@ async def over_transport(stream: SocketStream) -> SocketStream:
     mine = socket.socket(raw.family, raw.type, fileno=raw.detach())
     await stream.aclose()
     reader, writer = await asyncio.open_unix_connection(sock=mine)
+    # A send returns once the kernel took the bytes, as a raw socket's does: no user-space buffer of 64 KiB
+    # beside the socket's, so a client that reads nothing holds its events back at once and, past
+    # core.events_buffer, is dropped and told, as it was before.
+    writer.transport.set_write_buffer_limits(high=0)
     return TransportStream(reader, writer)
