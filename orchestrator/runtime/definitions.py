@@ -80,7 +80,7 @@ class Definitions:
         self.dirty.add(job)
         if subjobs:
             for idx, delta in self.deltas(job, subjobs).items():
-                if any(k.startswith("backend.") for k in delta):
+                if overrides_backend(delta):
                     self.dirty_deltas[(job, idx)] = {k: v for k, v in delta.items() if not k.startswith("backend.")}
 
     def set_run_settings(self, job: int, index: int | None, values: Mapping[str, Any]) -> None:
@@ -120,6 +120,18 @@ class Definitions:
 
     def subjob_spec(self, job: int, index: int) -> dict[str, Any]:
         return apply_delta(self.specs[job], self.deltas(job, [index]).get(index, {}))
+
+    def held_settings(self, job: int, stored: Sequence[str | None]) -> list[Mapping[str, Any]]:
+        """The backend settings runs of ``job`` are held with, from their deltas as stored (``None``: none, or a job
+        that runs itself): each its master's, or its own where its delta overrides backend fields."""
+        master = self.specs[job]
+        common: Mapping[str, Any] = master["backend"].get("settings", {})
+        out: list[Mapping[str, Any]] = []
+        for text in stored:
+            delta = json.loads(text) if text else None
+            out.append(apply_delta(master, delta)["backend"].get("settings", {})
+                       if delta and overrides_backend(delta) else common)
+        return out
 
     # ------------------------------------------------------------ what the core decides with
     def profile(self, job: int, spec: Mapping[str, Any] | None = None) -> Profile:
@@ -222,6 +234,11 @@ def _given(value: bool | None, default: bool) -> bool:
 #: run, a microsecond each, were a tenth of a million-run submission. pathlib's own method for the children it
 #: lists skips that; where a Python lacks it (its ``/`` no longer parses eagerly), ``/`` it is.
 _child: Callable[[Path, str], Path] = getattr(Path, "_make_child_relpath", Path.__truediv__)
+
+
+def overrides_backend(delta: Mapping[str, Any]) -> bool:
+    """A subjob's delta sets backend fields of its own (``backend.<setting>``): its settings are not its master's."""
+    return any(k.startswith("backend.") for k in delta)
 
 
 def _changes_shared(key: str) -> bool:

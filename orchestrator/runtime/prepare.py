@@ -29,6 +29,7 @@ from ..core.errors import JobError
 from ..core.events import Event, LinkedAdded, Prepared, PrepareFailed
 from ..core.ids import fqid_str
 from ..core.instructions import CreateLinked, Prepare, Unprepare
+from ..core.machine import StateMachine
 from ..core.splitters import Master, apply_delta, check_path
 from ..core.statuses import JobStatus
 from ..plugin.users import Identity, OwnerError, copy_as, identity, readable_by
@@ -42,7 +43,7 @@ from .writer import top_row
 
 class Preparer:
     def __init__(self, *, definitions: Definitions, repo: Repository, workspace: Workspace,
-                 post: Callable[[Event], Awaitable[None]], sm: Any, free_slots: Callable[[str], int],
+                 post: Callable[[Event], Awaitable[None]], sm: StateMachine, free_slots: Callable[[str], int],
                  check_subjob: Callable[[Mapping[str, Any], str, Collection[str]], None],
                  add_job: Callable[[str, dict[str, Any], tuple[int, str] | None], Awaitable[int]],
                  admit: Callable[[int, Mapping[str, Any], int], None] = lambda job, spec, n: None) -> None:
@@ -83,7 +84,7 @@ class Preparer:
                          "submitted": zeros, "running": zeros, "final": zeros}
                 attempts = (array("I", [1 if ins.submitting else 0]) * n).tobytes()
                 runs = RunsRow(job, bytes([code]) * n, attempts, times)
-                row = top_row(self.sm.job_state(job), self.definitions, with_spec=False)
+                row = top_row(self.sm, job, self.definitions, with_spec=False)
                 row.n_subjobs = n
                 dumps = json.JSONEncoder(separators=(",", ":")).encode  # one encoder for a million deltas
                 with anyio.CancelScope(shield=True):  # stored whole, or not at all
@@ -160,10 +161,9 @@ class Preparer:
     # ------------------------------------------------------------ undo
     async def unprepare(self, ins: Unprepare) -> None:
         job = ins.job
-        js = self.sm.job_state(job)
-        if not js.is_master:  # the state machine undid the split: the stored one goes too
+        if not self.sm.is_master(job):  # the state machine undid the split: the stored one goes too
             runs = RunsRow(job, bytes([JobStatus.NEW.code]), bytes(4), {k: bytes(8) for k in TIME_KINDS})
-            row = top_row(js, self.definitions, with_spec=False)
+            row = top_row(self.sm, job, self.definitions, with_spec=False)
             with anyio.CancelScope(shield=True):
                 await self.repo.remove_split(row, runs)
         self.workspace.remove((job,))
