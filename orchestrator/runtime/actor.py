@@ -50,6 +50,7 @@ from ..plugin.contract import Driver, RunHandle, RunSpec
 from ..plugin.fairshare import FairQueue
 from . import bulk, gcpause
 from .held import HeldRuns, MakeHandle, RunKey
+from .runs import RunFiles
 
 #: Runs per chunk of a submission (``core.submit_chunk``): its specs are made, sent and answered before the next
 #: chunk's are made.
@@ -72,13 +73,12 @@ def keys(runs: Runs) -> list[RunKey]:
 
 
 class Actor:
-    """One backend's actor; see the module docstring. ``prepare`` gets runs of a job ready to start (their state);
+    """One backend's actor; see the module docstring. ``files`` gets runs of a job ready to start (their state);
     ``post`` puts an event on the bus."""
 
     def __init__(self, name: str, driver: Driver, *, post: Callable[[Event], Awaitable[None]],
                  run_specs: Callable[[Runs, Sequence[int], dict[int, list[str]]], list[RunSpec]],
-                 prepare: Callable[[int, Sequence[RunSpec], str, str | None],
-                                   Awaitable[tuple[dict[str, str], dict[str, dict[str, Any]]]]],
+                 files: RunFiles,
                  record_ids: Callable[[int, Sequence[int] | None, Sequence[str]], None], make_handle: MakeHandle,
                  concurrency: int, log: Any, chunk: int = CHUNK, capacity: int = 1024,
                  confirm: Callable[[], Awaitable[None]] | None = None) -> None:
@@ -89,7 +89,7 @@ class Actor:
         self.driver = driver
         self.post = post
         self.run_specs = run_specs
-        self.prepare = prepare
+        self.files = files
         self.record_ids = record_ids
         self.concurrency = concurrency
         self.log = log
@@ -276,7 +276,7 @@ class Actor:
             ins = piece.instruction
             batch = self.run_specs(piece.runs, piece.bound.attempts[piece.lo:piece.hi], piece.bound.retry_args)
             specs.append(batch)
-            refused, started = await self.prepare(ins.runs.job, batch, ins.start, piece.bound.state)
+            refused, started = await self.files.prepare(ins.runs.job, batch, ins.start, piece.bound.state)
             unready.append(refused)
             states.update(started)
         answers: list[list[Any]] = [[None] * len(s) for s in specs]

@@ -17,7 +17,7 @@ something. Either way the answers go through the same steps:
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,12 +27,12 @@ import structlog
 from ..checkpoint import STATE_DIR
 from ..core.events import Event, RunLost, RunReport, StatusReport
 from ..core.ids import Runs, parse_fqid_or_none
-from ..core.runlog import RunLog
 from ..core.statuses import ENDINGS, STARTED, JobStatus
 from ..plugin.contract import RunHandle, StatusUpdate
 from . import bulk, gcpause
 from .actor import Actor
 from .held import RunKey
+from .runs import Ending, RunFiles
 
 #: Seconds between two looks for saved states at running runs of jobs that saved none yet (one ``stat`` each)...
 DISCOVER_SECONDS = 5.0
@@ -74,31 +74,17 @@ class Health:
         return lost
 
 
-@dataclass
-class Ending:
-    """What a run left behind, read once it ended (for drivers that run the wrapper)."""
-
-    log: RunLog | None = None
-    stderr_tail: str | None = None
-    state: dict[str, Any] | None = None
-    usage: dict[str, float] | None = None
-
-
 class Monitor:
     """Watches the runs an :class:`Actor` holds; see the module docstring."""
 
     def __init__(self, actor: Actor, *, post: Callable[[Event], Awaitable[None]],
-                 status_of: Callable[[RunKey], JobStatus | None],
-                 read_ending: Callable[[RunHandle], Ending],
-                 harvest: Callable[[RunHandle], dict[str, Any] | None],
-                 harvestable: Callable[[int], Collection[int | None] | None] = lambda job: None,
+                 files: RunFiles, status_of: Callable[[RunKey], JobStatus | None],
                  poll_interval: float, lost_after: float, concurrency: int, log: Any) -> None:
         self.actor = actor
         self.post = post
         self.status_of = status_of
-        self.read_ending = read_ending
-        self.harvest = harvest
-        self.harvestable = harvestable
+        #: What a run saved while it runs, and what it left when it ended.
+        self.files = files
         self.poll_interval = poll_interval
         self.health = Health(lost_after, poll_interval)
         self.concurrency = concurrency
@@ -144,7 +130,7 @@ class Monitor:
         made = {} if driver.capabilities.remote_states else self._looking
         handles: list[tuple[RunKey, RunHandle]] = []
         for job in held.jobs():  # a job without steps: only its runs that saved a state already
-            which = None if discover else self.harvestable(job)
+            which = None if discover else self.files.harvestable(job)
             candidates = held.keys(job) if which is None else [(job, i) for i in which if (job, i) in held]
             for key in candidates:
                 if self.status_of(key) not in STARTED:
@@ -162,7 +148,7 @@ class Monitor:
             if driver.capabilities.remote_states:
                 await self._fetch_states([h for _, h in handles])
             reports = [RunReport(Runs(k[0], None if k[1] is None else [k[1]]), JobStatus.RUNNING, state=state)
-                       for k, h in handles if (state := self.harvest(h)) is not None]
+                       for k, h in handles if (state := self.files.harvest(h)) is not None]
             if reports:
                 await self.post(StatusReport(stimulus_id=sid, time=time.time(), backend=self.name,
                                              reports=tuple(reports)))
@@ -275,7 +261,7 @@ class Monitor:
             settings = self.actor.held.settings(endings[0][0]) or {}
             if self.actor.driver.capabilities_for(settings).runs_wrapper:
                 handles = [(k, h) for k, _ in endings if (h := self.actor.held.handle(k)) is not None]
-                read = await anyio.to_thread.run_sync(lambda: {k: self.read_ending(h) for k, h in handles})
+                read = await anyio.to_thread.run_sync(lambda: {k: self.files.ending(h) for k, h in handles})
         for key, u in good:
             job, idx = key
             if u.status in ENDINGS or u.backend_verdict is not None:
