@@ -15,12 +15,13 @@ from typing import Any
 import structlog
 from anyio.abc import TaskGroup
 
+from ..core.events import Event
 from ..core.machine import StateMachine
+from ..core.step import Step
 from .actor import Actor
 from .config import Config
 from .definitions import Definitions
 from .drivers import Drivers
-from .held import RunKey
 from .inbox import Inbox
 from .monitor import Monitor
 from .repository import Repository
@@ -69,7 +70,7 @@ class Backends:
                       record_ids=self.writer.record_ids, make_handle=self.definitions.run_handle,
                       concurrency=concurrency, log=log, chunk=int(core["submit_chunk"]),
                       capacity=int(core["actor_mailbox"]), confirm=self.repo.confirm_writer)
-        monitor = Monitor(actor, post=self.inbox.post, files=self.files, status_of=self._status_of,
+        monitor = Monitor(actor, post=self.inbox.post, files=self.files,
                           poll_interval=float(core["poll_interval"]), lost_after=float(core["lost_after_seconds"]),
                           concurrency=concurrency, log=log)
         context.report = monitor.receive
@@ -78,16 +79,13 @@ class Backends:
             self.tg.start_soon(_detached, loop)
         return actor
 
-    def _status_of(self, key: RunKey) -> Any:
-        return self.sm.status_if_known((key[0],) if key[1] is None else (key[0], key[1]))
-
     def free_slots(self, backend: str) -> int:
         """Runs the backend may take on now (``max_running`` less those held; at least one)."""
         capacity = self.config.backend(backend).get("max_running")
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             capacity = self.default_partitions
         actor = self._actors.get(backend)
-        return max(capacity - (len(actor.held) if actor is not None else 0), 1)
+        return max(capacity - (actor.holding.statistics().held if actor is not None else 0), 1)
 
     # ------------------------------------------------------------ backpressure and quiet
     @property
@@ -117,10 +115,18 @@ class Backends:
         for monitor in list(self._monitors.values()):
             await monitor.poll()
 
+    def accepted(self, event: Event, step: Step) -> None:
+        """The bus's hook: each change the state machine made reaches the runs held (their statuses are the
+        core's, never a report's before the core judged it)."""
+        if step.changes and self._actors:
+            for change in step.changes:
+                for actor in self._actors.values():
+                    actor.holding.accepted(change.job, change.indexes, change.new)
+
     def forget(self, job: int) -> None:
         """A job removed: no backend holds its runs any longer."""
         for actor in self._actors.values():
-            actor.release_job(job)
+            actor.holding.forget(job)
 
     # ------------------------------------------------------------ what monitoring shows
     def metrics(self) -> dict[str, Any]:
@@ -130,8 +136,8 @@ class Backends:
             monitor = self._monitors.get(name)
             actor = self._actors.get(name)
             out[name] = {"driver": driver.metrics(), "ticks": monitor.ticks if monitor else 0,
-                         "held": len(actor.held) if actor else 0, "queued": actor.queued if actor else 0,
-                         "faults": dict(actor.faults.counts) if actor else {}}
+                         "held": actor.holding.statistics().held if actor else 0,
+                         "queued": actor.queued if actor else 0, "faults": dict(actor.faults.counts) if actor else {}}
         return out
 
     def ticks(self) -> Mapping[str, tuple[int, float]]:

@@ -108,6 +108,7 @@ class Runtime:
                   CreateLinked: self.preparer.create_linked, RunPostprocess: self.postprocessing.run,
                   Notify: self.postprocessing.notify})
         self.inbox.laggards = (self.backends, self.executor)
+        self.bus.hooks.append(self.backends.accepted)  # held runs take the statuses the core accepted
         #: Post a request and wait for its ``Reply`` (:meth:`.Inbox.request`).
         self.request = self.inbox.request
         #: A state the user handed in for the resubmission of that stimulus id (``resubmit --from-state``).
