@@ -71,8 +71,7 @@ class Backends:
                       concurrency=concurrency, log=log, chunk=int(core["submit_chunk"]),
                       capacity=int(core["actor_mailbox"]), confirm=self.repo.confirm_writer)
         monitor = Monitor(actor, post=self.inbox.post, files=self.files,
-                          poll_interval=float(core["poll_interval"]), lost_after=float(core["lost_after_seconds"]),
-                          concurrency=concurrency, log=log)
+                          poll_interval=float(core["poll_interval"]), concurrency=concurrency, log=log)
         context.report = monitor.receive
         self._actors[backend], self._monitors[backend] = actor, monitor
         for loop in (actor.run, driver.serve, monitor.poll_forever):

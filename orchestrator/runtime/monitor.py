@@ -6,8 +6,11 @@ something. Either way the answers go through the same steps:
 
 - sense: a report for a run nobody holds, or one that is not a
   ``StatusUpdate``, is logged and counts as no answer; a backend whose query
-  raises is asked again with backoff. A run with no intelligible answer for
-  ``lost_after_seconds`` is reported lost (``RunLost``).
+  raises is asked again with backoff. Runs with no intelligible answer are
+  reported silent (``RunsSilent``: since when, at which attempt) on every
+  tick that heard nothing of them; the state machine decides when that makes
+  them lost (``lost_after_seconds``), and its changes take them out of
+  :class:`~.holding.Holding`'s watch, kept for their kill.
 - a run's end is read where it happened: the wrapper's log of that attempt,
   the last lines of its stderr, the newest checkpoint it saved; the driver
   lets go of it, and the state machine judges it from what came with the
@@ -25,7 +28,7 @@ import anyio
 import structlog
 
 from ..checkpoint import STATE_DIR
-from ..core.events import Event, RunLost, RunReport, StatusReport
+from ..core.events import Event, RunReport, RunsSilent, StatusReport
 from ..core.ids import Runs, parse_fqid_or_none
 from ..core.statuses import ENDINGS, JobStatus
 from ..plugin.contract import RunHandle, StatusUpdate
@@ -47,7 +50,6 @@ DISCOVER_RATE = 20.0
 class Health:
     """The backend's: its failed queries in a row, and when it is asked again (backoff)."""
 
-    lost_after: float
     poll_interval: float
     failures: int = 0
     resume_at: float = 0.0
@@ -62,16 +64,12 @@ class Health:
         self.failures += 1
         self.resume_at = now + min(self.poll_interval * 2 ** min(self.failures, 10), 30.0)  # backoff
 
-    def lost(self, silences: Sequence[Silence], now: float) -> list[RunKey]:
-        """The runs silent for longer than ``lost_after``."""
-        return [s.key for s in silences if now - s.since >= self.lost_after]
-
 
 class Monitor:
     """Watches the runs an :class:`Actor` holds; see the module docstring."""
 
     def __init__(self, actor: Actor, *, post: Callable[[Event], Awaitable[None]], files: RunFiles,
-                 poll_interval: float, lost_after: float, concurrency: int, log: Any) -> None:
+                 poll_interval: float, concurrency: int, log: Any) -> None:
         self.actor = actor
         #: The runs the actor holds, through their owner's calls (:class:`~.holding.Holding`).
         self.held = actor.holding
@@ -79,7 +77,7 @@ class Monitor:
         #: What a run saved while it runs, and what it left when it ended.
         self.files = files
         self.poll_interval = poll_interval
-        self.health = Health(lost_after, poll_interval)
+        self.health = Health(poll_interval)
         self.concurrency = concurrency
         self.log = log
         self.ticks = 0
@@ -269,16 +267,18 @@ class Monitor:
                                          reports=tuple(reports)))
 
     async def _silent(self, keys: list[RunKey], now: float, reason: str) -> None:
-        """No intelligible answer for these runs: those silent for ``lost_after`` are reported lost."""
-        lost = self.health.lost(self.held.silent(keys, now), now)
-        self.held.heard(lost)  # reported: silence counts afresh (the core moves them, and the kill takes them)
-        for job, idx in lost:
-            sid = self._sid("lost")  # a verdict of its own: its consequences (the kill, the retry) carry its id
+        """No intelligible answer for these runs now: reported, a job and a start of silence per event, each
+        under a stimulus id of its own (what the core decides from it, a loss and its retry, carries it)."""
+        groups: dict[tuple[int, float], list[Silence]] = {}
+        for silence in self.held.silent(keys, now):
+            groups.setdefault((silence.key[0], silence.since), []).append(silence)
+        for (job, since), silences in groups.items():
+            whole = silences[0].key[1] is None
+            runs = Runs(job) if whole else Runs.of(job, [s.key[1] for s in silences if s.key[1] is not None])
+            sid = self._sid("silent")
             with structlog.contextvars.bound_contextvars(stimulus_id=sid):
-                self.log.warning("run lost: no intelligible answer", backend=self.name, reason=reason,
-                                 fqid=f"{job}" if idx is None else f"{job}.{idx}")
-                await self.post(RunLost(stimulus_id=sid, time=time.time(),
-                                        runs=Runs(job, None if idx is None else [idx]), reason=reason))
+                await self.post(RunsSilent(stimulus_id=sid, time=now, backend=self.name, runs=runs,
+                                           attempts=tuple(s.attempt for s in silences), since=since, reason=reason))
 
     def _sid(self, kind: str = "poll") -> str:
         self._seq += 1

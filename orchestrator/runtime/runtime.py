@@ -71,7 +71,7 @@ class Runtime:
         self.config = config
         self.role = role
         self.log = get_logger(home=str(home))
-        self.sm = StateMachine(config.core["master_status_order"])
+        self.sm = StateMachine(config.core["master_status_order"], lost_after=float(config.core["lost_after_seconds"]))
         self.storage = Storage.of(home, config.section("repository"))  # SQLite file, or shared PostgreSQL
         self.workspace = Workspace(self.storage.data_dir / "workspace")
         self.repo = self.storage.repository(role)
