@@ -100,7 +100,10 @@ class Holding:
             for key in keys:
                 self._polled.pop(key, None)
                 self._silent.pop(key, None)
-        self._runs.discard_many(job, indexes if indexes is not None else [0])
+        if indexes is None:
+            self._runs.discard((job, None))  # (only a job that runs itself: never a master's subjob 0)
+        else:
+            self._runs.discard_many(job, indexes)
         return gone
 
     def forget(self, job: int) -> None:

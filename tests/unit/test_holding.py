@@ -36,6 +36,8 @@ def test_runs_held_and_let_go_and_what_a_poll_asks_about() -> None:
     assert [k for k, _ in h.polled()] == [(3, 0), (3, 1), (5, None)]
     assert [x.backend_id for x in h.let_go(3, [1, 2], handles=True)] == ["b", "c"]
     assert (3, 1) not in h and (3, 0) in h and [k for k, _ in h.polled()] == [(3, 0), (5, None)]
+    h.let_go(3, None)  # a master's own: none of its runs
+    assert (3, 0) in h
     h.forget(5)
     assert h.statistics() == HoldingStatistics(held=1, polled=1, silent=0, lost=0)
 
