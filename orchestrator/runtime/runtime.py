@@ -7,8 +7,9 @@ driver held, starts the bus and the flush loop, and posts ``Started`` (so
 what a crash interrupted is settled). ``close()`` lets work under way finish
 within ``close_grace``, writes everything, and lets go of the home.
 
-Everything a user asks goes through :meth:`request`: an event on the bus,
-answered by the state machine's ``Reply``.
+Everything a user asks goes through ``request`` (:meth:`.Inbox.request`): an
+event on the bus, answered by the state machine's ``Reply``. The class only
+makes the pieces and wires them; what each owns is in its own module.
 """
 
 from __future__ import annotations
