@@ -268,7 +268,7 @@ class Orchestrator:
     def _left_active(self) -> bool:
         """Whether closing leaves jobs active on a home nobody else will watch (:mod:`.watcher`)."""
         runtime = self._runtime
-        if runtime is None or self._readonly or self._role == SERVICE_ROLE or runtime.lost:
+        if runtime is None or self._readonly or self._role == SERVICE_ROLE or runtime.inbox.lost:
             return False
         from .watcher import autostart
 

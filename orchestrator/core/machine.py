@@ -42,6 +42,7 @@ from .events import (
     ResubmitRequested,
     RetryDue,
     RunLost,
+    RunsSilent,
     Started,
     StatusReport,
     SubmitOutcomes,
@@ -74,6 +75,7 @@ HANDLERS: dict[type[Event], Handler] = {
     PostprocessDone: outcomes.handle_postprocess_done,
     StatusReport: monitoring.handle_status_report,
     RunLost: monitoring.handle_run_lost,
+    RunsSilent: monitoring.handle_runs_silent,
     RetryDue: monitoring.handle_retry_due,
     Started: monitoring.handle_started,
 }
@@ -85,9 +87,9 @@ class StateMachine:
     ``order`` is docs/design.md's ``master_status_order``.
     """
 
-    def __init__(self, order: str = "submitted-first") -> None:
+    def __init__(self, order: str = "submitted-first", *, lost_after: float = 600.0) -> None:
         master_status({}, order)  # validates the setting once, up front
-        self._core = Core(order)
+        self._core = Core(order, lost_after)
 
     # ------------------------------------------------------------ stimuli
     def handle(self, event: Event) -> Step:

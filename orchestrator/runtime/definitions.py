@@ -20,16 +20,20 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.actions import Rule
+from ..core.actions import Rule, scaled
 from ..core.analyser import Limits
 from ..core.events import Profile
 from ..core.ids import Runs
+from ..core.instructions import AdjustRun, SetBackend
 from ..core.splitters import apply_delta, deferred, is_deferred
 from ..core.statuses import JobStatus
 from ..plugin.contract import Capabilities, RunHandle, RunSpec
+from ..plugin.logs import get_logger
 from . import registry
 from .repository import Repository
 from .workspace import Workspace
+
+log = get_logger(component="definitions")
 
 
 class Definitions:
@@ -91,6 +95,33 @@ class Definitions:
             return
         delta = self.deltas(job, [index]).get(index, {})
         self.dirty_deltas[(job, index)] = {**delta, **{f"backend.{k}": v for k, v in values.items()}}
+
+    # ------------------------------------------------------------ the core's edits
+    def change_backend(self, ins: SetBackend) -> None:
+        """``SetBackend``: the job's new backend settings, for it and every subjob."""
+        backend = ins.backend
+        data = backend.to_dict() if hasattr(backend, "to_dict") else dict(backend)
+        self.set_backend(ins.job, data, range(ins.subjobs))
+
+    def adjust(self, ins: AdjustRun) -> None:
+        """``AdjustRun``: an action-table rule retries runs with other settings (more memory, more time, elsewhere).
+        Carried out at once: the retry's submission that follows in the same step reads the new settings."""
+        job = ins.runs.job
+        for i in ins.runs.indexes if ins.runs.indexes is not None else [None]:
+            spec = self.subjob_spec(job, i) if i is not None else self.spec(job)
+            settings = spec["backend"].get("settings", {})
+            if ins.setting is not None:
+                try:
+                    values = {ins.setting: scaled(ins.setting, settings.get(ins.setting), ins.factor, ins.cap)}
+                except ValueError as exc:  # a value the job set that is not Slurm's form: left as it is
+                    log.warning("rule could not change the setting", rule=ins.rule, setting=ins.setting,
+                                error=str(exc))
+                    continue
+            else:
+                values = dict(ins.values)
+            self.set_run_settings(job, i, values)
+            log.info("rule changed the run's settings", rule=ins.rule, fqid=f"{job}.{i}" if i is not None
+                     else str(job), changed={k: f"{settings.get(k)} -> {v}" for k, v in values.items()})
 
     def deltas(self, job: int, indexes: Sequence[int]) -> dict[int, dict[str, Any]]:
         """The splitter's deltas of these subjobs (changes not yet written included)."""

@@ -40,9 +40,9 @@ async def reattach(sm: StateMachine, definitions: Definitions, repo: Repository,
         settings = definitions.held_settings(job, [delta for _, _, delta in found])
         codes = sm.statuses(job)  # a master's subjobs'; a job without subjobs is its one run ([0])
         statuses = [JobStatus.from_code(codes[i]) for i in indexes] if master else [sm.status((job,))]
-        actor.hold_stored(job, indexes if master else None, [b for _, b, _ in found], list(sm.attempts(job, indexes)),
-                          settings, statuses)
+        actor.holding.hold(job, indexes if master else None, [b for _, b, _ in found],
+                           list(sm.attempts(job, indexes)), settings, statuses)
         driver = actor.driver
         if driver.capabilities_for(settings[0]).reports:
             for lo in range(0, len(indexes), actor.chunk):
-                await driver.track(actor.held.handles(job, indexes[lo:lo + actor.chunk] if master else None))
+                await driver.track(actor.holding.handles(job, indexes[lo:lo + actor.chunk] if master else None))

@@ -42,6 +42,7 @@ from ..core.events import (
     Request,
     RetryDue,
     RunLost,
+    RunsSilent,
     StatusReport,
     SubmitOutcomes,
 )
@@ -68,6 +69,9 @@ from ..core.step import Change, Refusal, Step
 #: One entry of a story, as every transport carries it: ``stimulus_id``, ``time`` (epoch seconds), ``kind``
 #: (``event``, ``change``, ``refusal``, ``instruction``), ``type`` (the class) and ``description``.
 Entry = dict[str, Any]
+#: Reports kept only when they changed something: a report of what the core knew already, or a backend's silence
+#: not yet long enough to make a run lost, is no step of any story.
+_QUIET = frozenset({StatusReport, RunsSilent})
 
 
 class Story:
@@ -78,7 +82,7 @@ class Story:
 
     def record(self, event: Event, step: Step) -> None:
         """The bus's hook: a type test (a truth test for a report) and an append per step, nothing more."""
-        if type(event) is not StatusReport or step:
+        if step or type(event) not in _QUIET:
             self._steps.append((event, step))
 
     def __len__(self) -> int:
@@ -230,6 +234,7 @@ _EVENTS: dict[type[Event], Callable[[Any, FQID], str]] = {
         ("the backend has it", e.found), ("the backend never got it", e.absent)]) + _of(e.runs),
     StatusReport: _report,
     RunLost: lambda e, fq: f"lost: {e.reason}" + _of(e.runs),
+    RunsSilent: lambda e, fq: f"silent for {e.time - e.since:.1f} s, so lost: {e.reason}" + _of(e.runs),
     RetryDue: lambda e, fq: "retry due" + _of(e.runs),
     Prepared: lambda e, fq: f"prepared: {e.n_subjobs:,} subjobs" if e.n_subjobs else "prepared",
     PrepareFailed: lambda e, fq: f"preparing failed: {e.error}",

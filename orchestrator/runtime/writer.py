@@ -52,6 +52,19 @@ class Writer:
         """What the repository held when the home was opened (which subjobs have extras stored)."""
         self._with_info = {master: set(infos) for master, infos in loaded.infos.items()}
 
+    async def forget(self, job: int) -> None:
+        """``Forget``: a removed job leaves the state machine, the definitions and the repository (what was
+        written before is flushed first; the removal is not cut short)."""
+        await self.flush()
+        self.sm.forget(job)
+        self.definitions.forget(job)
+        with anyio.CancelScope(shield=True):
+            await self.repo.remove_job(job)
+
+    def add_state(self, row: StateRow) -> None:
+        """A checkpoint state a run saved (or starts from), written with the next flush."""
+        self.states.append(row)
+
     def record_ids(self, job: int, indexes: Sequence[int] | None, ids: Sequence[str]) -> None:
         """Backend ids a driver answered with, for runs ``indexes`` of ``job`` (``None``: the job itself)."""
         if indexes is None:

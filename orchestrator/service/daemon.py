@@ -333,7 +333,7 @@ class Service:
         runtime = orch.runtime
         embedded = Embedded(runtime)
         quotas = Quotas(self.settings.section("service"), runtime.sm, embedded.owner_of)
-        runtime.admission = quotas.admit
+        runtime.preparer.admission = quotas.admit
         api = Api(Control(embedded, quotas), runtime.bus, access=self.access,
                   metrics=runtime.enable_prometheus().render, workflows=workflows)
         front.handler = api

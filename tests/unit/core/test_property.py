@@ -45,6 +45,7 @@ from orchestrator.core.events import (
     ResubmitRequested,
     RunLost,
     RunReport,
+    RunsSilent,
     StatusReport,
     SubmitOutcomes,
     SubmitRequested,
@@ -255,10 +256,16 @@ class Machine(RuleBasedStateMachine):
     def lose(self, data: st.DataObject) -> None:
         held = data.draw(st.sampled_from(sorted(self.backend)))
         fq = held[0]
-        if fq not in self.sm or self.sm.attempt(fq) != held[1]:
+        if fq not in self.sm:
             return
         runs = Runs(fq[0], [fq[1]] if len(fq) == 2 else None)
-        self.post(RunLost(stimulus_id=self.sid("lost"), time=self.clock, runs=runs, reason="no answer"))
+        if data.draw(st.booleans()):  # silence reported: the core counts it lost once it lasted lost_after (600 s),
+            # and not about an attempt that is no longer the run's
+            silent = data.draw(st.sampled_from([0.0, 599.0, 600.0, 3600.0]))
+            self.post(RunsSilent(stimulus_id=self.sid("silent"), time=self.clock, backend="sim", runs=runs,
+                                 attempts=(held[1],), since=self.clock - silent, reason="no answer"))
+        elif self.sm.attempt(fq) == held[1]:
+            self.post(RunLost(stimulus_id=self.sid("lost"), time=self.clock, runs=runs, reason="no answer"))
 
     # ------------------------------------------------------------ invariants
     @invariant()
