@@ -155,7 +155,7 @@ class Embedded:
                     yield item
 
     # ------------------------------------------------------------ owners
-    def check(self, targets: Sequence[FQID]) -> None:
+    def _check(self, targets: Sequence[FQID]) -> None:
         """Refuse, naming the owner, when a target is another user's job."""
         if self.caller.admin:
             return
@@ -166,7 +166,7 @@ class Embedded:
 
     def _targets(self, named: Sequence[str] | None) -> Sequence[FQID]:
         targets = wire.fqs(named)
-        self.check(targets)
+        self._check(targets)
         return targets
 
     # ------------------------------------------------------------ reads
@@ -209,7 +209,7 @@ class Embedded:
         return {i: apply_delta(master, delta) for i, delta in defs.deltas(r.job, r.indexes).items()}
 
     def _annotate(self, r: wire.AnnotateRequest) -> dict[str, Any]:
-        self.check([(r.job,)])
+        self._check([(r.job,)])
         spec = self.runtime.definitions.spec(r.job)
         if r.comment is not None:
             spec["comment"] = r.comment
@@ -220,7 +220,7 @@ class Embedded:
 
     async def _peek(self, r: wire.PeekRequest) -> dict[str, Any]:
         fq = parse_fqid(r.fqid)
-        self.check([fq])
+        self._check([fq])
         if not self._live.exists(fq):
             raise JobError("no such job", fqid=fqid_str(fq))
         status = self._live.status(fq)
@@ -235,14 +235,14 @@ class Embedded:
 
     async def _states(self, r: wire.StatesRequest) -> list[dict[str, Any]]:
         fq = parse_fqid(r.fqid)
-        self.check([fq])
+        self._check([fq])
         await self.runtime.writer.flush()
         rows = await self.runtime.repo.states(fqid_str(fq))
         return [{"job": s.job, "seq": s.seq, "time": s.time, "final": s.final, "data": s.data} for s in rows]
 
     async def _story(self, r: wire.StoryRequest) -> list[dict[str, Any]]:
         fq = parse_fqid(r.fqid)
-        self.check([fq])
+        self._check([fq])
         if not self._live.exists(fq):
             raise JobError("no such job", fqid=fqid_str(fq))
         return self.runtime.story.of(fq)

@@ -20,7 +20,17 @@ machine answered.
 
 Why not one method per operation (there were 28, written three times): each
 new operation then meant a method here, in both transports and in the
-control adapter; now it is a request type and one handler.
+control adapter; now it is a request type and one handler. Why four and not
+one: ``read`` is ``handle`` without ``await``, for what the API must answer
+synchronously (``job.info``; remote, a short blocking request, as embedded
+reads SQLite); ``statuses`` is not a request at all, since ``job.status``
+of a million subjobs must cost an array read, not a round trip (remote, the
+mirror answers); and ``events`` is a stream, not a reply.
+
+A request made in this process names its jobs as
+:class:`~.wire.Fqids`: the tuples themselves, seen as fqid strings only if
+someone reads them (the remote transport, encoding), so a slice of a
+million subjobs costs the embedded transport no string at all.
 """
 
 from __future__ import annotations
