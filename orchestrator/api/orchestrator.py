@@ -26,6 +26,7 @@ from ..plugin.logs import configure as configure_logs
 from ..runtime.config import Config
 from ..runtime.homelock import SERVICE_ROLE, HomeLock
 from ..runtime.storage import Storage
+from . import wire
 from .job import Job
 from .registry import JobRegistry
 from .transport import Transport
@@ -132,7 +133,7 @@ class Orchestrator:
 
     async def refresh(self) -> None:
         """Ask every polled backend for news now, and apply it before returning."""
-        await self.transport.refresh()
+        await self.transport.handle(wire.RefreshRequest())
         if self._runtime is not None:
             with anyio.move_on_after(30):
                 await self._runtime.settle()
@@ -145,11 +146,11 @@ class Orchestrator:
         ``(3, 1)``, a name). A subjob's story includes the requests naming its master and the batches it was
         in; a master's, its own entries (its subjobs' are theirs: ``orch.story("3.1")``)."""
         found: Job = job if isinstance(job, Job) else self.jobs[job]
-        return await self.transport.story(found.fqid_tuple)
+        return list(await self.transport.handle(wire.StoryRequest(fqid=found.fqid)))
 
     async def metrics(self) -> dict[str, Any]:
         """Counters of the orchestrator and of each backend (``["backends"]["sim"]["driver"]["calls"]``...)."""
-        return await self.transport.metrics()
+        return dict(await self.transport.handle(wire.MetricsRequest()))
 
     # ------------------------------------------------------------ life
     async def __aenter__(self) -> Orchestrator:

@@ -332,7 +332,7 @@ class Service:
         """Answer, monitor and write until a signal (exit 0) or the lease's loss (:data:`STEP_DOWN`)."""
         runtime = orch.runtime
         embedded = Embedded(runtime)
-        quotas = Quotas(self.settings.section("service"), runtime.sm, embedded.owner_of)
+        quotas = Quotas(self.settings.section("service"), runtime.sm, embedded.statuses().owner)
         runtime.preparer.admission = quotas.admit
         api = Api(Control(embedded, quotas), runtime.bus, access=self.access,
                   metrics=runtime.enable_prometheus().render, workflows=workflows)
