@@ -29,16 +29,8 @@ from typing import Any
 import anyio
 import msgspec
 
+from ..core import events as ev
 from ..core.errors import JobError, Lagging
-from ..core.events import (
-    ForceStatusRequested,
-    KillRequested,
-    MergeRequested,
-    ReleaseRequested,
-    RemoveRequested,
-    ResubmitRequested,
-    SubmitRequested,
-)
 from ..core.ids import FQID, fqid_str, parse_fqid
 from ..core.instructions import Reply
 from ..core.model import Backend
@@ -284,12 +276,12 @@ class Embedded:
                 defs.add(job, given.name, spec)
                 defs.dirty.add(job)
                 profiles[job] = defs.profile(job)
-        return await self._ask(lambda sid: SubmitRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
+        return await self._ask(lambda sid: ev.SubmitRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
                                                            keep_going=r.keep_going, profiles=profiles), "submit")
 
     async def _kill(self, r: wire.KillRequest) -> dict[str, Any]:
         targets = self._targets(r.targets)
-        return await self._ask(lambda sid: KillRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
+        return await self._ask(lambda sid: ev.KillRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
                                                          keep_going=r.keep_going), "kill")
 
     async def _resubmit(self, r: wire.ResubmitRequest) -> dict[str, Any]:
@@ -313,10 +305,10 @@ class Embedded:
             except StateError as exc:
                 raise JobError(f"not a state: {exc}", fqid=fqid_str(targets[0]), field="from_state") from None
 
-        def make(sid: str) -> ResubmitRequested:
+        def make(sid: str) -> ev.ResubmitRequested:
             if from_state is not None:
                 self.runtime.given_state(sid, from_state)
-            return ResubmitRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
+            return ev.ResubmitRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
                                      keep_going=r.keep_going, only_failed=r.only_failed, profile=profile,
                                      backend=chosen, start="given" if from_state is not None else "initial")
 
@@ -325,24 +317,24 @@ class Embedded:
     async def _release(self, r: wire.ReleaseRequest) -> dict[str, Any]:
         targets = self._targets(r.targets)
         args = tuple(str(a) for a in r.retry_args) if r.retry_args is not None else None
-        return await self._ask(lambda sid: ReleaseRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
-                                                            retry_args=args), "release")
+        return await self._ask(lambda sid: ev.ReleaseRequested(stimulus_id=sid, time=time.time(),
+                                                               targets=tuple(targets), retry_args=args), "release")
 
     async def _force_status(self, r: wire.ForceStatusRequest) -> dict[str, Any]:
         targets = self._targets(r.targets)
         status = parse_status(r.status)
-        return await self._ask(lambda sid: ForceStatusRequested(stimulus_id=sid, time=time.time(),
+        return await self._ask(lambda sid: ev.ForceStatusRequested(stimulus_id=sid, time=time.time(),
                                                                 targets=tuple(targets), status=status, force=r.force,
                                                                 keep_going=r.keep_going), "force")
 
     async def _remove(self, r: wire.RemoveRequest) -> dict[str, Any]:
         targets = self._targets(r.targets)
-        return await self._ask(lambda sid: RemoveRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
+        return await self._ask(lambda sid: ev.RemoveRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
                                                            keep_going=r.keep_going), "remove")
 
     async def _merge(self, r: wire.MergeRequest) -> dict[str, Any]:
         targets = self._targets(r.targets)
-        return await self._ask(lambda sid: MergeRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets)),
+        return await self._ask(lambda sid: ev.MergeRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets)),
                                "merge")
 
     async def _wait(self, r: wire.WaitRequest) -> dict[str, Any]:
