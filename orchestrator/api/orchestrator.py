@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 
-from ..core.errors import HomeLockedError, JobError, OrchestratorError, leaves
+from ..core.errors import HomeLockedError, JobError, OrchestratorError, reraise_unwrapped
 from ..plugin.logs import configure as configure_logs
 from ..runtime.config import Config
 from ..runtime.homelock import SERVICE_ROLE, HomeLock
@@ -291,13 +291,7 @@ class Orchestrator:
                 from .watcher import start_watcher
 
                 start_watcher(self.home, (self._overrides or {}).get("repository", {}).get("url"))
-        except BaseExceptionGroup as group:
-            # The task group wraps the body's own exception: let the original through unwrapped.
-            inner = leaves(group)
-            if exc is not None and inner == [exc]:
-                return
-            if len(inner) == 1:
-                raise inner[0] from None
-            raise
+        except BaseExceptionGroup as group:  # the task group wraps the body's own exception: it goes on alone
+            reraise_unwrapped(group, exc)
 
 

@@ -54,7 +54,7 @@ from ..api.orchestrator import Orchestrator, default_home
 from ..api.owners import current_user
 from ..api.paths import ServicePaths
 from ..api.watcher import mark_managed
-from ..core.errors import ConfigError, HomeLockedError, RepositoryError, RepositoryHeldError, leaves
+from ..core.errors import ConfigError, HomeLockedError, RepositoryError, RepositoryHeldError, reraise_unwrapped
 from ..plugin.logs import configure as configure_logs
 from ..plugin.logs import get_logger
 from ..plugin.users import configure_python
@@ -200,9 +200,7 @@ class Service:
         try:
             return await self._serve(signals, port, grace)
         except BaseExceptionGroup as group:  # one error inside the task groups: the one the user reads
-            inner = leaves(group)
-            if len(inner) == 1:
-                raise inner[0] from None
+            reraise_unwrapped(group)
             raise
         finally:
             self.paths.info.unlink(missing_ok=True)
