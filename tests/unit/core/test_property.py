@@ -262,18 +262,17 @@ class Machine(RuleBasedStateMachine):
                                reports=(RunReport(runs, to, exit_code=0 if to == S.COMPLETED else 1),)))
 
     @precondition(lambda self: self.backend)
-    @rule(pick=PICK)
-    def lose(self, pick: int) -> None:
+    @rule(pick=PICK, silence=st.sampled_from([None, 0.0, 599.0, 600.0, 3600.0]))
+    def lose(self, pick: int, silence: float | None) -> None:
         held = sorted(self.backend)[pick % len(self.backend)]
         fq = held[0]
         if fq not in self.sm:
             return
         runs = Runs(fq[0], [fq[1]] if len(fq) == 2 else None)
-        if data.draw(st.booleans()):  # silence reported: the core counts it lost once it lasted lost_after (600 s),
+        if silence is not None:  # silence reported: the core counts it lost once it lasted lost_after (600 s),
             # and not about an attempt that is no longer the run's
-            silent = data.draw(st.sampled_from([0.0, 599.0, 600.0, 3600.0]))
             self.post(RunsSilent(stimulus_id=self.sid("silent"), time=self.clock, backend="sim", runs=runs,
-                                 attempts=(held[1],), since=self.clock - silent, reason="no answer"))
+                                 attempts=(held[1],), since=self.clock - silence, reason="no answer"))
         elif self.sm.attempt(fq) == held[1]:
             self.post(RunLost(stimulus_id=self.sid("lost"), time=self.clock, runs=runs, reason="no answer"))
 
