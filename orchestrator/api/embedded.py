@@ -1,8 +1,17 @@
 """The embedded transport: the API over a runtime in this process.
 
-Reads answer from the state machine and the definitions (and, for a
-subjob's definition or backend id, the repository's reader); operations are
-requests on the bus, answered by the state machine.
+``handle`` dispatches a request by its type through one table
+(:data:`HANDLERS`) to its handler, as the core dispatches events: reads
+answer from the state machine and the definitions (and, for a subjob's
+definition or backend id, the repository's reader); operations are requests
+on the bus, answered by the state machine. A request made in this process
+names its jobs as tuples (:class:`~.wire.Fqids`), so a slice of a million
+subjobs is never turned into strings; one decoded by the service names them
+as strings, parsed here.
+
+A job definition arrives as the wire's :class:`~.wire.JobSpec`: the job is
+built from it and checked as ``orch.jobs.add()`` checks it (:func:`built`),
+whoever sent it, and only what was built is stored.
 
 It acts as one :class:`~.owners.Caller`: this process's user, an admin, for
 an orchestrator opened here; the client of each request in a service, which
@@ -13,70 +22,63 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 
-from ..core.errors import JobError, Lagging, WaitTimeout
-from ..core.events import (
-    ForceStatusRequested,
-    KillRequested,
-    MergeRequested,
-    ReleaseRequested,
-    RemoveRequested,
-    ResubmitRequested,
-    SubmitRequested,
-)
-from ..core.ids import FQID, fqid_str
+from ..core import events as ev
+from ..core.errors import JobError, Lagging
+from ..core.ids import FQID, fqid_str, parse_fqid
 from ..core.instructions import Reply
 from ..core.model import Backend
 from ..core.splitters import apply_delta
-from ..core.statuses import JobStatus
+from ..core.statuses import JobStatus, parse_status
 from ..plugin.users import OwnerError, identity
 from ..runtime.recipients import check_spec
 from ..runtime.runtime import Runtime
-from .definition import subjob_part
+from . import wire
+from .definition import subjob_part, without_splitter
 from .owners import OWNER_KEY, Caller, OwnerBook, current_user, home_owner, refusal, visible_to
 from .peek import read_file
-from .transport import Done, JobRecord
+from .transport import JobRecord
+
+#: Status codes (0-9) as the digits of a string (a master's subjobs in a ``describe``).
+DIGITS = bytes.maketrans(bytes(range(10)), b"0123456789")
 
 
-class Embedded:
-    """See the module docstring."""
+def built(name: str, spec: dict[str, Any], fqid: str | None) -> Any:
+    """A job built from a definition and checked as ``orch.jobs.add()`` checks it (``fqid``: the job's,
+    ``None`` for a new one): the service trusts no one, and stores only what it built (``job.spec()``), never
+    what it was sent."""
+    from .job import Job
+    from .validate import validate
 
-    def __init__(self, runtime: Runtime, caller: Caller | None = None, owners: OwnerBook | None = None) -> None:
-        self.runtime = runtime
-        self.home: Path = runtime.home
-        self.workspace: Path = runtime.workspace.root
-        self.caller = caller if caller is not None else Caller(current_user(), admin=True)
-        self.owners = owners if owners is not None else OwnerBook(runtime.definitions.specs, home_owner(self.home))
+    try:
+        job = Job.from_spec(name, spec)
+        validate(job, fqid or job.fqid_or_new)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise JobError(f"unreadable job definition: {type(exc).__name__}: {exc}", fqid=fqid or "(new)") from None
+    return job
 
-    def as_caller(self, caller: Caller) -> Embedded:
-        """The same runtime, seen and acted on by ``caller``."""
-        return Embedded(self.runtime, caller, self.owners)
 
-    # ------------------------------------------------------------ owners
-    def _mine(self, job: int) -> bool:
+class Live:
+    """The statuses as the state machine holds them now (:class:`~.transport.Statuses`), seen by a caller."""
+
+    def __init__(self, runtime: Runtime, caller: Caller, owners: OwnerBook) -> None:
+        self.runtime, self.caller, self.owners = runtime, caller, owners
+
+    def mine(self, job: int) -> bool:
         return self.caller.admin or self.owners.owner(job) == self.caller.name
 
-    def _check(self, targets: Sequence[FQID]) -> None:
-        """Refuse, naming the owner, when a target is another user's job."""
-        if self.caller.admin:
-            return
-        for job in {fq[0] for fq in targets}:
-            owner = self.owner_of(job)
-            if owner is not None and owner != self.caller.name:
-                raise refusal(next(fq for fq in targets if fq[0] == job), owner, self.caller)
-
-    def owner_of(self, job: int) -> str | None:
+    def owner(self, job: int) -> str | None:
         return self.owners.owner(job) if (job,) in self.runtime.sm else None
 
-    # ------------------------------------------------------------ reads
     def job_ids(self) -> list[int]:
         ids = self.runtime.sm.job_ids()
-        return ids if self.caller.admin else [j for j in ids if self._mine(j)]
+        return ids if self.caller.admin else [j for j in ids if self.mine(j)]
 
     def record(self, job: int) -> JobRecord:
         defs = self.runtime.definitions
@@ -84,7 +86,7 @@ class Embedded:
                          self.owners.owner(job) or "")
 
     def exists(self, fq: FQID) -> bool:
-        return fq in self.runtime.sm and self._mine(fq[0])
+        return fq in self.runtime.sm and self.mine(fq[0])
 
     def status(self, fq: FQID) -> JobStatus:
         return self.runtime.sm.status(fq)
@@ -101,158 +103,38 @@ class Embedded:
     def active(self, fq: FQID) -> bool:
         return self.runtime.sm.active(fq)
 
-    def info(self, fq: FQID) -> dict[str, Any]:
-        return self.runtime.sm.info(fq)
 
-    def infos(self, fqs: Sequence[FQID]) -> list[dict[str, Any]]:
-        return [self.runtime.sm.info(fq) for fq in fqs]
+class Embedded:
+    """See the module docstring."""
 
-    def splitter_spec(self, job: int) -> dict[str, Any] | None:
-        return self.runtime.definitions.splitter(job)
+    def __init__(self, runtime: Runtime, caller: Caller | None = None, owners: OwnerBook | None = None) -> None:
+        self.runtime = runtime
+        self.home: Path = runtime.home
+        self.workspace: Path = runtime.workspace.root
+        self.caller = caller if caller is not None else Caller(current_user(), admin=True)
+        self.owners = owners if owners is not None else OwnerBook(runtime.definitions.specs, home_owner(self.home))
+        self._live = Live(runtime, self.caller, self.owners)
 
-    def backend_id(self, fq: FQID) -> str | None:
-        return self.runtime.writer.backend_id(fq[0], fq[1] if len(fq) == 2 else None)
+    def as_caller(self, caller: Caller) -> Embedded:
+        """The same runtime, seen and acted on by ``caller``."""
+        return Embedded(self.runtime, caller, self.owners)
 
-    def subjob_specs(self, job: int, indexes: Sequence[int]) -> dict[int, dict[str, Any]]:
-        defs = self.runtime.definitions
-        master = subjob_part(defs.spec(job))
-        return {i: apply_delta(master, delta) for i, delta in defs.deltas(job, indexes).items()}
+    # ------------------------------------------------------------ the transport
+    async def handle(self, request: wire.Request) -> Any:
+        """The request's handler in :data:`HANDLERS` (or :data:`READS`), by its type; an unknown type raises."""
+        handler = HANDLERS.get(type(request))
+        if handler is not None:
+            return await handler(self, request)
+        return self.read(request)
 
-    # ------------------------------------------------------------ operations
-    def _check_recipients(self, spec: dict[str, Any], fqid: str) -> None:
-        """A notification may mail its owner, and whom ``[postprocess] allowed_recipients`` lists: nothing else."""
-        check_spec(spec, self.caller.name, self.runtime.config.section("postprocess"), fqid)
+    def read(self, request: wire.Request) -> Any:
+        read = READS.get(type(request))
+        if read is None:
+            raise wire.BadRequest(f"no handler for a {type(request).__name__} here")
+        return read(self, request)
 
-    async def add(self, name: str, spec: dict[str, Any]) -> int:
-        self._check_recipients(spec, f"(new {name or 'job'})")
-        return await self.runtime.add(name, {**spec, OWNER_KEY: self.caller.name})  # whoever adds it owns it
-
-    async def _ask(self, make: Any, kind: str) -> Done:
-        reply: Reply = await self.runtime.request(make, kind)
-        if reply.error is not None:
-            raise reply.error
-        return Done(reply.acted)
-
-    async def submit(self, targets: Sequence[FQID], keep_going: bool,
-                     definitions: dict[int, tuple[str, dict[str, Any]]] | None = None) -> Done:
-        self._check(targets)
-        profiles = {}
-        for job, (name, spec) in (definitions or {}).items():
-            if self.exists((job,)) and self.status((job,)) == JobStatus.NEW:
-                stored = self.runtime.definitions.spec(job).get(OWNER_KEY)
-                spec = {k: v for k, v in spec.items() if k != OWNER_KEY}  # never taken from a client
-                if stored is not None:
-                    spec[OWNER_KEY] = stored
-                check_spec(spec, str(stored or self.owners.default), self.runtime.config.section("postprocess"),
-                           str(job))
-                self.runtime.definitions.add(job, name, spec)
-                self.runtime.definitions.dirty.add(job)
-                profiles[job] = self.runtime.definitions.profile(job)
-        return await self._ask(lambda sid: SubmitRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
-                                                           keep_going=keep_going, profiles=profiles), "submit")
-
-    async def kill(self, targets: Sequence[FQID], keep_going: bool) -> Done:
-        self._check(targets)
-        return await self._ask(lambda sid: KillRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
-                                                         keep_going=keep_going), "kill")
-
-    async def resubmit(self, targets: Sequence[FQID], *, only_failed: bool, keep_going: bool,
-                       backend: dict[str, Any] | None, from_state: str | None) -> Done:
-        self._check(targets)
-        defs = self.runtime.definitions
-        profile = None
-        chosen = None
-        if backend is not None:
-            chosen = Backend.from_dict(backend)
-            job = targets[0][0]
-            profile = defs.profile(job, {**defs.spec(job), "backend": chosen.to_dict()})
-        if from_state is not None and any(len(fq) == 1 and self.runtime.sm.is_master(fq[0]) for fq in targets):
-            raise JobError("a state belongs to one run: resubmit one subjob (ID.i) from it",
-                           fqid=".".join(map(str, targets[0])), field="from_state")
-        if from_state is not None:
-            from ..checkpoint import State, StateError
-
-            try:
-                State.from_text(from_state, fqid=".".join(map(str, targets[0])))
-            except StateError as exc:
-                raise JobError(f"not a state: {exc}", fqid=".".join(map(str, targets[0])),
-                               field="from_state") from None
-
-        def make(sid: str) -> ResubmitRequested:
-            if from_state is not None:
-                self.runtime.given_state(sid, from_state)
-            return ResubmitRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets), keep_going=keep_going,
-                                     only_failed=only_failed, profile=profile, backend=chosen,
-                                     start="given" if from_state is not None else "initial")
-
-        return await self._ask(make, "resubmit")
-
-    async def release(self, targets: Sequence[FQID], retry_args: Sequence[str] | None) -> Done:
-        self._check(targets)
-        args = tuple(str(a) for a in retry_args) if retry_args is not None else None
-        return await self._ask(lambda sid: ReleaseRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
-                                                            retry_args=args), "release")
-
-    async def force_status(self, targets: Sequence[FQID], status: JobStatus, force: bool, keep_going: bool) -> Done:
-        self._check(targets)
-        return await self._ask(lambda sid: ForceStatusRequested(stimulus_id=sid, time=time.time(),
-                                                                targets=tuple(targets), status=status, force=force,
-                                                                keep_going=keep_going), "force")
-
-    async def remove(self, targets: Sequence[FQID], keep_going: bool) -> Done:
-        self._check(targets)
-        return await self._ask(lambda sid: RemoveRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
-                                                           keep_going=keep_going), "remove")
-
-    async def merge(self, targets: Sequence[FQID]) -> Done:
-        self._check(targets)
-        return await self._ask(lambda sid: MergeRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets)),
-                               "merge")
-
-    async def wait(self, targets: Sequence[FQID], timeout: float | None) -> None:
-        self._check(targets)
-        sm = self.runtime.sm
-        try:
-            await self.runtime.wait_until(lambda: not any(sm.active(fq) for fq in targets), timeout)
-        except TimeoutError:
-            active = [fqid_str(fq) for fq in targets if sm.active(fq)]
-            raise WaitTimeout(active or [fqid_str(fq) for fq in targets], timeout) from None
-        await self.runtime.writer.flush()  # what a caller is told has ended is on disk
-
-    async def peek(self, fq: FQID, name: str, tail: int | None) -> str:
-        self._check([fq])
-        if not self.exists(fq):
-            raise JobError("no such job", fqid=fqid_str(fq))
-        status = self.status(fq)
-        jobdir = self.workspace.joinpath(*map(str, fq))
-        try:
-            owner = identity(self.owners.owner(fq[0]))
-        except OwnerError as exc:
-            raise JobError(str(exc), fqid=fqid_str(fq)) from None
-        read = functools.partial(read_file, jobdir, name, tail, running=status in (JobStatus.RUNNING,
-                                 JobStatus.COMPLETING), fqid=".".join(map(str, fq)), owner=owner)
-        return read() if owner is None else await anyio.to_thread.run_sync(read)
-
-    async def states(self, fq: FQID) -> list[dict[str, Any]]:
-        self._check([fq])
-        await self.runtime.writer.flush()
-        rows = await self.runtime.repo.states(".".join(map(str, fq)))
-        return [{"job": r.job, "seq": r.seq, "time": r.time, "final": r.final, "data": r.data} for r in rows]
-
-    async def story(self, fq: FQID) -> list[dict[str, Any]]:
-        self._check([fq])
-        if not self.exists(fq):
-            raise JobError("no such job", fqid=fqid_str(fq))
-        return self.runtime.story.of(fq)
-
-    def annotate(self, job: int, comment: str | None, metadata: dict[str, Any] | None) -> None:
-        self._check([(job,)])
-        spec = self.runtime.definitions.spec(job)
-        if comment is not None:
-            spec["comment"] = comment
-        if metadata is not None:
-            spec["metadata"] = metadata
-        self.runtime.definitions.dirty.add(job)
+    def statuses(self) -> Live:
+        return self._live
 
     async def events(self) -> AsyncIterator[Any]:
         stream = self.runtime.bus.subscribe()
@@ -264,8 +146,224 @@ class Embedded:
                 if visible(item):
                     yield item
 
-    async def refresh(self) -> None:
-        await self.runtime.refresh()
+    # ------------------------------------------------------------ owners
+    def _check(self, targets: Sequence[FQID]) -> None:
+        """Refuse, naming the owner, when a target is another user's job."""
+        if self.caller.admin:
+            return
+        for job in {fq[0] for fq in targets}:
+            owner = self._live.owner(job)
+            if owner is not None and owner != self.caller.name:
+                raise refusal(next(fq for fq in targets if fq[0] == job), owner, self.caller)
 
-    async def metrics(self) -> dict[str, Any]:
+    def _targets(self, named: Sequence[str] | None) -> Sequence[FQID]:
+        targets = wire.fqs(named)
+        self._check(targets)
+        return targets
+
+    # ------------------------------------------------------------ reads
+    def _describe(self, r: wire.DescribeRequest) -> dict[str, Any]:
+        """Top-level jobs as the remote transport mirrors them, read between two steps (``step``)."""
+        live, sm = self._live, self.runtime.sm
+        ids = live.job_ids() if r.jobs is None else [j for j in r.jobs if live.exists((j,))]
+        records = []
+        for job in ids:
+            rec = live.record(job)
+            out: dict[str, Any] = {"id": rec.id, "name": rec.name, "spec": without_splitter(rec.spec),
+                                   "added": rec.added, "owner": rec.owner,
+                                   "status": sm.status((rec.id,)).value, "active": sm.active((rec.id,))}
+            if sm.is_master(rec.id):
+                out["codes"] = sm.statuses(rec.id).translate(DIGITS).decode()
+            records.append(out)
+        return {"step": self.runtime.bus.handled, "jobs": records, "workspace": str(self.workspace),
+                "gone": [j for j in (r.jobs or ()) if not live.exists((j,))],
+                "caller": {"name": self.caller.name, "admin": self.caller.admin}}
+
+    def _owner(self, r: wire.OwnerRequest) -> dict[str, Any]:
+        return {"owner": self._live.owner(r.job)}
+
+    def _info(self, r: wire.InfoRequest) -> dict[str, Any]:
+        return self.runtime.sm.info(parse_fqid(r.fqid))
+
+    def _infos(self, r: wire.InfosRequest) -> list[dict[str, Any]]:
+        return [self.runtime.sm.info(fq) for fq in wire.fqs(r.fqids)]
+
+    def _splitter_spec(self, r: wire.SplitterSpecRequest) -> dict[str, Any] | None:
+        return self.runtime.definitions.splitter(r.job)
+
+    def _backend_id(self, r: wire.BackendIdRequest) -> str | None:
+        fq = parse_fqid(r.fqid)
+        return self.runtime.writer.backend_id(fq[0], fq[1] if len(fq) == 2 else None)
+
+    def _subjob_specs(self, r: wire.SubjobSpecsRequest) -> dict[int, dict[str, Any]]:
+        defs = self.runtime.definitions
+        master = subjob_part(defs.spec(r.job))
+        return {i: apply_delta(master, delta) for i, delta in defs.deltas(r.job, r.indexes).items()}
+
+    def _annotate(self, r: wire.AnnotateRequest) -> dict[str, Any]:
+        self._check([(r.job,)])
+        spec = self.runtime.definitions.spec(r.job)
+        if r.comment is not None:
+            spec["comment"] = r.comment
+        if r.metadata is not None:
+            spec["metadata"] = r.metadata
+        self.runtime.definitions.dirty.add(r.job)
+        return {}
+
+    async def _peek(self, r: wire.PeekRequest) -> dict[str, Any]:
+        fq = parse_fqid(r.fqid)
+        self._check([fq])
+        if not self._live.exists(fq):
+            raise JobError("no such job", fqid=fqid_str(fq))
+        status = self._live.status(fq)
+        jobdir = self.workspace.joinpath(*map(str, fq))
+        try:
+            owner = identity(self.owners.owner(fq[0]))
+        except OwnerError as exc:
+            raise JobError(str(exc), fqid=fqid_str(fq)) from None
+        read = functools.partial(read_file, jobdir, r.name, r.tail, running=status in (JobStatus.RUNNING,
+                                 JobStatus.COMPLETING), fqid=fqid_str(fq), owner=owner)
+        return {"text": read() if owner is None else await anyio.to_thread.run_sync(read)}
+
+    async def _states(self, r: wire.StatesRequest) -> list[dict[str, Any]]:
+        fq = parse_fqid(r.fqid)
+        self._check([fq])
+        await self.runtime.writer.flush()
+        rows = await self.runtime.repo.states(fqid_str(fq))
+        return [{"job": s.job, "seq": s.seq, "time": s.time, "final": s.final, "data": s.data} for s in rows]
+
+    async def _story(self, r: wire.StoryRequest) -> list[dict[str, Any]]:
+        fq = parse_fqid(r.fqid)
+        self._check([fq])
+        if not self._live.exists(fq):
+            raise JobError("no such job", fqid=fqid_str(fq))
+        return self.runtime.story.of(fq)
+
+    async def _metrics(self, r: wire.MetricsRequest) -> dict[str, Any]:
         return self.runtime.metrics()
+
+    async def _refresh(self, r: wire.RefreshRequest) -> dict[str, Any]:
+        await self.runtime.refresh()
+        await anyio.lowlevel.checkpoint()
+        return {}
+
+    # ------------------------------------------------------------ operations
+    async def _ask(self, make: Any, kind: str) -> dict[str, Any]:
+        reply: Reply = await self.runtime.request(make, kind)
+        if reply.error is not None:
+            raise reply.error
+        return {"acted": reply.acted}
+
+    async def _add(self, r: wire.AddRequest) -> dict[str, Any]:
+        spec = built(r.name, msgspec.to_builtins(r.spec), None).spec()
+        # a notification may mail its owner, and whom [postprocess] allowed_recipients lists: nothing else
+        check_spec(spec, self.caller.name, self.runtime.config.section("postprocess"), f"(new {r.name or 'job'})")
+        return {"id": await self.runtime.add(r.name, {**spec, OWNER_KEY: self.caller.name})}  # the adder owns it
+
+    async def _submit(self, r: wire.SubmitRequest) -> dict[str, Any]:
+        targets = self._targets(r.targets)
+        profiles = {}
+        defs = self.runtime.definitions
+        for key, given in (r.definitions or {}).items():
+            job = int(key)
+            spec = built(given.name, msgspec.to_builtins(given.spec), key).spec()  # as it is defined now
+            if self._live.exists((job,)) and self._live.status((job,)) == JobStatus.NEW:
+                stored = defs.spec(job).get(OWNER_KEY)
+                spec.pop(OWNER_KEY, None)  # never taken from a client
+                if stored is not None:
+                    spec[OWNER_KEY] = stored
+                check_spec(spec, str(stored or self.owners.default), self.runtime.config.section("postprocess"), key)
+                defs.add(job, given.name, spec)
+                defs.dirty.add(job)
+                profiles[job] = defs.profile(job)
+        return await self._ask(lambda sid: ev.SubmitRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
+                                                           keep_going=r.keep_going, profiles=profiles), "submit")
+
+    async def _kill(self, r: wire.KillRequest) -> dict[str, Any]:
+        targets = self._targets(r.targets)
+        return await self._ask(lambda sid: ev.KillRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
+                                                         keep_going=r.keep_going), "kill")
+
+    async def _resubmit(self, r: wire.ResubmitRequest) -> dict[str, Any]:
+        targets = self._targets(r.targets)
+        defs = self.runtime.definitions
+        profile = None
+        chosen = None
+        if r.backend is not None:
+            chosen = Backend.from_dict({"name": r.backend.name, "settings": r.backend.settings})
+            job = targets[0][0]
+            profile = defs.profile(job, {**defs.spec(job), "backend": chosen.to_dict()})
+        from_state = r.from_state
+        if from_state is not None and any(len(fq) == 1 and self.runtime.sm.is_master(fq[0]) for fq in targets):
+            raise JobError("a state belongs to one run: resubmit one subjob (ID.i) from it",
+                           fqid=fqid_str(targets[0]), field="from_state")
+        if from_state is not None:
+            from ..checkpoint import State, StateError
+
+            try:
+                State.from_text(from_state, fqid=fqid_str(targets[0]))
+            except StateError as exc:
+                raise JobError(f"not a state: {exc}", fqid=fqid_str(targets[0]), field="from_state") from None
+
+        def make(sid: str) -> ev.ResubmitRequested:
+            if from_state is not None:
+                self.runtime.given_state(sid, from_state)
+            return ev.ResubmitRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
+                                     keep_going=r.keep_going, only_failed=r.only_failed, profile=profile,
+                                     backend=chosen, start="given" if from_state is not None else "initial")
+
+        return await self._ask(make, "resubmit")
+
+    async def _release(self, r: wire.ReleaseRequest) -> dict[str, Any]:
+        targets = self._targets(r.targets)
+        args = tuple(str(a) for a in r.retry_args) if r.retry_args is not None else None
+        return await self._ask(lambda sid: ev.ReleaseRequested(stimulus_id=sid, time=time.time(),
+                                                               targets=tuple(targets), retry_args=args), "release")
+
+    async def _force_status(self, r: wire.ForceStatusRequest) -> dict[str, Any]:
+        targets = self._targets(r.targets)
+        status = parse_status(r.status)
+        return await self._ask(lambda sid: ev.ForceStatusRequested(stimulus_id=sid, time=time.time(),
+                                                                targets=tuple(targets), status=status, force=r.force,
+                                                                keep_going=r.keep_going), "force")
+
+    async def _remove(self, r: wire.RemoveRequest) -> dict[str, Any]:
+        targets = self._targets(r.targets)
+        return await self._ask(lambda sid: ev.RemoveRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
+                                                           keep_going=r.keep_going), "remove")
+
+    async def _merge(self, r: wire.MergeRequest) -> dict[str, Any]:
+        targets = self._targets(r.targets)
+        return await self._ask(lambda sid: ev.MergeRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets)),
+                               "merge")
+
+    async def _wait(self, r: wire.WaitRequest) -> dict[str, Any]:
+        """Once nothing of the jobs is active, or after ``timeout``: ``timed_out`` says which, and ``active``
+        names the jobs still active then."""
+        targets = self._targets(r.targets)
+        sm = self.runtime.sm
+        try:
+            await self.runtime.wait_until(lambda: not any(sm.active(fq) for fq in targets), r.timeout)
+        except TimeoutError:
+            active = [fqid_str(fq) for fq in targets if sm.active(fq)]
+            return {"acted": 0, "timed_out": True, "active": active or [fqid_str(fq) for fq in targets]}
+        await self.runtime.writer.flush()  # what a caller is told has ended is on disk
+        return {"acted": 0, "timed_out": False}
+
+
+#: The handler of each request type that may wait (an operation, a read of files or of the repository).
+HANDLERS: dict[type[wire.Request], Callable[[Embedded, Any], Awaitable[Any]]] = {
+    wire.AddRequest: Embedded._add, wire.SubmitRequest: Embedded._submit, wire.KillRequest: Embedded._kill,
+    wire.ResubmitRequest: Embedded._resubmit, wire.ReleaseRequest: Embedded._release,
+    wire.ForceStatusRequest: Embedded._force_status, wire.RemoveRequest: Embedded._remove,
+    wire.MergeRequest: Embedded._merge, wire.WaitRequest: Embedded._wait, wire.PeekRequest: Embedded._peek,
+    wire.StatesRequest: Embedded._states, wire.StoryRequest: Embedded._story, wire.MetricsRequest: Embedded._metrics,
+    wire.RefreshRequest: Embedded._refresh,
+}
+#: The handler of each request answered at once (``Transport.read``; ``handle`` answers them too).
+READS: dict[type[wire.Request], Callable[[Embedded, Any], Any]] = {
+    wire.DescribeRequest: Embedded._describe, wire.OwnerRequest: Embedded._owner, wire.InfoRequest: Embedded._info,
+    wire.InfosRequest: Embedded._infos, wire.SplitterSpecRequest: Embedded._splitter_spec,
+    wire.BackendIdRequest: Embedded._backend_id, wire.SubjobSpecsRequest: Embedded._subjob_specs,
+    wire.AnnotateRequest: Embedded._annotate,
+}

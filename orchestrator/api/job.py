@@ -20,9 +20,10 @@ from ..core.errors import JobError
 from ..core.ids import FQID, fqid_str
 from ..core.model import Backend, JobInfo
 from ..core.statuses import ACTIVE, JobStatus, parse_status
+from . import wire
 from .definition import Definition
 from .slices import JobSlice, select_statuses
-from .transport import Done, Jobs
+from .transport import Done, Jobs, done
 
 
 class Job(Definition):
@@ -79,7 +80,7 @@ class Job(Definition):
     def status(self) -> JobStatus:
         if self._registry is None:
             return JobStatus.NEW
-        return self._registry.transport.status(self.fqid_tuple)
+        return self._registry.transport.statuses().status(self.fqid_tuple)
 
     @property
     def subjobs(self) -> SubjobList:
@@ -89,11 +90,14 @@ class Job(Definition):
     def info(self) -> JobInfo:
         if self._registry is None:
             return JobInfo()
-        return JobInfo.from_dict(self._registry.transport.info(self.fqid_tuple))
+        return JobInfo.from_dict(self._registry.transport.read(wire.InfoRequest(fqid=self.fqid)))
 
     @property
     def backend_id(self) -> str | None:
-        return self._registry.transport.backend_id(self.fqid_tuple) if self._registry is not None else None
+        if self._registry is None:
+            return None
+        found: str | None = self._registry.transport.read(wire.BackendIdRequest(fqid=self.fqid))
+        return found
 
     @property
     def comment(self) -> str:
@@ -120,7 +124,8 @@ class Job(Definition):
 
     def _annotate(self) -> None:
         if self._registry is not None and self.parent is None:
-            self._registry.transport.annotate(self.fqid_tuple[0], self._comment, self._metadata)
+            self._registry.transport.read(wire.AnnotateRequest(job=self.fqid_tuple[0], comment=self._comment,
+                                                               metadata=self._metadata))
 
     @property
     def prejob(self) -> Definition | None:
@@ -162,7 +167,7 @@ class Job(Definition):
 
     def is_active(self) -> bool:
         """Something of this job is submitting, submitted, running or completing."""
-        return self._registry is not None and self._registry.transport.active(self.fqid_tuple)
+        return self._registry is not None and self._registry.transport.statuses().active(self.fqid_tuple)
 
     # ------------------------------------------------------------ operations
     async def submit(self, keep_going: bool = False) -> Done:
@@ -181,7 +186,7 @@ class Job(Definition):
 
     async def release(self, retry_args: Sequence[str] | None = None) -> Done:
         """Resume a held job; ``retry_args`` reach it as ``ORCH_RETRY_ARG_1..n`` (else the hold's own data)."""
-        return await self.registry.transport.release([self.fqid_tuple], retry_args)
+        return await JobSlice([self]).release(retry_args)
 
     async def force_status(self, status: str | JobStatus, force: bool = False) -> Done:
         """Mark a stuck job ``failed`` or ``completed``; an active one is killed first unless ``force``."""
@@ -190,7 +195,7 @@ class Job(Definition):
     async def merge(self) -> Done:
         """Run an ended master's postprocessors again over every subjob (they replace their earlier output); once
         resubmitted subjobs end they run again by themselves, as Ganga's do."""
-        return await self.registry.transport.merge([self.fqid_tuple])
+        return done(await self.registry.transport.handle(wire.MergeRequest(targets=wire.Fqids([self.fqid_tuple]))))
 
     async def copy(self) -> Job:
         """A new top-level ``new`` job with the same definition, sharing no object with this one."""
@@ -202,19 +207,20 @@ class Job(Definition):
 
     async def wait(self, timeout: float | None = None) -> None:
         """Return once nothing of the job is active (no subjob submitting, submitted, running or completing)."""
-        await self.registry.transport.wait([self.fqid_tuple], timeout)
+        await JobSlice([self]).wait(timeout)
 
     async def peek(self, name: str = "stdout", tail: int | None = None) -> str:
         """The text of a file of the run: its output dir once ended, its work dir while it runs."""
-        return await self.registry.transport.peek(self.fqid_tuple, name, tail)
+        request = wire.PeekRequest(fqid=self.fqid, name=name, tail=tail)
+        return str((await self.registry.transport.handle(request))["text"])
 
     async def states(self) -> list[dict[str, Any]]:
         """The checkpoint states kept for this job or subjob, oldest first (label ``fqid:seq``)."""
-        return await self.registry.transport.states(self.fqid_tuple)
+        return list(await self.registry.transport.handle(wire.StatesRequest(fqid=self.fqid)))
 
     async def story(self) -> list[dict[str, Any]]:
         """What happened to this job or subjob lately, oldest first: see :meth:`Orchestrator.story`."""
-        return await self.registry.transport.story(self.fqid_tuple)
+        return list(await self.registry.transport.handle(wire.StoryRequest(fqid=self.fqid)))
 
     # ------------------------------------------------------------ definitions
     def template(self) -> Job:
@@ -226,7 +232,8 @@ class Job(Definition):
     def _stored_splitter(self) -> dict[str, Any] | None:
         if self.id is None:
             raise JobError("has no stored splitter", fqid=self.fqid_or_new, field="splitter")
-        return self.registry.transport.splitter_spec(self.id)
+        found: dict[str, Any] | None = self.registry.transport.read(wire.SplitterSpecRequest(job=self.id))
+        return found
 
     @classmethod
     def from_spec(cls, name: str, spec: dict[str, Any]) -> Job:
@@ -254,7 +261,7 @@ class SubjobList:
         m = self._master
         if m._registry is None or m.parent is not None or m.id is None:
             return 0
-        return m._registry.transport.n_subjobs(m.id)
+        return m._registry.transport.statuses().n_subjobs(m.id)
 
     def build(self, indexes: Sequence[int]) -> list[Job]:
         """The subjobs at ``indexes`` (their definitions read in one go where they are not built yet)."""
@@ -268,7 +275,8 @@ class SubjobList:
             if sub is None:
                 missing.append(i)
         if missing:
-            specs = m._registry.transport.subjob_specs(m.id, missing)
+            got = m._registry.transport.read(wire.SubjobSpecsRequest(job=m.id, indexes=missing))
+            specs = {int(k): v for k, v in got.items()}  # through a service, the keys are strings
             made = {}
             for i in missing:
                 spec = specs[i]

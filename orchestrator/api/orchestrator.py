@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 
-from ..core.errors import HomeLockedError, JobError, OrchestratorError, leaves
+from ..core.errors import HomeLockedError, JobError, OrchestratorError, reraise_unwrapped
 from ..plugin.logs import configure as configure_logs
 from ..runtime.config import Config
 from ..runtime.homelock import SERVICE_ROLE, HomeLock
 from ..runtime.storage import Storage
+from . import wire
 from .job import Job
 from .registry import JobRegistry
 from .transport import Transport
@@ -132,7 +133,7 @@ class Orchestrator:
 
     async def refresh(self) -> None:
         """Ask every polled backend for news now, and apply it before returning."""
-        await self.transport.refresh()
+        await self.transport.handle(wire.RefreshRequest())
         if self._runtime is not None:
             with anyio.move_on_after(30):
                 await self._runtime.settle()
@@ -145,11 +146,11 @@ class Orchestrator:
         ``(3, 1)``, a name). A subjob's story includes the requests naming its master and the batches it was
         in; a master's, its own entries (its subjobs' are theirs: ``orch.story("3.1")``)."""
         found: Job = job if isinstance(job, Job) else self.jobs[job]
-        return await self.transport.story(found.fqid_tuple)
+        return list(await self.transport.handle(wire.StoryRequest(fqid=found.fqid)))
 
     async def metrics(self) -> dict[str, Any]:
         """Counters of the orchestrator and of each backend (``["backends"]["sim"]["driver"]["calls"]``...)."""
-        return await self.transport.metrics()
+        return dict(await self.transport.handle(wire.MetricsRequest()))
 
     # ------------------------------------------------------------ life
     async def __aenter__(self) -> Orchestrator:
@@ -268,7 +269,7 @@ class Orchestrator:
     def _left_active(self) -> bool:
         """Whether closing leaves jobs active on a home nobody else will watch (:mod:`.watcher`)."""
         runtime = self._runtime
-        if runtime is None or self._readonly or self._role == SERVICE_ROLE or runtime.lost:
+        if runtime is None or self._readonly or self._role == SERVICE_ROLE or runtime.inbox.lost:
             return False
         from .watcher import autostart
 
@@ -290,13 +291,7 @@ class Orchestrator:
                 from .watcher import start_watcher
 
                 start_watcher(self.home, (self._overrides or {}).get("repository", {}).get("url"))
-        except BaseExceptionGroup as group:
-            # The task group wraps the body's own exception: let the original through unwrapped.
-            inner = leaves(group)
-            if exc is not None and inner == [exc]:
-                return
-            if len(inner) == 1:
-                raise inner[0] from None
-            raise
+        except BaseExceptionGroup as group:  # the task group wraps the body's own exception: it goes on alone
+            reraise_unwrapped(group, exc)
 
 

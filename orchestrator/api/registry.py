@@ -18,6 +18,7 @@ from typing import Any
 
 from ..core.errors import JobError, UnknownJobError
 from ..core.ids import FQID, fqid_str, parse_fqid
+from . import wire
 from .job import Job
 from .owners import refusal
 from .slices import JobSlice
@@ -35,9 +36,10 @@ class JobRegistry:
         if job._registry is not None or job.parent is not None:
             raise JobError("is already registered", fqid=job.fqid_or_new)
         validate(job, job.fqid_or_new)
-        job_id = await self.transport.add(job.name, job.spec())
+        request = wire.AddRequest(name=job.name, spec=wire.job_spec(job.spec(), f"(new {job.name or 'job'})"))
+        job_id = int((await self.transport.handle(request))["id"])
         job.id, job._registry = job_id, self
-        job._owner = self.transport.record(job_id).owner
+        job._owner = self.transport.statuses().record(job_id).owner
         self._tops[job_id] = job
         return job
 
@@ -45,9 +47,9 @@ class JobRegistry:
     def top(self, job_id: int) -> Job:
         job = self._tops.get(job_id)
         if job is None:
-            if not self.transport.exists((job_id,)):
+            if not self.transport.statuses().exists((job_id,)):
                 raise self.missing((job_id,))
-            record = self.transport.record(job_id)
+            record = self.transport.statuses().record(job_id)
             job = Job.from_spec(record.name, record.spec)
             job.id, job._registry, job._owner = job_id, self, record.owner
             self._tops[job_id] = job
@@ -55,13 +57,13 @@ class JobRegistry:
 
     def missing(self, fq: FQID) -> JobError:
         """Why ``fq`` cannot be had: another user's job (the refusal names the owner), or none at all."""
-        owner = self.transport.owner_of(fq[0])
+        owner = self.transport.statuses().owner(fq[0])
         if owner is not None and not self.transport.caller.may(owner):
             return refusal(fq, owner, self.transport.caller)
         return UnknownJobError(f"no job {fqid_str(fq)}", fqid=fqid_str(fq))
 
     def lookup(self, fq: FQID) -> Job:
-        if not self.transport.exists(fq):
+        if not self.transport.statuses().exists(fq):
             raise self.missing(fq)
         job = self.top(fq[0])
         if len(fq) == 2:
@@ -72,7 +74,7 @@ class JobRegistry:
         if isinstance(key, bool):
             raise KeyError(f"not a job id: {key!r}")
         if isinstance(key, int) and key < 0 or isinstance(key, slice):
-            ids = self.transport.job_ids()
+            ids = self.transport.statuses().job_ids()
             if isinstance(key, slice):
                 return JobSlice(self.top(i) for i in ids[key])
             try:
@@ -109,10 +111,10 @@ class JobRegistry:
         return self.get(key) is not None
 
     def __len__(self) -> int:
-        return len(self.transport.job_ids())
+        return len(self.transport.statuses().job_ids())
 
     def __iter__(self) -> Iterator[Job]:
-        return iter([self.top(i) for i in self.transport.job_ids()])
+        return iter([self.top(i) for i in self.transport.statuses().job_ids()])
 
     def select(self, minid: Any = None, maxid: int | None = None, *, ids: Any = None, status: Any = None,
                name: str | None = None, backend: str | None = None, application: str | None = None,

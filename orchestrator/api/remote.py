@@ -41,16 +41,16 @@ from typing import Any
 import anyio
 
 from ..core import codec
-from ..core.errors import OrchestratorError, WaitTimeout
+from ..core.errors import OrchestratorError
 from ..core.events import AddRequested, LinkedAdded, RemoveRequested, StatusChanged
-from ..core.ids import FQID, fqid_str
+from ..core.ids import FQID, parse_fqid
 from ..core.statuses import ACTIVE, JobStatus
 from ..plugin.logs import get_logger
 from . import wire
 from .client import ServiceClient, ServiceUnavailable, connect
 from .owners import Caller, current_user
 from .paths import ServicePaths
-from .transport import Done, JobRecord
+from .transport import JobRecord
 
 log = get_logger(component="remote")
 _FROM_DIGITS = bytes.maketrans(b"0123456789", bytes(range(10)))
@@ -96,6 +96,7 @@ class Remote:
         self._closing = False
         #: Who the service takes this client to be (its first answer says).
         self.caller = Caller(current_user())
+        self._mirrored = Mirrored(self)
 
     async def _stop(self) -> None:
         """End the background readers by closing their connections, not by cancelling them mid-read.
@@ -246,22 +247,59 @@ class Remote:
                 await anyio.sleep(1.0)
                 self._wake.set()
 
-    # ------------------------------------------------------------ reads
+    # ------------------------------------------------------------ the transport
+    async def handle(self, request: wire.Request) -> Any:
+        """The request encoded and sent (:mod:`.wire`), the service's reply as it answered; the mirror of the jobs
+        an operation touched is read again before this returns (an add's new job, every job after a refresh)."""
+        touched = _touched(request)
+        try:
+            reply = await self.client.send(request)
+        finally:
+            if touched:
+                await self._load(sorted(touched))
+        if isinstance(request, wire.AddRequest):
+            await self._load([int(reply["id"])])
+        elif isinstance(request, wire.RefreshRequest):
+            await self._load(None)
+        return reply
+
+    def read(self, request: wire.Request) -> Any:
+        """A short blocking request on the local socket (``job.info`` is an attribute)."""
+        return self._sync(request)
+
+    def statuses(self) -> Mirrored:
+        return self._mirrored
+
+    async def events(self) -> AsyncIterator[Any]:
+        async with self.client.twin() as client:
+            async for item in client.events():
+                if "type" in item:
+                    yield codec.decode(item)
+
+
+class Mirrored:
+    """The statuses as the mirror holds them (:class:`~.transport.Statuses`); a job it does not know yet (another
+    client's) is read on the spot."""
+
+    def __init__(self, remote: Remote) -> None:
+        self._remote = remote
+        self._tops = remote._tops
+
     def job_ids(self) -> list[int]:
         return sorted(self._tops)
 
     def record(self, job: int) -> JobRecord:
         return self._tops[job].record
 
-    def owner_of(self, job: int) -> str | None:
+    def owner(self, job: int) -> str | None:
         mirror = self._tops.get(job)
         if mirror is not None:
             return mirror.record.owner
-        return self._sync(wire.OwnerRequest(job=job))["owner"]  # type: ignore[no-any-return]
+        return self._remote.read(wire.OwnerRequest(job=job))["owner"]  # type: ignore[no-any-return]
 
     def exists(self, fq: FQID) -> bool:
         if fq[0] not in self._tops and fq[0] >= 0:
-            self._fetch(fq[0])
+            self._remote._fetch(fq[0])
         mirror = self._tops.get(fq[0])
         if mirror is None or len(fq) > 2:
             return False
@@ -292,105 +330,17 @@ class Remote:
     def active(self, fq: FQID) -> bool:
         return self.exists(fq) and self.status(fq) in ACTIVE
 
-    def info(self, fq: FQID) -> dict[str, Any]:
-        return self._sync(wire.InfoRequest(fqid=fqid_str(fq)))  # type: ignore[no-any-return]
 
-    def infos(self, fqs: Sequence[FQID]) -> list[dict[str, Any]]:
-        return self._sync(wire.InfosRequest(fqids=[fqid_str(fq) for fq in fqs])) if fqs else []
-
-    def splitter_spec(self, job: int) -> dict[str, Any] | None:
-        return self._sync(wire.SplitterSpecRequest(job=job))  # type: ignore[no-any-return]
-
-    def backend_id(self, fq: FQID) -> str | None:
-        return self._sync(wire.BackendIdRequest(fqid=fqid_str(fq)))  # type: ignore[no-any-return]
-
-    def subjob_specs(self, job: int, indexes: Sequence[int]) -> dict[int, dict[str, Any]]:
-        got = self._sync(wire.SubjobSpecsRequest(job=job, indexes=list(indexes)))
-        return {int(k): v for k, v in got.items()}
-
-    def annotate(self, job: int, comment: str | None, metadata: dict[str, Any] | None) -> None:
-        self._sync(wire.AnnotateRequest(job=job, comment=comment, metadata=metadata))
-
-    # ------------------------------------------------------------ operations
-    async def _op(self, request: wire.Request, targets: Sequence[FQID]) -> Done:
-        try:
-            answer = await self.client.send(request)
-        finally:
-            await self._load(sorted({fq[0] for fq in targets}))
-        return Done(int(answer.get("acted", 0)))
-
-    async def add(self, name: str, spec: dict[str, Any]) -> int:
-        request = wire.AddRequest(name=name, spec=wire.job_spec(spec, f"(new {name or 'job'})"))
-        job = int((await self.client.send(request))["id"])
-        await self._load([job])
-        return job
-
-    async def submit(self, targets: Sequence[FQID], keep_going: bool,
-                     definitions: dict[int, tuple[str, dict[str, Any]]] | None = None) -> Done:
-        """New jobs go as they are defined now: their public definitions, which the service checks and builds."""
-        defs = {str(job): wire.JobDefinition(name=name, spec=wire.job_spec(spec, str(job)))
-                for job, (name, spec) in (definitions or {}).items()}
-        return await self._op(wire.SubmitRequest(targets=_ids(targets), keep_going=keep_going,
-                                                 definitions=defs or None), targets)
-
-    async def kill(self, targets: Sequence[FQID], keep_going: bool) -> Done:
-        return await self._op(wire.KillRequest(targets=_ids(targets), keep_going=keep_going), targets)
-
-    async def resubmit(self, targets: Sequence[FQID], *, only_failed: bool, keep_going: bool,
-                       backend: dict[str, Any] | None, from_state: str | None) -> Done:
-        chosen = None
-        if backend is not None:
-            chosen = wire.BackendSpec(name=str(backend["name"]), settings=dict(backend.get("settings") or {}))
-        return await self._op(wire.ResubmitRequest(targets=_ids(targets), only_failed=only_failed,
-                                                   keep_going=keep_going, backend=chosen, from_state=from_state),
-                              targets)
-
-    async def release(self, targets: Sequence[FQID], retry_args: Sequence[str] | None) -> Done:
-        args = [str(a) for a in retry_args] if retry_args is not None else None
-        return await self._op(wire.ReleaseRequest(targets=_ids(targets), retry_args=args), targets)
-
-    async def force_status(self, targets: Sequence[FQID], status: JobStatus, force: bool, keep_going: bool) -> Done:
-        return await self._op(wire.ForceStatusRequest(targets=_ids(targets), status=status.value, force=force,
-                                                      keep_going=keep_going), targets)
-
-    async def remove(self, targets: Sequence[FQID], keep_going: bool) -> Done:
-        return await self._op(wire.RemoveRequest(targets=_ids(targets), keep_going=keep_going), targets)
-
-    async def merge(self, targets: Sequence[FQID]) -> Done:
-        return await self._op(wire.MergeRequest(targets=_ids(targets)), targets)
-
-    async def wait(self, targets: Sequence[FQID], timeout: float | None) -> None:
-        answer = await self.client.send(wire.WaitRequest(targets=_ids(targets), timeout=timeout))
-        await self._load(sorted({fq[0] for fq in targets}))
-        if answer.get("timed_out"):
-            active = answer.get("active") or [fqid_str(fq) for fq in targets]
-            raise WaitTimeout([str(a) for a in active], timeout)
-
-    async def peek(self, fq: FQID, name: str, tail: int | None) -> str:
-        return str((await self.client.send(wire.PeekRequest(fqid=fqid_str(fq), name=name, tail=tail)))["text"])
-
-    async def states(self, fq: FQID) -> list[dict[str, Any]]:
-        return list(await self.client.send(wire.StatesRequest(fqid=fqid_str(fq))))
-
-    async def story(self, fq: FQID) -> list[dict[str, Any]]:
-        return list(await self.client.send(wire.StoryRequest(fqid=fqid_str(fq))))
-
-    async def events(self) -> AsyncIterator[Any]:
-        async with self.client.twin() as client:
-            async for item in client.events():
-                if "type" in item:
-                    yield codec.decode(item)
-
-    async def refresh(self) -> None:
-        await self.client.send(wire.RefreshRequest())
-        await self._load(None)
-
-    async def metrics(self) -> dict[str, Any]:
-        return await self.client.send(wire.MetricsRequest())  # type: ignore[no-any-return]
+#: Operations after which the mirror of the jobs they name is read again.
+_OPERATIONS = (wire.SubmitRequest, wire.KillRequest, wire.ResubmitRequest, wire.ReleaseRequest,
+               wire.ForceStatusRequest, wire.RemoveRequest, wire.MergeRequest, wire.WaitRequest)
 
 
-def _ids(targets: Sequence[FQID]) -> list[str]:
-    return [fqid_str(fq) for fq in targets]
+def _touched(request: wire.Request) -> set[int]:
+    """The top-level jobs an operation names (none for a read)."""
+    if not isinstance(request, _OPERATIONS):
+        return set()
+    return {fq[0] for fq in wire.fqs(request.targets)} | ({parse_fqid(request.fqid)[0]} if request.fqid else set())
 
 
 async def connect_remote(home: Path, stack: AsyncExitStack, *, required: bool, client: ServiceClient | None = None,

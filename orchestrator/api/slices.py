@@ -25,7 +25,8 @@ from ..core.errors import JobError
 from ..core.ids import FQID
 from ..core.model import Backend
 from ..core.statuses import JobStatus, parse_status
-from .transport import Done, Transport
+from . import wire
+from .transport import Done, Transport, done, waited
 
 
 def select_statuses(status: str | JobStatus | Iterable[str | JobStatus] | None) -> list[JobStatus] | None:
@@ -153,23 +154,29 @@ class JobSlice:
     def _targets(self) -> list[FQID]:
         return [j.fqid_tuple for j in self._jobs]
 
+    async def _act(self, request: wire.Request) -> Done:
+        return done(await self._transport().handle(request))
+
     async def submit(self, keep_going: bool = False) -> Done:
         if not len(self):
             return Done()
-        transport = self._transport()
+        statuses = self._transport().statuses()
         definitions = {}
         for job in self._jobs:  # a new job is submitted as it is defined now
-            if job.parent is None and job.id is not None and transport.exists(job.fqid_tuple) \
+            if job.parent is None and job.id is not None and statuses.exists(job.fqid_tuple) \
                     and job.status == JobStatus.NEW:
                 from .validate import validate
 
                 validate(job, job.fqid)
-                definitions[job.id] = (job.name, job.spec())
-        return await transport.submit(self._targets(), keep_going, definitions)
+                definitions[str(job.id)] = wire.JobDefinition(name=job.name, spec=wire.job_spec(job.spec(), job.fqid))
+        return await self._act(wire.SubmitRequest(targets=wire.Fqids(self._targets()), keep_going=keep_going,
+                                                  definitions=definitions or None))
 
     async def kill(self, keep_going: bool = False) -> Done:
         """Kill every active run of the slice; the answer says how many runs it acted on (0: nothing to do)."""
-        return await self._transport().kill(self._targets(), keep_going) if len(self) else Done()
+        if not len(self):
+            return Done()
+        return await self._act(wire.KillRequest(targets=wire.Fqids(self._targets()), keep_going=keep_going))
 
     async def resubmit(self, keep_going: bool = False, backend: str | Backend | None = None,
                        only_failed: bool = True, from_state: str | None = None) -> Done:
@@ -180,40 +187,48 @@ class JobSlice:
             from .validate import checked_backend
 
             chosen = checked_backend(backend, ".".join(map(str, self._targets()[0])))
-        done = await self._transport().resubmit(self._targets(), only_failed=only_failed, keep_going=keep_going,
-                                                backend=chosen.to_dict() if chosen is not None else None,
-                                                from_state=from_state)
+        spec = wire.BackendSpec(name=chosen.name, settings=chosen.to_dict()["settings"]) if chosen else None
+        answer = await self._act(wire.ResubmitRequest(targets=wire.Fqids(self._targets()), only_failed=only_failed,
+                                                      keep_going=keep_going, backend=spec, from_state=from_state))
         if chosen is not None:  # the objects show the settings the runs now have (those that are built)
             for job in self._jobs or self._built_only():
                 top = job if job.parent is None else job.parent
                 top.backend = chosen.copy()
                 if job is not top:
                     job.backend = chosen.copy()
-        return done
+        return answer
 
     async def release(self, retry_args: Sequence[str] | None = None) -> Done:
         """Resume the held runs of the slice; ``retry_args`` reach them as ``ORCH_RETRY_ARG_1..n``."""
-        return await self._transport().release(self._targets(), retry_args) if len(self) else Done()
+        if not len(self):
+            return Done()
+        args = [str(a) for a in retry_args] if retry_args is not None else None
+        return await self._act(wire.ReleaseRequest(targets=wire.Fqids(self._targets()), retry_args=args))
 
     async def force_status(self, status: str | JobStatus, force: bool = False, keep_going: bool = False) -> Done:
         if not len(self):
             return Done()
-        return await self._transport().force_status(self._targets(), parse_status(status), force, keep_going)
+        return await self._act(wire.ForceStatusRequest(targets=wire.Fqids(self._targets()),
+                                                       status=parse_status(status).value, force=force,
+                                                       keep_going=keep_going))
 
     async def remove(self, keep_going: bool = False) -> Done:
         if not len(self):
             return Done()
         try:
-            return await self._transport().remove(self._targets(), keep_going)
+            return await self._act(wire.RemoveRequest(targets=wire.Fqids(self._targets()), keep_going=keep_going))
         finally:
             for job in self._jobs:
                 registry = job._registry
-                if registry is not None and job.parent is None and not registry.transport.exists(job.fqid_tuple):
+                if registry is not None and job.parent is None \
+                        and not registry.transport.statuses().exists(job.fqid_tuple):
                     registry.forget(job)
 
     async def wait(self, timeout: float | None = None) -> None:
         if len(self):
-            await self._transport().wait(self._targets(), timeout)
+            targets = self._targets()
+            waited(await self._transport().handle(wire.WaitRequest(targets=wire.Fqids(targets), timeout=timeout)),
+                   targets, timeout)
 
     async def copy(self) -> JobSlice:
         """A new top-level ``new`` job for each, with the same definition (sharing no object)."""
@@ -232,7 +247,7 @@ class SubjobSelection(JobSlice):
         master = subjobs._master
         transport = master.registry.transport
         n = len(subjobs)
-        indexes: Sequence[int] = range(n) if status is None else transport.indexes(master.id, status)
+        indexes: Sequence[int] = range(n) if status is None else transport.statuses().indexes(master.id, status)
         if isinstance(ids, IdRange):
             indexes = ids.within(n) if status is None else [i for i in indexes if i in ids]
         elif ids is not None:
@@ -293,4 +308,4 @@ def _added(job: Any) -> float | None:
     registry = top._registry
     if registry is None or top.id is None:
         return None
-    return float(registry.transport.record(top.id).added)
+    return float(registry.transport.statuses().record(top.id).added)

@@ -5,11 +5,32 @@ As httpx has one client over pluggable transports, ``Orchestrator``,
 implementations: :class:`~.embedded.Embedded` (the runtime, in this
 process) and :class:`~.remote.Remote` (a running service, over its socket).
 
-Reads are synchronous (``job.status`` is an attribute): the embedded
-transport answers from the state machine and the repository; the remote one
-from a mirror the service's event stream keeps current, and with a short
-request for details. Operations are ``async`` and raise ``JobError`` as the
-state machine answered.
+The protocol is four calls, after httpx's ``handle_async_request``: the API
+(``Orchestrator``, ``Job``, slices, the registry) builds the service's own
+typed requests (:mod:`.wire`) and hands them to ``handle`` (operations,
+reads that may wait) or ``read`` (the few details offered as attributes);
+``statuses()`` is what is known now of every job's status, read without
+asking (``job.status`` is an attribute); ``events()`` the stream. So the
+API is written once; the embedded transport dispatches each request type to
+its handler through one table; the remote one encodes the request, sends
+it, and returns the service's JSON reply; the service's control adapter
+decodes a client's request, checks it and hands it to the embedded
+transport of that client. Operations raise ``JobError`` as the state
+machine answered.
+
+Why not one method per operation (there were 28, written three times): each
+new operation then meant a method here, in both transports and in the
+control adapter; now it is a request type and one handler. Why four and not
+one: ``read`` is ``handle`` without ``await``, for what the API must answer
+synchronously (``job.info``; remote, a short blocking request, as embedded
+reads SQLite); ``statuses`` is not a request at all, since ``job.status``
+of a million subjobs must cost an array read, not a round trip (remote, the
+mirror answers); and ``events`` is a stream, not a reply.
+
+A request made in this process names its jobs as
+:class:`~.wire.Fqids`: the tuples themselves, seen as fqid strings only if
+someone reads them (the remote transport, encoding), so a slice of a
+million subjobs costs the embedded transport no string at all.
 """
 
 from __future__ import annotations
@@ -19,8 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..core.ids import FQID
+from ..core.errors import WaitTimeout
+from ..core.ids import FQID, fqid_str
 from ..core.statuses import JobStatus
+from . import wire
 from .owners import Caller
 
 
@@ -43,11 +66,40 @@ class Done:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-class Transport(Protocol):
-    """See the module docstring. Every ``fq`` is a fully qualified id as a tuple.
+class Statuses(Protocol):
+    """What is known now of the caller's jobs, read synchronously (``job.status`` is an attribute).
 
-    Reads and operations see the ``caller``'s jobs only (every job for an admin): ``job_ids`` leaves the
-    others' out, ``exists`` is false for them, and an operation on one raises
+    A live view, not a copy: the embedded transport's reads the state
+    machine; the remote one's is the mirror the event stream keeps current.
+    Every ``fq`` is a fully qualified id as a tuple.
+    """
+
+    def job_ids(self) -> list[int]: ...
+    def owner(self, job: int) -> str | None:
+        """The owner of any top-level job of the home, the caller's or not (``None``: no such job)."""
+    def record(self, job: int) -> JobRecord: ...
+    def exists(self, fq: FQID) -> bool: ...
+    def status(self, fq: FQID) -> JobStatus: ...
+    def n_subjobs(self, job: int) -> int: ...
+    def counts(self, job: int) -> dict[JobStatus, int]: ...
+    def indexes(self, job: int, statuses: Sequence[JobStatus]) -> list[int]: ...
+    def active(self, fq: FQID) -> bool: ...
+
+
+class Transport(Protocol):
+    """See the module docstring: four calls, as httpx's transports have one.
+
+    A request is the typed request of :mod:`.wire`, the one the service decodes
+    at its boundary (its jobs as :class:`~.wire.Fqids` when made here); a
+    reply is the JSON value the service answers with for it (before the
+    service adds a job's summary to an operation that named one ``fqid``):
+    ``{"acted": n}`` for an operation, ``{"id": n}`` for an add, ``{"text":
+    ...}`` for a peek, ``{"acted": 0, "timed_out": ..., "active": [...]}``
+    for a wait, ``{"owner": ...}``, the ``info`` dict, the list of states...
+
+    Requests and reads see the ``caller``'s jobs only (every job for an
+    admin): ``job_ids`` leaves the others' out, ``exists`` is false for them,
+    and an operation on one raises
     :class:`~orchestrator.core.errors.NotOwnerError`.
     """
 
@@ -57,50 +109,29 @@ class Transport(Protocol):
     #: The root of the job directories (``<home>/workspace``, or in a shared repository's shared directory).
     workspace: Path
 
-    # ------------------------------------------------------------ reads
-    def job_ids(self) -> list[int]: ...
-    def owner_of(self, job: int) -> str | None:
-        """The owner of any top-level job of the home, the caller's or not (``None``: no such job)."""
-    def record(self, job: int) -> JobRecord: ...
-    def exists(self, fq: FQID) -> bool: ...
-    def status(self, fq: FQID) -> JobStatus: ...
-    def n_subjobs(self, job: int) -> int: ...
-    def counts(self, job: int) -> dict[JobStatus, int]: ...
-    def indexes(self, job: int, statuses: Sequence[JobStatus]) -> list[int]: ...
-    def active(self, fq: FQID) -> bool: ...
-    def info(self, fq: FQID) -> dict[str, Any]: ...
-    def infos(self, fqs: Sequence[FQID]) -> list[dict[str, Any]]:
-        """``info`` of many jobs in one call (a listing of every top-level job)."""
-    def backend_id(self, fq: FQID) -> str | None: ...
-    def splitter_spec(self, job: int) -> dict[str, Any] | None:
-        """The stored definition of a master's splitter (a listing may leave it out)."""
-    def subjob_specs(self, job: int, indexes: Sequence[int]) -> dict[int, dict[str, Any]]: ...
+    async def handle(self, request: wire.Request) -> Any:
+        """Every operation, and every read that may wait (a peek, the states, a story, the metrics): its reply,
+        or the error the state machine or the service answered with."""
+    def read(self, request: wire.Request) -> Any:
+        """The few details read synchronously because the API offers them as attributes (``job.info``,
+        ``job.backend_id``, a subjob's definition, setting ``job.comment``): embedded, from the state machine
+        and the repository; remote, a short blocking request on the local socket, as SQLite is read."""
+    def statuses(self) -> Statuses:
+        """The statuses as known now (:class:`Statuses`): what the API reads without asking anyone."""
+    def events(self) -> AsyncIterator[Any]:
+        """Every event and change of the caller's jobs, in order, as the state machine made them."""
 
-    # ------------------------------------------------------------ operations
-    async def add(self, name: str, spec: dict[str, Any]) -> int: ...
-    async def submit(self, targets: Sequence[FQID], keep_going: bool,
-                     definitions: dict[int, tuple[str, dict[str, Any]]] | None = None) -> Done:
-        """Submit; ``definitions``: new jobs' definitions as they are now (name, spec), by job id."""
-    async def kill(self, targets: Sequence[FQID], keep_going: bool) -> Done: ...
-    async def resubmit(self, targets: Sequence[FQID], *, only_failed: bool, keep_going: bool,
-                       backend: dict[str, Any] | None, from_state: str | None) -> Done: ...
-    async def release(self, targets: Sequence[FQID], retry_args: Sequence[str] | None) -> Done: ...
-    async def force_status(self, targets: Sequence[FQID], status: JobStatus, force: bool,
-                           keep_going: bool) -> Done: ...
-    async def remove(self, targets: Sequence[FQID], keep_going: bool) -> Done: ...
-    async def merge(self, targets: Sequence[FQID]) -> Done:
-        """Run ended masters' postprocessors again over every subjob."""
-    async def wait(self, targets: Sequence[FQID], timeout: float | None) -> None: ...
-    async def peek(self, fq: FQID, name: str, tail: int | None) -> str: ...
-    async def states(self, fq: FQID) -> list[dict[str, Any]]:
-        """The checkpoint states kept for a job, oldest first (``job``, ``seq``, ``time``, ``final``, ``data``)."""
-    async def story(self, fq: FQID) -> list[dict[str, Any]]:
-        """The recent events, changes, refusals and instructions that touched a job, oldest first
-        (:mod:`orchestrator.runtime.story`): what happened to it, and why, by stimulus id."""
-    def annotate(self, job: int, comment: str | None, metadata: dict[str, Any] | None) -> None: ...
-    def events(self) -> AsyncIterator[Any]: ...
-    async def refresh(self) -> None: ...
-    async def metrics(self) -> dict[str, Any]: ...
+
+def done(reply: dict[str, Any]) -> Done:
+    """An operation's reply as the :class:`Done` the API answers with."""
+    return Done(int(reply.get("acted", 0)))
+
+
+def waited(reply: dict[str, Any], targets: Sequence[FQID], timeout: float | None) -> None:
+    """A wait's reply: nothing, or the ``WaitTimeout`` naming the jobs still active."""
+    if reply.get("timed_out"):
+        active = reply.get("active") or [fqid_str(fq) for fq in targets]
+        raise WaitTimeout([str(a) for a in active], timeout)
 
 
 class Jobs(Protocol):

@@ -15,6 +15,7 @@ from typing import Any
 from ..core.model import JobInfo
 from ..core.statuses import ALL_STATUSES, FINAL, JobStatus
 from ..plugin.wrapper import read_log
+from . import wire
 from .job import Job
 
 #: Subjobs listed by ``show`` on a master unless asked otherwise.
@@ -25,7 +26,7 @@ def counts(job: Job) -> dict[str, int]:
     """Per-status subjob counts of a master (from the state machine's counters), ``{}`` for a runnable job."""
     if job.parent is not None or job.id is None:
         return {}
-    found = job.registry.transport.counts(job.id)
+    found = job.registry.transport.statuses().counts(job.id)
     return {s.value: found[s] for s in ALL_STATUSES if found.get(s)}
 
 
@@ -66,7 +67,8 @@ def summary(job: Job, info: JobInfo | None = None) -> dict[str, Any]:
 def summaries(jobs: Sequence[Job]) -> list[dict[str, Any]]:
     """``summary`` of each job, their infos read in one call (through a service: one request, not one each)."""
     known = [j for j in jobs if j.registry is not None]
-    infos = known[0].registry.transport.infos([j.fqid_tuple for j in known]) if known else []
+    request = wire.InfosRequest(fqids=wire.Fqids([j.fqid_tuple for j in known]))
+    infos = known[0].registry.transport.read(request) if known else []
     by_job = {id(j): JobInfo.from_dict(i) for j, i in zip(known, infos, strict=True)}
     return [summary(j, by_job.get(id(j))) for j in jobs]
 

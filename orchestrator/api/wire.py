@@ -17,12 +17,14 @@ structures; the service builds the job from it and checks it as
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Iterator, Sequence
+from typing import Annotated, Any, Literal, overload
 
 import msgspec
 from msgspec import Meta, Struct
 
 from ..core.errors import JobError
+from ..core.ids import FQID, fqid_str, parse_fqid
 
 #: Deepest nesting of a free-form value (metadata, a backend's settings, a plugin's parameters).
 MAX_DEPTH = 32
@@ -41,7 +43,8 @@ FilePath = Annotated[str, Meta(max_length=4096)]
 Count = Annotated[int, Meta(ge=0, le=2**31)]
 Limit = Annotated[int, Meta(ge=-(2**31), le=2**31)]
 Seconds = Annotated[float, Meta(ge=0, le=1e9)]
-Targets = Annotated[list[Fqid], Meta(max_length=MAX_ITEMS)]
+#: A sequence, not a list, so that a request made in this process may carry :class:`Fqids` (the JSON is a list).
+Targets = Annotated[Sequence[Fqid], Meta(max_length=MAX_ITEMS)]
 StatusName = Literal["new", "submitting", "submitted", "running", "completing", "completed", "failed", "killed",
                      "held"]
 Free = dict[Annotated[str, Meta(max_length=1024)], Any]
@@ -62,6 +65,50 @@ class BadRequest(JobError):
 
 class Request(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
     """Base of every request type."""
+
+
+class Fqids(Sequence[str]):
+    """The jobs a request names: fqid strings on the wire, id tuples in this process.
+
+    The API names jobs by tuple (``(3, 1)``); a slice of a million subjobs
+    would take seconds to turn into strings and back. So a request made in
+    this process carries its jobs as an ``Fqids``: it *is* a sequence of
+    fqid strings (each made only when read, as the remote transport does when
+    it encodes the request), and a handler in this process takes the tuples
+    as they are (:func:`fqs`).
+    """
+
+    __slots__ = ("tuples",)
+
+    def __init__(self, tuples: Sequence[FQID]) -> None:
+        self.tuples = tuples
+
+    def __len__(self) -> int:
+        return len(self.tuples)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[str]: ...
+    def __getitem__(self, i: int | slice) -> str | Sequence[str]:
+        if isinstance(i, slice):
+            return Fqids(self.tuples[i])
+        return fqid_str(self.tuples[i])
+
+    def __iter__(self) -> Iterator[str]:
+        return map(fqid_str, self.tuples)
+
+    def __repr__(self) -> str:
+        return f"Fqids({len(self.tuples)} jobs)"
+
+
+def fqs(named: Sequence[str] | None) -> Sequence[FQID]:
+    """The id tuples of the jobs a request names: an :class:`Fqids`' own, or parsed from the strings."""
+    if named is None:
+        return ()
+    if isinstance(named, Fqids):
+        return named.tuples
+    return [parse_fqid(f) for f in named]
 
 
 # ------------------------------------------------------------------ a job's public definition
@@ -334,7 +381,13 @@ def arguments(request: Request) -> dict[str, Any]:
 
 
 def encode(request: Request) -> bytes:
-    return msgspec.json.encode(request)
+    return msgspec.json.encode(request, enc_hook=_plain)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Fqids):
+        return list(value)
+    raise NotImplementedError(f"not encodable: {type(value).__name__}")
 
 
 def job_spec(spec: dict[str, Any], fqid: str) -> JobSpec:
@@ -412,4 +465,5 @@ def _kind(value: Any) -> str:
         type(value), "null")
 
 
-__all__ = ["REQUESTS", "BadRequest", "JobSpec", "Request", "arguments", "convert", "decode", "decode_query", "encode"]
+__all__ = ["REQUESTS", "BadRequest", "Fqids", "JobSpec", "Request", "arguments", "convert", "decode", "decode_query",
+           "encode", "fqs"]

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..api.orchestrator import Orchestrator, default_home
+from ..api.wire import RefreshRequest
 from ..core.errors import HomeLockedError, OrchestratorError, RepositoryHeldError
 from ..core.ids import fqid_str, parse_fqid
 from ..runtime.homelock import READER_ROLE
@@ -170,7 +171,7 @@ def run(home: Path | None, body: Callable[[Orchestrator], Awaitable[T]], *, refr
         async with Orchestrator(home=path, readonly=readonly, service=False if readonly else None,
                                 role=role, repository=url, **remote) as orch:
             if refresh and not orch.remote and not readonly:
-                await orch.transport.refresh()
+                await orch.transport.handle(RefreshRequest())
                 with anyio.move_on_after(30):  # what the news set going (a merge) finishes first
                     await orch.runtime.settle()
             result = await body(orch)

@@ -86,12 +86,22 @@ class Decision:
     status: JobStatus  # completed, failed, held or killed: the move to make now
     level: str
     verdict: str  # "success", "failed" (by the user), "hold", or one of EARLY / LATE_*
-    reason: str
+    #: Why the run ended as it did, without the limit (what a rule or a restart adds its own words to).
+    cause: str
     retry: bool = False
     retry_args: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
+    #: The retry limit that failed the run (its name and value), if one did.
     limit_reached: str | None = None
+    limit: int = 0
     counters: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def reason(self) -> str:
+        """The cause, and the limit reached if one is set (a limit of 0 is no retry at all: not named)."""
+        if self.limit_reached and self.limit:
+            return f"{self.cause}; retry limit {self.limit_reached}={self.limit} reached"
+        return self.cause
 
     def history_entry(self, time: float, exit_code: int | None, attempt: int) -> dict[str, Any]:
         entry = {"time": time, "level": self.level, "verdict": self.verdict, "reason": self.reason,
@@ -199,7 +209,6 @@ def decide(outcome: Outcome, log: RunLog, limits: Limits, counters: Mapping[str,
     new_counters[key] = new_counters.get(key, 0) + 1
     limit_name, limit, used = limits.bound(level, verdict, new_counters)
     if used > limit:
-        why = f"{reason}; retry limit {limit_name}={limit} reached" if limit else reason
-        return Decision(JobStatus.FAILED, level, verdict, why, retry_args=args, limit_reached=limit_name,
-                        counters=new_counters)
+        return Decision(JobStatus.FAILED, level, verdict, reason, retry_args=args, limit_reached=limit_name,
+                        limit=limit, counters=new_counters)
     return Decision(JobStatus.FAILED, level, verdict, reason, retry=True, retry_args=args, counters=new_counters)

@@ -90,8 +90,10 @@ def send_key(sid: str, runs: Runs) -> SendKey:
 class Core:
     """Shared state; see the module docstring."""
 
-    def __init__(self, order: str = "submitted-first") -> None:
+    def __init__(self, order: str = "submitted-first", lost_after: float = 600.0) -> None:
         self.order = order
+        #: ``lost_after_seconds``: a run monitoring heard nothing intelligible of for this long is lost.
+        self.lost_after = lost_after
         self.jobs: dict[int, JobState] = {}
         self.pending: dict[str, Pending] = {}
         #: Top-level job -> the request that holds it: two operations on one job never interleave.

@@ -99,3 +99,15 @@ def leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
     for e in group.exceptions:
         out += leaves(e) if isinstance(e, BaseExceptionGroup) else [e]
     return out
+
+
+def reraise_unwrapped(group: BaseExceptionGroup[BaseException], body: BaseException | None = None) -> None:
+    """Leaving a task group that failed: a user reads the one error inside, not a group of one. Returns when
+    the group holds only ``body`` (the ``async with`` body's own exception, which then goes on by itself);
+    raises the single error unwrapped; else the group as it is."""
+    inner = leaves(group)
+    if body is not None and inner == [body]:
+        return
+    if len(inner) == 1:
+        raise inner[0] from None
+    raise group

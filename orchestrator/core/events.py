@@ -15,7 +15,7 @@ Three kinds, as docs/design.md draws them:
   ``RemoveRequested``;
 - reports from the runtime on the instructions it carried out and from
   drivers on their runs: ``Prepared``, ``PrepareFailed``, ``SubmitOutcomes``,
-  ``KillOutcomes``, ``LookupOutcomes``, ``StatusReport``, ``RunLost``,
+  ``KillOutcomes``, ``LookupOutcomes``, ``StatusReport``, ``RunsSilent``, ``RunLost``,
   ``LinkedAdded``, ``PostprocessDone``;
 - internal: ``Started`` (a home was opened and its jobs loaded),
   ``RetryDue``.
@@ -288,6 +288,23 @@ class StatusReport(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RunsSilent(Event):
+    """Monitoring has had no intelligible word on these runs of one job since ``since`` (each at its attempt in
+    ``attempts``, in the order of ``runs``): the core decides whether that makes them lost
+    (``lost_after_seconds``). Reported on every tick that heard nothing of them."""
+
+    backend: str
+    runs: Runs
+    attempts: tuple[int, ...]
+    since: float
+    reason: str
+
+    @property
+    def ids(self) -> tuple[FQID, ...]:
+        return self.runs.fqids()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunLost(Event):
     """No intelligible word on these runs for ``lost_after_seconds``: counted lost (orchestrator level)."""
 
@@ -363,6 +380,6 @@ class StatusChanged(Event):
 __all__ = [
     "AddRequested", "Event", "ForceStatusRequested", "KillOutcomes", "KillRequested", "LinkedAdded",
     "LookupOutcomes", "PostprocessDone", "PrepareFailed", "Prepared", "Profile", "ReleaseRequested",
-    "MergeRequested", "RemoveRequested", "Request", "ResubmitRequested", "RetryDue", "RunLost", "RunReport", "Started",
-    "StatusChanged", "StatusReport", "SubmitOutcomes", "SubmitRequested",
+    "MergeRequested", "RemoveRequested", "Request", "ResubmitRequested", "RetryDue", "RunLost", "RunReport",
+    "RunsSilent", "Started", "StatusChanged", "StatusReport", "SubmitOutcomes", "SubmitRequested",
 ]

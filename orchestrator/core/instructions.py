@@ -144,8 +144,11 @@ class ScheduleRetry(Instruction):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SetBackend(Instruction):
+    """``resubmit(backend=...)``: new backend settings for ``job`` and its ``subjobs`` (how many it has)."""
+
     job: int
     backend: Any
+    subjobs: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

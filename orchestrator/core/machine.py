@@ -19,9 +19,10 @@ megabytes of arrays, and a count is a counter, never a scan).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
-from . import monitoring, outcomes, requests, validate
+from . import monitoring, outcomes, records, requests, validate
 from .base import Core
 from .events import (
     AddRequested,
@@ -41,6 +42,7 @@ from .events import (
     ResubmitRequested,
     RetryDue,
     RunLost,
+    RunsSilent,
     Started,
     StatusReport,
     SubmitOutcomes,
@@ -48,6 +50,7 @@ from .events import (
 )
 from .ids import FQID
 from .jobs import JobState
+from .records import RunArrays, StoredJob
 from .statuses import ACTIVE, MONITORED, JobStatus, master_status
 from .step import Step
 from .table import RunExtra, RunTable
@@ -72,6 +75,7 @@ HANDLERS: dict[type[Event], Handler] = {
     PostprocessDone: outcomes.handle_postprocess_done,
     StatusReport: monitoring.handle_status_report,
     RunLost: monitoring.handle_run_lost,
+    RunsSilent: monitoring.handle_runs_silent,
     RetryDue: monitoring.handle_retry_due,
     Started: monitoring.handle_started,
 }
@@ -83,9 +87,9 @@ class StateMachine:
     ``order`` is docs/design.md's ``master_status_order``.
     """
 
-    def __init__(self, order: str = "submitted-first") -> None:
+    def __init__(self, order: str = "submitted-first", *, lost_after: float = 600.0) -> None:
         master_status({}, order)  # validates the setting once, up front
-        self._core = Core(order)
+        self._core = Core(order, lost_after)
 
     # ------------------------------------------------------------ stimuli
     def handle(self, event: Event) -> Step:
@@ -260,8 +264,21 @@ class StateMachine:
         """When each run of a master ended (0: not yet)."""
         return self._core.jobs[job_id].runs.times["final"]
 
+    def stored_job(self, job_id: int) -> StoredJob:
+        """The job's own row as the repository stores it (:mod:`.records`)."""
+        return records.stored_job(self._core.jobs[job_id])
+
+    def run_arrays(self, job_id: int) -> RunArrays:
+        """The job's run arrays as the repository stores them."""
+        return records.run_arrays(self._core.jobs[job_id])
+
+    def run_infos(self, job_id: int, indexes: AbstractSet[int] | None) -> dict[int, dict[str, Any]]:
+        """The stored extras of a master's subjobs among ``indexes`` (``None``: all) that hold anything."""
+        return records.run_infos(self._core.jobs[job_id], indexes)
+
     def job_state(self, job_id: int) -> JobState:
-        """The job's whole state, read-only by contract (the runtime's writer and loader use it)."""
+        """The job's whole state, read-only by contract: for the core's own tests, never the runtime (which
+        reads the narrow answers above)."""
         return self._core.jobs[job_id]
 
     def mark_dirty(self, job_id: int, indexes: set[int] | None) -> None:

@@ -7,8 +7,12 @@
 - A run that ended (completed, failed, held, killed, or a backend verdict)
   is judged (:mod:`.retry`): it completes, fails, is held, or is failed and
   submitted again at once within its limits.
-- A lost run is judged as an orchestrator-level failure and killed where it
-  can still be reached, so a late line from it never mixes with its retry.
+- A run monitoring has heard nothing intelligible of (``RunsSilent``) for
+  ``lost_after_seconds`` is lost: judged as an orchestrator-level failure
+  (late unhandled: retried by its limits, not failed outright) and killed
+  where it can still be reached, so a late line from it never mixes with its
+  retry. Silence about an attempt that is no longer the run's, or about a
+  run no longer on its way, is no news.
 - After a restart (``Started``), runs a crash caught between ``submitting``
   and ``submitted`` are looked up by key where the driver can, sent again
   when the backend never got them, and otherwise left ``new`` with a reason
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 from .actions import SETTING, Rule
 from .base import Core, positions
-from .events import RetryDue, RunLost, RunReport, Started, StatusReport
+from .events import RetryDue, RunLost, RunReport, RunsSilent, Started, StatusReport
 from .instructions import AdjustRun, Lookup, RunPostprocess
 from .jobs import JobState
 from .partition import settle
@@ -115,14 +119,31 @@ def retry(core: Core, js: JobState, indexes: list[int], sid: str) -> None:
     send_submit(core, js, sorted(ready + waiting) if waiting else ready, sid, kind="retry", start="resume")
 
 
+def handle_runs_silent(core: Core, event: RunsSilent) -> None:
+    """Silent for ``lost_after`` or longer: the runs still on their way, at the attempt monitoring watched, are
+    lost."""
+    js = core.jobs.get(event.runs.job)
+    if js is None or event.time - event.since < core.lost_after:
+        return
+    status, attempt = js.runs.status, js.runs.attempt
+    idx = [i for i, a in zip(positions(js, event.runs), event.attempts, strict=False)
+           if status[i] in _ON_THE_WAY_CODES and attempt[i] == a]
+    _lose(core, js, idx, event.reason, event.stimulus_id)
+
+
 def handle_run_lost(core: Core, event: RunLost) -> None:
     js = core.jobs.get(event.runs.job)
     if js is None:
         return
-    sid = event.stimulus_id
     idx = [i for i in positions(js, event.runs) if js.runs.status[i] in _ON_THE_WAY_CODES]
+    _lose(core, js, idx, event.reason, event.stimulus_id)
+
+
+def _lose(core: Core, js: JobState, idx: list[int], reason: str, sid: str) -> None:
+    if not idx:
+        return
     send_kill(core, js, idx, sid, to=None)  # best effort: its late lines must not reach its retry
-    apply_report(core, js, RunReport(core.runs_of(js, idx), JobStatus.FAILED, reason=event.reason, verdict="lost"), sid)
+    apply_report(core, js, RunReport(core.runs_of(js, idx), JobStatus.FAILED, reason=reason, verdict="lost"), sid)
 
 
 def handle_retry_due(core: Core, event: RetryDue) -> None:
@@ -163,4 +184,4 @@ def _recover(core: Core, js: JobState, interrupted: list[int], sid: str) -> None
     settle(core, js, sid)
 
 
-__all__ = ["handle_retry_due", "handle_run_lost", "handle_started", "handle_status_report"]
+__all__ = ["handle_retry_due", "handle_run_lost", "handle_runs_silent", "handle_started", "handle_status_report"]

@@ -190,7 +190,8 @@ def _change_backend(core: Core, js: JobState, event: ResubmitRequested, sid: str
         raise refused(f"resubmit may change the backend's settings, not its type ({js.profile.backend} -> "
                       f"{event.profile.backend})", (js.id,), "backend")
     js.profile = event.profile
-    core.emit(SetBackend(stimulus_id=sid, job=js.id, backend=event.backend))
+    core.emit(SetBackend(stimulus_id=sid, job=js.id, backend=event.backend,
+                         subjobs=len(js.runs) if js.is_master else 0))
 
 
 # ------------------------------------------------------------------ release

@@ -95,7 +95,7 @@ def _resume(js: JobState, i: int, decision: Decision, entry: dict[str, object]) 
         cp["restarts"] = int(cp.get("restarts", 0)) + 1
     else:
         cp["restart_seq"], cp["restarts"] = seq, 1
-    base = decision.reason.split("; retry limit ")[0]
+    base = decision.cause
     limit = js.profile.max_restarts
     if cp["restarts"] > limit:
         why = (f"{base}; restarted {limit} time(s) from state {label} without a new save: "
@@ -116,7 +116,7 @@ def _act(js: JobState, i: int, rule: Rule, decision: Decision, entry: dict[str, 
     extra.counters = counters  # the user's counters stay as they were before this run
     entry.pop("limit", None)
     entry.update(rule=rule.name, change=rule.describe())
-    base = decision.reason.split("; retry limit ")[0]
+    base = decision.cause
     if rule.action == "hold":
         entry["action"] = "held"
         extra.reason = f"{base}; held by rule {rule.name}"

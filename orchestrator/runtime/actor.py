@@ -21,8 +21,8 @@ chunk's ``RunSpec``\ s are made, sent, registered and answered (a
 made, so a master of a million subjobs never has a million specs at once,
 and its first runs are watched while the last are being sent.
 
-It holds the runs its driver answered for (:mod:`.held`: a few bytes each)
-until they end: a status query that does not mention a run, or a slow host
+It holds the runs its driver answered for (:mod:`.holding`, kept compactly
+by :mod:`.held`: a few bytes each) until they end: a status query that does not mention a run, or a slow host
 elsewhere, is no reason to let go of one. Monitoring them is
 :mod:`.monitor`'s part.
 
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,10 +46,12 @@ from ..core.events import Event, KillOutcomes, LookupOutcomes, SubmitOutcomes
 from ..core.ids import Runs
 from ..core.instructions import Instruction, Lookup, SendKill, SendSubmit, Unwatch
 from ..core.statuses import JobStatus
-from ..plugin.contract import Driver, RunHandle, RunSpec
+from ..plugin.contract import Driver, RunSpec
 from ..plugin.fairshare import FairQueue
 from . import bulk, gcpause
-from .held import HeldRuns, MakeHandle, RunKey
+from .held import MakeHandle, RunKey
+from .holding import Holding
+from .runs import RunFiles
 
 #: Runs per chunk of a submission (``core.submit_chunk``): its specs are made, sent and answered before the next
 #: chunk's are made.
@@ -72,13 +74,12 @@ def keys(runs: Runs) -> list[RunKey]:
 
 
 class Actor:
-    """One backend's actor; see the module docstring. ``prepare`` gets runs of a job ready to start (their state);
+    """One backend's actor; see the module docstring. ``files`` gets runs of a job ready to start (their state);
     ``post`` puts an event on the bus."""
 
     def __init__(self, name: str, driver: Driver, *, post: Callable[[Event], Awaitable[None]],
                  run_specs: Callable[[Runs, Sequence[int], dict[int, list[str]]], list[RunSpec]],
-                 prepare: Callable[[int, Sequence[RunSpec], str, str | None],
-                                   Awaitable[tuple[dict[str, str], dict[str, dict[str, Any]]]]],
+                 files: RunFiles,
                  record_ids: Callable[[int, Sequence[int] | None, Sequence[str]], None], make_handle: MakeHandle,
                  concurrency: int, log: Any, chunk: int = CHUNK, capacity: int = 1024,
                  confirm: Callable[[], Awaitable[None]] | None = None) -> None:
@@ -89,23 +90,19 @@ class Actor:
         self.driver = driver
         self.post = post
         self.run_specs = run_specs
-        self.prepare = prepare
+        self.files = files
         self.record_ids = record_ids
         self.concurrency = concurrency
         self.log = log
         self.chunk = max(1, chunk)
         #: The runs this driver holds, until they end.
-        self.held = HeldRuns(make_handle)
+        #: The runs this driver holds, until they end: the one owner of what is known of each (:mod:`.holding`).
+        self.holding = Holding(make_handle, lambda settings: not driver.capabilities_for(settings).reports)
         #: Failed calls to the driver (and, counted by the monitor, failed or garbled status queries).
         self.faults = bulk.Faults()
-        #: Runs declared lost: no longer watched, kept for the kill the state machine sends after them.
-        self.lost: dict[RunKey, RunHandle] = {}
-        #: Of the runs held, those the driver must be polled about (its mode for their settings is not
-        #: reporting), with their handles: a poll hands them all to the driver every tick.
-        self.polled: dict[RunKey, RunHandle] = {}
         #: Held while a driver call's answers are being registered: a reporting driver's word on a run it
         #: just accepted waits until the run is held (its report may come before the call returns).
-        self.registering = anyio.Lock()
+        self._registering = anyio.Lock()
         self._mailbox: deque[Bound] = deque()
         #: Instructions waiting past which the actor is lagging (see the module docstring).
         self.capacity = capacity
@@ -116,69 +113,16 @@ class Actor:
         self._idle.set()
 
     # ------------------------------------------------------------ the runs held
-    def hold_runs(self, job: int, runs: Sequence[RunSpec], backend_ids: Sequence[str], whole: bool) -> None:
+    def _hold(self, job: int, runs: Sequence[RunSpec], backend_ids: Sequence[str], whole: bool) -> None:
         """The driver answered for these runs of ``job`` (``whole``: the job itself, without subjobs)."""
         if runs:
-            self.hold_stored(job, None if whole else [r.index for r in runs], backend_ids, [r.attempt for r in runs],
-                             [r.settings for r in runs], JobStatus.SUBMITTED)
+            self.holding.hold(job, None if whole else [r.index for r in runs], backend_ids,
+                              [r.attempt for r in runs], [r.settings for r in runs], JobStatus.SUBMITTED)
 
-    def hold_stored(self, job: int, indexes: Sequence[int] | None, backend_ids: Sequence[str],
-                    attempts: Sequence[int], settings: Sequence[Mapping[str, Any]],
-                    statuses: JobStatus | Sequence[JobStatus]) -> None:
-        """Hold runs of ``job`` (``indexes`` ``None``: the job itself): answered for now, or held when the home
-        was last closed; those of a polled driver's are also handed to each poll."""
-        self.held.add_many(job, indexes, backend_ids, attempts, settings, statuses)
-        reports: dict[int, bool] = {}
-        for k, s in enumerate(settings):
-            reported = reports.get(id(s))
-            if reported is None:
-                reported = reports[id(s)] = self.driver.capabilities_for(s).reports
-            if not reported:
-                key: RunKey = (job, None if indexes is None else indexes[k])
-                handle = self.held.handle(key)
-                assert handle is not None
-                self.polled[key] = handle
-
-    def set_status(self, key: RunKey, status: JobStatus) -> None:
-        """The status the core recorded for a held run (a polled driver answers only what differs from it)."""
-        self.held.set_status(key, status)
-        handle = self.polled.get(key)
-        if handle is not None and handle.status != status:
-            self.polled[key] = _with_status(handle, status)
-
-    def set_statuses(self, job: int, indexes: Sequence[int] | None, status: JobStatus) -> None:
-        """:meth:`set_status` for many runs of one job (``None``: the job itself)."""
-        if self.polled:
-            for i in indexes if indexes is not None else [None]:
-                self.set_status((job, i), status)
-            return
-        self.held.set_statuses(job, indexes if indexes is not None else [0], status)
-
-    def let_go_many(self, job: int, indexes: Sequence[int] | None) -> None:
-        """:meth:`let_go` for many runs of one job (``None``: the job itself)."""
-        if self.polled:
-            for i in indexes if indexes is not None else [None]:
-                self.polled.pop((job, i), None)
-        self.held.discard_many(job, indexes if indexes is not None else [0])
-
-    def release(self, key: RunKey) -> RunHandle | None:
-        """The run ended (or is of no more interest): let go of it; its handle, if it was held."""
-        self.polled.pop(key, None)
-        return self.held.pop(key)
-
-    def let_go(self, key: RunKey) -> bool:
-        """:meth:`release` without making the handle; whether the run was held."""
-        self.polled.pop(key, None)
-        return self.held.discard(key)
-
-    def release_job(self, job: int) -> None:
-        """Every run of a job that is forgotten."""
-        if self.polled:
-            for key in [k for k in self.polled if k[0] == job]:
-                del self.polled[key]
-        self.held.discard_job(job)
-        for key in [k for k in self.lost if k[0] == job]:
-            del self.lost[key]
+    async def registered(self) -> None:
+        """Until the driver call under way (if any) has had its answers registered: the runs it got are held."""
+        async with self._registering:
+            pass
 
     # ------------------------------------------------------------ intake
     def put(self, bound: Bound) -> None:
@@ -224,7 +168,7 @@ class Actor:
                         if isinstance(group[0].instruction, SendSubmit):
                             await self._submit(group)  # registers chunk by chunk
                         else:
-                            async with self.registering:
+                            async with self._registering:
                                 await self._carry_out(group)
                     except Exception as exc:  # a bug here must not stop the backend's actor: log and go on
                         self.log.exception("instruction failed", backend=self.name, error=repr(exc))
@@ -238,11 +182,8 @@ class Actor:
                 elif isinstance(first, Lookup):
                     await self._lookup(bound)
                 elif isinstance(bound.instruction, Unwatch):
-                    gone = []
-                    for key in keys(bound.instruction.runs):
-                        self.lost.pop(key, None)
-                        if (handle := self.release(key)) is not None:
-                            gone.append(handle)
+                    runs = bound.instruction.runs
+                    gone = self.holding.let_go(runs.job, runs.indexes, handles=True)
                     if gone:
                         await self.driver.forget(gone)
 
@@ -276,7 +217,7 @@ class Actor:
             ins = piece.instruction
             batch = self.run_specs(piece.runs, piece.bound.attempts[piece.lo:piece.hi], piece.bound.retry_args)
             specs.append(batch)
-            refused, started = await self.prepare(ins.runs.job, batch, ins.start, piece.bound.state)
+            refused, started = await self.files.prepare(ins.runs.job, batch, ins.start, piece.bound.state)
             unready.append(refused)
             states.update(started)
         answers: list[list[Any]] = [[None] * len(s) for s in specs]
@@ -294,7 +235,7 @@ class Actor:
                 if name is None:
                     name = named[id(run.settings)] = json.dumps(run.settings, sort_keys=True, default=str)
                 by_settings.setdefault(name, []).append((g, k))
-        async with self.registering:
+        async with self._registering:
             for members in by_settings.values():
                 members = _by_owner(members, specs)  # emulated, they go out a few at a time: owners in turn
                 runs = [specs[g][k] for g, k in members]
@@ -336,7 +277,7 @@ class Actor:
                 rejected.append((k, answer.error or "submission refused"))
         whole = ins.runs.indexes is None
         self.record_ids(ins.runs.job, None if whole else [r.index for r in taken], ids)
-        self.hold_runs(ins.runs.job, taken, ids, whole)
+        self._hold(ins.runs.job, taken, ids, whole)
         started = {k: states[specs[k].fqid] for k in accepted if specs[k].fqid in states}
         await self.post(SubmitOutcomes(stimulus_id=ins.stimulus_id, time=_now(), runs=piece.runs,
                                        accepted=range(len(answers)) if len(accepted) == len(answers) else accepted,
@@ -351,7 +292,7 @@ class Actor:
         positions, handles, gone = [], [], []
         run_keys = keys(ins.runs)
         for k, key in enumerate(run_keys):
-            handle = self.lost.pop(key, None) or self.held.handle(key)
+            handle = self.holding.take_lost(key) or self.holding.handle(key)
             attempt = bound.attempts[k] if k < len(bound.attempts) else 0
             if handle is None or (attempt and handle.attempt and handle.attempt != attempt):
                 gone.append(k)  # it ended, or that attempt is no longer the one held: nothing runs to kill
@@ -364,7 +305,8 @@ class Actor:
         for k, handle, result in zip(positions, handles, results, strict=True):
             if result is None:
                 killed.append(k)
-                self.let_go(run_keys[k])
+                job, i = run_keys[k]
+                self.holding.let_go(job, None if i is None else [i])
             elif result is False:
                 not_attempted.append(k)
             else:
@@ -395,10 +337,10 @@ class Actor:
         adopted = [specs[k] for k in have]
         ids = [str(found[k]) for k in have]
         self.record_ids(job, None if whole else [r.index for r in adopted], ids)
-        self.hold_runs(job, adopted, ids, whole)
+        self._hold(job, adopted, ids, whole)
         reported = [r.index for r in adopted if self.driver.capabilities_for(r.settings).reports]
         if reported:  # a reporting driver hears of a run adopted after a restart as of one reattached
-            await self.driver.track(self.held.handles(job, None if whole else reported))
+            await self.driver.track(self.holding.handles(job, None if whole else reported))
         if have:
             self.log.info("interrupted submissions found at the backend: adopted", backend=self.name,
                           fqid=str(ins.runs.job), count=len(have))
@@ -461,11 +403,6 @@ def _by_owner(members: list[tuple[int, int]], specs: list[list[RunSpec]]) -> lis
     for member in members:
         fair.append(member)
     return [fair.popleft() for _ in range(len(members))]
-
-
-def _with_status(handle: RunHandle, status: JobStatus) -> RunHandle:
-    return RunHandle(handle.fqid, handle.index, handle.backend_id, handle.settings, handle.outputdir, status,
-                     handle.key, handle.attempt, handle.jobdir, handle.owner)
 
 
 def _coalesce(taken: list[Bound]) -> list[list[Bound]]:

@@ -5,7 +5,8 @@ Producers (the API's requests, the actors' outcomes and reports, timers)
 wait, so nothing grows without bound. The one consumer takes each event,
 binds its stimulus id into the log context, hands it to the state machine,
 tells the observers (the event and every change it made, in order), and
-has the executor carry out the step before it takes the next event.
+has the executor carry out the step before it takes the next event. Its way
+in, with backpressure and the requests' replies, is :mod:`.inbox`.
 
 Observers (``orch.events()``, the service's stream, the status page,
 metrics) each get a bounded stream of their own (``events_buffer`` items);
@@ -18,7 +19,7 @@ Waiters (``job.wait()``) are woken after every step.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import Any
 
@@ -30,16 +31,14 @@ from ..core.errors import Lagging
 from ..core.events import Event
 from ..core.machine import StateMachine
 from ..core.step import Step
-from .executor import Executor
 
 #: Events that may wait on the bus before producers wait too.
 CAPACITY = 1024
 
 
 class Bus:
-    def __init__(self, sm: StateMachine, executor: Executor, log: Any, *, observer_capacity: int = 100_000) -> None:
+    def __init__(self, sm: StateMachine, log: Any, *, observer_capacity: int = 100_000) -> None:
         self.sm = sm
-        self.executor = executor
         self.log = log
         send, receive = anyio.create_memory_object_stream[Event](CAPACITY)
         self._in: MemoryObjectSendStream[Event] = send
@@ -62,7 +61,13 @@ class Bus:
         with suppress(anyio.ClosedResourceError):
             await self._in.send(event)
 
-    async def run(self) -> None:
+    @property
+    def queued(self) -> int:
+        """Events posted and not yet taken."""
+        return self._in.statistics().current_buffer_used
+
+    async def run(self, carry_out: Callable[[Step], Awaitable[None]]) -> None:
+        """Take each event in turn; ``carry_out``: the executor's, awaited before the next event is taken."""
         async for event in self._out:
             if self.closed:  # the home is closing: what is still queued is dropped, as post() drops it
                 continue
@@ -76,7 +81,7 @@ class Bus:
                     self._tell(event, step)
                     for hook in self.hooks:
                         hook(event, step)
-                    await self.executor.carry_out(step)
+                    await carry_out(step)
                 finally:
                     self.busy = False
                     self._changed.set()

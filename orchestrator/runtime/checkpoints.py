@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,42 +34,69 @@ import anyio
 
 from ..checkpoint import STATE_DIR, State, StateError, Steps, initial_text, relabel, write_state_dir
 from ..core.errors import ConfigError
+from ..core.machine import StateMachine
 from ..plugin.contract import RunSpec
 from ..plugin.users import Identity, OwnerError, fs_as, identity, read_inside
+from .definitions import Definitions
 from .repository import Repository, StateRow
+from .writer import Writer
 
 _SETTINGS = {"states_kept": 1, "max_state_size": 1, "max_restarts_per_state": 0, "default_partitions": 1}
 
 
-class Checkpoints:
-    def __init__(self, settings: Mapping[str, Any], repo: Repository,
-                 record: Callable[[str], Mapping[str, Any]], spec_of: Callable[[str], Mapping[str, Any]],
-                 store: Callable[[StateRow], None], log: Any) -> None:
+@dataclass(frozen=True, slots=True)
+class CheckpointSettings:
+    """The ``[checkpoint]`` settings, checked: read by the definitions and the writer before the runs start."""
+
+    keep: int
+    max_size: int
+    max_restarts: int
+    default_partitions: int
+
+    @classmethod
+    def of(cls, settings: Mapping[str, Any]) -> CheckpointSettings:
         for key, least in _SETTINGS.items():
             value = settings.get(key)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ConfigError(f"checkpoint.{key} must be an integer >= {least}, not {value!r}")
-        self.keep: int = settings["states_kept"]
-        self.max_size: int = settings["max_state_size"]
-        self.max_restarts: int = settings["max_restarts_per_state"]
-        self.default_partitions: int = settings["default_partitions"]
+        return cls(settings["states_kept"], settings["max_state_size"], settings["max_restarts_per_state"],
+                   settings["default_partitions"])
+
+    def env(self) -> dict[str, str]:
+        """What the State API on the worker needs to know (exported through the run file)."""
+        return {"ORCH_STATE_MAX": str(self.max_size), "ORCH_STATE_KEEP": str(self.keep)}
+
+
+class Checkpoints:
+    """The states runs start from and save; a run's checkpoint record is the state machine's, its definition the
+    definitions', and each state read is stored by the writer with the next flush."""
+
+    def __init__(self, settings: CheckpointSettings, repo: Repository, sm: StateMachine, definitions: Definitions,
+                 writer: Writer, log: Any) -> None:
+        self.keep = settings.keep
         self.repo = repo
+        self.sm = sm
+        self.definitions = definitions
+        self.writer = writer
         #: Each run's state pointer (``current``) as last looked at: its mtime (a run that saved nothing since is
         #: passed over with one ``stat``).
         self._looked: dict[str, int] = {}
         #: Each looked-at run's state pointer path, as a string (an idle service stats a thousand of them every few
         #: seconds: joining paths cost more than the ``stat``). Both are forgotten when the run ends.
         self._pointers: dict[str, str] = {}
-        #: A run's checkpoint record in the state machine (``seq``, ``label``, ``final``, ``time``), by fqid.
-        self.record = record
-        #: A run's definition, by fqid (steps).
-        self.spec_of = spec_of
-        self.store = store
         self.log = log
 
-    def env(self) -> dict[str, str]:
-        """What the State API on the worker needs to know (exported through the run file)."""
-        return {"ORCH_STATE_MAX": str(self.max_size), "ORCH_STATE_KEEP": str(self.keep)}
+    def record(self, fqid: str) -> Mapping[str, Any]:
+        """A run's checkpoint record in the state machine (``seq``, ``label``, ``final``, ``time``)."""
+        return self.sm.checkpoint(tuple(int(p) for p in fqid.split(".")))
+
+    def spec_of(self, fqid: str) -> Mapping[str, Any]:
+        """A run's definition (its steps)."""
+        fq = tuple(int(p) for p in fqid.split("."))
+        return self.definitions.spec(fq[0]) if len(fq) == 1 else self.definitions.subjob_spec(fq[0], fq[1])
+
+    def store(self, row: StateRow) -> None:
+        self.writer.add_state(row)
 
     def concerned(self, fqid: str) -> bool:
         master = fqid.partition(".")[0]

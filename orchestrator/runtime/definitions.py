@@ -20,16 +20,20 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.actions import Rule
+from ..core.actions import Rule, scaled
 from ..core.analyser import Limits
 from ..core.events import Profile
 from ..core.ids import Runs
+from ..core.instructions import AdjustRun, SetBackend
 from ..core.splitters import apply_delta, deferred, is_deferred
 from ..core.statuses import JobStatus
 from ..plugin.contract import Capabilities, RunHandle, RunSpec
+from ..plugin.logs import get_logger
 from . import registry
 from .repository import Repository
 from .workspace import Workspace
+
+log = get_logger(component="definitions")
 
 
 class Definitions:
@@ -80,7 +84,7 @@ class Definitions:
         self.dirty.add(job)
         if subjobs:
             for idx, delta in self.deltas(job, subjobs).items():
-                if any(k.startswith("backend.") for k in delta):
+                if overrides_backend(delta):
                     self.dirty_deltas[(job, idx)] = {k: v for k, v in delta.items() if not k.startswith("backend.")}
 
     def set_run_settings(self, job: int, index: int | None, values: Mapping[str, Any]) -> None:
@@ -91,6 +95,33 @@ class Definitions:
             return
         delta = self.deltas(job, [index]).get(index, {})
         self.dirty_deltas[(job, index)] = {**delta, **{f"backend.{k}": v for k, v in values.items()}}
+
+    # ------------------------------------------------------------ the core's edits
+    def change_backend(self, ins: SetBackend) -> None:
+        """``SetBackend``: the job's new backend settings, for it and every subjob."""
+        backend = ins.backend
+        data = backend.to_dict() if hasattr(backend, "to_dict") else dict(backend)
+        self.set_backend(ins.job, data, range(ins.subjobs))
+
+    def adjust(self, ins: AdjustRun) -> None:
+        """``AdjustRun``: an action-table rule retries runs with other settings (more memory, more time, elsewhere).
+        Carried out at once: the retry's submission that follows in the same step reads the new settings."""
+        job = ins.runs.job
+        for i in ins.runs.indexes if ins.runs.indexes is not None else [None]:
+            spec = self.subjob_spec(job, i) if i is not None else self.spec(job)
+            settings = spec["backend"].get("settings", {})
+            if ins.setting is not None:
+                try:
+                    values = {ins.setting: scaled(ins.setting, settings.get(ins.setting), ins.factor, ins.cap)}
+                except ValueError as exc:  # a value the job set that is not Slurm's form: left as it is
+                    log.warning("rule could not change the setting", rule=ins.rule, setting=ins.setting,
+                                error=str(exc))
+                    continue
+            else:
+                values = dict(ins.values)
+            self.set_run_settings(job, i, values)
+            log.info("rule changed the run's settings", rule=ins.rule, fqid=f"{job}.{i}" if i is not None
+                     else str(job), changed={k: f"{settings.get(k)} -> {v}" for k, v in values.items()})
 
     def deltas(self, job: int, indexes: Sequence[int]) -> dict[int, dict[str, Any]]:
         """The splitter's deltas of these subjobs (changes not yet written included)."""
@@ -120,6 +151,18 @@ class Definitions:
 
     def subjob_spec(self, job: int, index: int) -> dict[str, Any]:
         return apply_delta(self.specs[job], self.deltas(job, [index]).get(index, {}))
+
+    def held_settings(self, job: int, stored: Sequence[str | None]) -> list[Mapping[str, Any]]:
+        """The backend settings runs of ``job`` are held with, from their deltas as stored (``None``: none, or a job
+        that runs itself): each its master's, or its own where its delta overrides backend fields."""
+        master = self.specs[job]
+        common: Mapping[str, Any] = master["backend"].get("settings", {})
+        out: list[Mapping[str, Any]] = []
+        for text in stored:
+            delta = json.loads(text) if text else None
+            out.append(apply_delta(master, delta)["backend"].get("settings", {})
+                       if delta and overrides_backend(delta) else common)
+        return out
 
     # ------------------------------------------------------------ what the core decides with
     def profile(self, job: int, spec: Mapping[str, Any] | None = None) -> Profile:
@@ -222,6 +265,11 @@ def _given(value: bool | None, default: bool) -> bool:
 #: run, a microsecond each, were a tenth of a million-run submission. pathlib's own method for the children it
 #: lists skips that; where a Python lacks it (its ``/`` no longer parses eagerly), ``/`` it is.
 _child: Callable[[Path, str], Path] = getattr(Path, "_make_child_relpath", Path.__truediv__)
+
+
+def overrides_backend(delta: Mapping[str, Any]) -> bool:
+    """A subjob's delta sets backend fields of its own (``backend.<setting>``): its settings are not its master's."""
+    return any(k.startswith("backend.") for k in delta)
 
 
 def _changes_shared(key: str) -> bool:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..plugin.contract import Driver, DriverContext
+from ..plugin.contract import Capabilities, Driver, DriverContext
 from ..plugin.logs import get_logger
 from . import registry
 from .config import Config
@@ -32,6 +32,10 @@ class Drivers:
 
     def items(self) -> list[tuple[str, Driver]]:
         return list(self._made.items())
+
+    def capabilities(self, backend: str, settings: Mapping[str, Any]) -> Capabilities:
+        """What the backend's driver can do for runs of these settings."""
+        return self.get(backend).capabilities_for(settings)
 
     def get(self, backend: str) -> Driver:
         """The backend's driver, made on first need (its actor and loops start with the first instruction)."""

@@ -4,8 +4,10 @@
 actor's mailbox with the attempts and retry arguments they carry; long work
 (preparing a job, running postprocessors, adding a linked job, a timer)
 runs as a task of its own that posts its outcome as the next event;
-``Reply`` answers the request waiting on it. The executor and the actors
-are the only callers of drivers and of the repository.
+``Reply`` answers the request waiting on it (:mod:`.inbox`); the core's
+edits of definitions (``SetBackend``, ``AdjustRun``) go to the definitions,
+and ``Forget`` to the writer, the backends and the workspace. The executor
+and the actors are the only callers of drivers and of the repository.
 
 Long work is bounded: at most ``work_limit`` pieces run at once, the rest
 wait their turn; with ``work_limit`` waiting, the executor is *lagging* and
@@ -16,7 +18,6 @@ they are not counted).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -43,33 +44,30 @@ from ..core.instructions import (
     Unwatch,
 )
 from ..core.step import Step
-from .actor import Actor, Bound
-
-
-@dataclass(slots=True)
-class Waiting:
-    """A request's caller, waiting for its ``Reply``."""
-
-    done: anyio.Event = field(default_factory=anyio.Event)
-    reply: Reply | None = None
+from .actor import Bound
+from .backends import Backends
+from .definitions import Definitions
+from .workspace import Workspace
+from .writer import Writer
 
 
 class Executor:
-    def __init__(self, *, actor: Callable[[str], Awaitable[Actor]],
-                 flush: Callable[[], Awaitable[None]], work: dict[type[Instruction], Callable[[Any], Awaitable[None]]],
-                 forget: Callable[[Forget], Awaitable[None]], set_backend: Callable[[SetBackend], None],
-                 given_state: Callable[[str], str | None], post: Callable[[Event], Awaitable[None]],
-                 log: Any, adjust: Callable[[AdjustRun], None] | None = None, work_limit: int = 16) -> None:
-        self._adjust = adjust
-        self._actor = actor
-        self._flush = flush
+    """See the module docstring. ``work``: who carries out each kind of long work; ``reply``: the inbox's."""
+
+    def __init__(self, *, backends: Backends, writer: Writer, definitions: Definitions, workspace: Workspace,
+                 work: dict[type[Instruction], Callable[[Any], Awaitable[None]]],
+                 post: Callable[[Event], Awaitable[None]], reply: Callable[[Reply], None],
+                 log: Any, work_limit: int = 16) -> None:
+        self._backends = backends
+        self._writer = writer
+        self._definitions = definitions
+        self._workspace = workspace
         self._work = work
-        self._forget = forget
-        self._set_backend = set_backend
-        self._given_state = given_state
         self._post = post
+        self._reply = reply
         self.log = log
-        self.waiting: dict[str, Waiting] = {}
+        #: States users handed in for their resubmissions (``resubmit --from-state``), by stimulus id.
+        self._given: dict[str, str] = {}
         self.tg: TaskGroup | None = None
         #: Tasks under way (preparations, postprocessing...): a closing home lets them finish.
         self.busy = 0
@@ -91,30 +89,27 @@ class Executor:
         while self.lagging:
             await self._room.wait()
 
-    def expect(self, stimulus_id: str) -> Waiting:
-        """Register the caller of a request before it is posted."""
-        waiting = self.waiting[stimulus_id] = Waiting()
-        return waiting
+    def given_state(self, sid: str, text: str) -> None:
+        """A state the user handed in for the resubmission ``sid`` (``resubmit --from-state``)."""
+        self._given[sid] = text
 
     async def carry_out(self, step: Step) -> None:
         for ins in step.instructions:
             if isinstance(ins, Persist):
-                await self._flush()
+                await self._writer.flush()
             elif isinstance(ins, (SendSubmit, SendKill, Lookup, Unwatch)):
-                actor = await self._actor(ins.backend)
+                actor = await self._backends.actor(ins.backend)
                 actor.put(self._bind(ins))
             elif isinstance(ins, Reply):
-                waiting = self.waiting.pop(ins.stimulus_id, None)
-                if waiting is not None:
-                    waiting.reply = ins
-                    waiting.done.set()
+                self._reply(ins)
             elif isinstance(ins, Forget):
-                await self._forget(ins)
+                await self._writer.forget(ins.job)
+                self._backends.forget(ins.job)
+                self._workspace.remove((ins.job,))
             elif isinstance(ins, SetBackend):
-                self._set_backend(ins)
+                self._definitions.change_backend(ins)
             elif isinstance(ins, AdjustRun):
-                if self._adjust is not None:
-                    self._adjust(ins)  # at once: the retry's submission that follows reads the new settings
+                self._definitions.adjust(ins)  # at once: the retry's submission that follows reads the new settings
             elif isinstance(ins, ScheduleRetry):
                 self.spawn(self._retry_at(ins), limited=False)
             elif isinstance(ins, (Prepare, Unprepare, RunPostprocess, CreateLinked, Notify)):
@@ -124,7 +119,7 @@ class Executor:
                         # A flush under way may hold the split's rows, read before the rollback: it ends first,
                         # or it would store them again after the rollback removed them. The rollback then
                         # completes before the request is answered.
-                        await self._flush()
+                        await self._writer.flush()
                         await work(ins)
                     else:
                         self.spawn(work(ins))
@@ -137,7 +132,7 @@ class Executor:
         if isinstance(ins, Unwatch):
             return Bound(ins)
         if isinstance(ins, SendSubmit):
-            state = self._given_state(ins.stimulus_id) if ins.start == "given" else None
+            state = self._given.get(ins.stimulus_id) if ins.start == "given" else None
             return Bound(ins, ins.attempts, {i: list(a) for i, a in ins.retry_args.items()}, state)
         return Bound(ins, ins.attempts)
 

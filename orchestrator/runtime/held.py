@@ -222,6 +222,15 @@ class HeldRuns:
         if slot is not None:
             slot[0].status[slot[1]] = status.code
 
+    def attempt(self, key: RunKey) -> int | None:
+        """The attempt a held run is at; ``None``: not held."""
+        slot = self._slot(key)
+        return None if slot is None else slot[0].attempt[slot[1]]
+
+    def has_job(self, job: int) -> bool:
+        """Whether any run of ``job`` is held."""
+        return job in self._jobs
+
     def settings(self, key: RunKey) -> Mapping[str, Any] | None:
         slot = self._slot(key)
         return None if slot is None else slot[0].own.get(slot[1], slot[0].settings)
@@ -296,9 +305,9 @@ class HeldRuns:
         runs = self._jobs.get(job)
         if runs is None:
             return
-        codes, code = runs.status, status.code
+        codes, code, n = runs.status, status.code, len(runs.status)
         for i in indexes:
-            if codes[i]:
+            if i < n and codes[i]:
                 codes[i] = code
 
     def discard_many(self, job: int, indexes: Sequence[int]) -> None:

@@ -45,7 +45,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..core.events import Event, LookupOutcomes, RunLost, SubmitOutcomes
+from ..core.events import Event, LookupOutcomes, RunLost, RunsSilent, SubmitOutcomes
 from ..core.ids import FQID
 from ..core.instructions import SendSubmit
 from ..core.machine import StateMachine
@@ -129,6 +129,10 @@ class Metrics:
             self._answered(event)
         elif isinstance(event, RunLost):
             self.lost.labels(self._backend(event.runs.job)).inc(len(event.runs))
+        elif isinstance(event, RunsSilent) and step.changes:  # the core counted them lost: they failed
+            lost = sum(len(c) for c in step.changes if c.new is JobStatus.FAILED and c.indexes is not None
+                       or c.new is JobStatus.FAILED and not self.sm.is_master(c.job))
+            self.lost.labels(self._backend(event.runs.job)).inc(lost)
         elif isinstance(event, LookupOutcomes):
             backend = self._backend(event.runs.job)
             self.reconciled.labels(backend, "yes").inc(len(event.found))

@@ -6,8 +6,11 @@ something. Either way the answers go through the same steps:
 
 - sense: a report for a run nobody holds, or one that is not a
   ``StatusUpdate``, is logged and counts as no answer; a backend whose query
-  raises is asked again with backoff. A run with no intelligible answer for
-  ``lost_after_seconds`` is reported lost (``RunLost``).
+  raises is asked again with backoff. Runs with no intelligible answer are
+  reported silent (``RunsSilent``: since when, at which attempt) on every
+  tick that heard nothing of them; the state machine decides when that makes
+  them lost (``lost_after_seconds``), and its changes take them out of
+  :class:`~.holding.Holding`'s watch, kept for their kill.
 - a run's end is read where it happened: the wrapper's log of that attempt,
   the last lines of its stderr, the newest checkpoint it saved; the driver
   lets go of it, and the state machine judges it from what came with the
@@ -17,22 +20,23 @@ something. Either way the answers go through the same steps:
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import structlog
 
 from ..checkpoint import STATE_DIR
-from ..core.events import Event, RunLost, RunReport, StatusReport
+from ..core.events import Event, RunReport, RunsSilent, StatusReport
 from ..core.ids import Runs, parse_fqid_or_none
-from ..core.runlog import RunLog
-from ..core.statuses import ENDINGS, STARTED, JobStatus
+from ..core.statuses import ENDINGS, JobStatus
 from ..plugin.contract import RunHandle, StatusUpdate
 from . import bulk, gcpause
 from .actor import Actor
 from .held import RunKey
+from .holding import Silence
+from .runs import Ending, RunFiles
 
 #: Seconds between two looks for saved states at running runs of jobs that saved none yet (one ``stat`` each)...
 DISCOVER_SECONDS = 5.0
@@ -44,63 +48,36 @@ DISCOVER_RATE = 20.0
 
 @dataclass
 class Health:
-    """Since when each run (and the backend) has had no intelligible answer."""
+    """The backend's: its failed queries in a row, and when it is asked again (backoff)."""
 
-    lost_after: float
     poll_interval: float
-    runs: dict[RunKey, float] = field(default_factory=dict)
     failures: int = 0
     resume_at: float = 0.0
 
     def may_poll(self, now: float) -> bool:
         return now >= self.resume_at
 
-    def answered(self, keys: Sequence[RunKey]) -> None:
+    def answered(self) -> None:
         self.failures, self.resume_at = 0, 0.0
-        for key in keys:
-            self.runs.pop(key, None)
 
-    def silent(self, keys: Sequence[RunKey], now: float, *, whole_backend: bool) -> list[RunKey]:
-        """Record no answer for ``keys``; return those silent for longer than ``lost_after``."""
-        if whole_backend:
-            self.failures += 1
-            self.resume_at = now + min(self.poll_interval * 2 ** min(self.failures, 10), 30.0)  # backoff
-        lost = []
-        for key in keys:
-            since = self.runs.setdefault(key, now)
-            if now - since >= self.lost_after:
-                lost.append(key)
-                del self.runs[key]
-        return lost
-
-
-@dataclass
-class Ending:
-    """What a run left behind, read once it ended (for drivers that run the wrapper)."""
-
-    log: RunLog | None = None
-    stderr_tail: str | None = None
-    state: dict[str, Any] | None = None
-    usage: dict[str, float] | None = None
+    def failed(self, now: float) -> None:
+        self.failures += 1
+        self.resume_at = now + min(self.poll_interval * 2 ** min(self.failures, 10), 30.0)  # backoff
 
 
 class Monitor:
     """Watches the runs an :class:`Actor` holds; see the module docstring."""
 
-    def __init__(self, actor: Actor, *, post: Callable[[Event], Awaitable[None]],
-                 status_of: Callable[[RunKey], JobStatus | None],
-                 read_ending: Callable[[RunHandle], Ending],
-                 harvest: Callable[[RunHandle], dict[str, Any] | None],
-                 harvestable: Callable[[int], Collection[int | None] | None] = lambda job: None,
-                 poll_interval: float, lost_after: float, concurrency: int, log: Any) -> None:
+    def __init__(self, actor: Actor, *, post: Callable[[Event], Awaitable[None]], files: RunFiles,
+                 poll_interval: float, concurrency: int, log: Any) -> None:
         self.actor = actor
+        #: The runs the actor holds, through their owner's calls (:class:`~.holding.Holding`).
+        self.held = actor.holding
         self.post = post
-        self.status_of = status_of
-        self.read_ending = read_ending
-        self.harvest = harvest
-        self.harvestable = harvestable
+        #: What a run saved while it runs, and what it left when it ended.
+        self.files = files
         self.poll_interval = poll_interval
-        self.health = Health(lost_after, poll_interval)
+        self.health = Health(poll_interval)
         self.concurrency = concurrency
         self.log = log
         self.ticks = 0
@@ -138,17 +115,13 @@ class Monitor:
             return  # no wrapper, no states (sim): and no look at a hundred thousand runs per tick
         now = time.monotonic()
         discover = now >= self._discover_at
-        held = self.actor.held
+        held = self.held
         # A run's fqid and directory do not change while it runs: its handle is made once, and kept while it
         # runs (a fetch from a remote backend needs the current attempt's, made each time).
         made = {} if driver.capabilities.remote_states else self._looking
         handles: list[tuple[RunKey, RunHandle]] = []
         for job in held.jobs():  # a job without steps: only its runs that saved a state already
-            which = None if discover else self.harvestable(job)
-            candidates = held.keys(job) if which is None else [(job, i) for i in which if (job, i) in held]
-            for key in candidates:
-                if self.status_of(key) not in STARTED:
-                    continue
+            for key in held.started(job, None if discover else self.files.harvestable(job)):
                 handle = made.get(key) or held.handle(key)
                 if handle is not None:
                     handles.append((key, handle))
@@ -162,7 +135,7 @@ class Monitor:
             if driver.capabilities.remote_states:
                 await self._fetch_states([h for _, h in handles])
             reports = [RunReport(Runs(k[0], None if k[1] is None else [k[1]]), JobStatus.RUNNING, state=state)
-                       for k, h in handles if (state := self.harvest(h)) is not None]
+                       for k, h in handles if (state := self.files.harvest(h)) is not None]
             if reports:
                 await self.post(StatusReport(stimulus_id=sid, time=time.time(), backend=self.name,
                                              reports=tuple(reports)))
@@ -181,27 +154,18 @@ class Monitor:
     async def poll(self) -> None:
         """One tick: one status query for every run the driver holds."""
         now = time.time()
-        held = self.actor.held
-        polled = self.actor.polled
+        polled = self.held.polled()
         if not polled or self.stopped or not self.health.may_poll(now):
             return
         self.ticks += 1
-        handles = []
-        for key in list(polled):
-            status = self.status_of(key)
-            if key not in held or status is None:  # forgotten (removed) meanwhile
-                self.actor.let_go(key)
-                continue
-            self.actor.set_status(key, status)
-            handles.append(polled[key])
         sid = self._sid()  # the tick's: every line of it, the driver's own included, carries it
         with structlog.contextvars.bound_contextvars(stimulus_id=sid):
-            await self._query(handles, now, sid)
+            await self._query(polled, now, sid)
 
-    async def _query(self, handles: list[RunHandle], now: float, sid: str) -> None:
+    async def _query(self, polled: list[tuple[RunKey, RunHandle]], now: float, sid: str) -> None:
         driver = self.actor.driver
-        polled = self.actor.polled
-        caps = driver.capabilities_for(handles[0].settings if handles else {})
+        handles = [h for _, h in polled]
+        caps = driver.capabilities_for(handles[0].settings)
         try:
             if caps.bulk_status:
                 updates = list(await driver.status_bulk(handles))
@@ -211,29 +175,26 @@ class Monitor:
         except Exception as exc:  # a driver's fault is the backend's, never the job's
             self.actor.faults.count("status")
             self.log.warning("status query failed", backend=self.name, error=repr(exc), runs=len(handles),
-                             fqid=",".join(sorted({str(k[0]) for k in polled})))
-            lost = self.health.silent(list(polled), now, whole_backend=True)
-            await self._lose(lost, f"no answer from backend {self.name} ({exc!r})")
+                             fqid=",".join(sorted({str(k[0]) for k, _ in polled})))
+            self.health.failed(now)
+            await self._silent([k for k, _ in polled], now, f"no answer from backend {self.name} ({exc!r})")
             return
-        await self.receive(updates, sid=sid, answered_all=True)
+        await self.receive(updates, sid=sid, polled=[k for k, _ in polled])
         self.last_tick = time.time() - now
 
     # ------------------------------------------------------------ every driver
-    async def receive(self, updates: Sequence[Any], *, sid: str | None = None, answered_all: bool = False) -> None:
-        """Reports from the driver (a poll's answer, or a reporting driver's own word)."""
+    async def receive(self, updates: Sequence[Any], *, sid: str | None = None,
+                      polled: Sequence[RunKey] | None = None) -> None:
+        """Reports from the driver: a poll's answer about the runs ``polled``, or a reporting driver's own word."""
         sid = sid or self._sid()
         with structlog.contextvars.bound_contextvars(stimulus_id=sid):
-            await self._receive(updates, sid, answered_all)
+            if polled is None:  # a reporting driver: its runs just accepted are registered first
+                await self.actor.registered()
+            with gcpause.paused():  # a report on ten thousand runs is as many short-lived objects
+                await self._judge(updates, sid, polled)
 
-    async def _receive(self, updates: Sequence[Any], sid: str, answered_all: bool) -> None:
-        if not answered_all:  # a reporting driver: its runs just accepted are registered first
-            async with self.actor.registering:
-                pass
-        with gcpause.paused():  # a report on ten thousand runs is as many short-lived objects
-            await self._judge(updates, sid, answered_all)
-
-    async def _judge(self, updates: Sequence[Any], sid: str, answered_all: bool) -> None:
-        held = self.actor.held
+    async def _judge(self, updates: Sequence[Any], sid: str, polled: Sequence[RunKey] | None) -> None:
+        held = self.held
         now = time.time()
         good: list[tuple[RunKey, StatusUpdate]] = []
         garbage: list[RunKey] = []
@@ -254,14 +215,15 @@ class Monitor:
             assert key is not None
             good.append((key, u))
         if len(good) < len(updates):  # an answer with nonsense in it: a poll error all the same
-            self.actor.faults.count("status" if answered_all else "report")
-        if answered_all:
-            self.health.answered([k for k in self.actor.polled if k not in garbage])
-        else:  # (a reporting driver's runs are rarely silent: no list of a million keys for nothing)
-            self.health.answered([k for k, _ in good] if self.health.runs else [])
-        lost = self.health.silent(garbage, now, whole_backend=False) if garbage else []
+            self.actor.faults.count("status" if polled is not None else "report")
+        if polled is not None:
+            self.health.answered()
+            self.held.heard([k for k in polled if k not in garbage] if garbage else polled)
+        elif self.held.statistics().silent:  # (a reporting driver's runs are rarely silent: no list for nothing)
+            self.held.heard([k for k, _ in good])
         await self._report(good, sid)
-        await self._lose(lost, f"unintelligible answers from backend {self.name}")
+        if garbage:
+            await self._silent(garbage, now, f"unintelligible answers from backend {self.name}")
 
     async def _report(self, good: list[tuple[RunKey, StatusUpdate]], sid: str) -> None:
         reports: list[RunReport] = []
@@ -272,10 +234,10 @@ class Monitor:
         endings = [(k, u) for k, u in good if u.status in ENDINGS or u.backend_verdict is not None]
         read: dict[RunKey, Ending] = {}
         if endings:
-            settings = self.actor.held.settings(endings[0][0]) or {}
+            settings = self.held.settings(endings[0][0]) or {}
             if self.actor.driver.capabilities_for(settings).runs_wrapper:
-                handles = [(k, h) for k, _ in endings if (h := self.actor.held.handle(k)) is not None]
-                read = await anyio.to_thread.run_sync(lambda: {k: self.read_ending(h) for k, h in handles})
+                handles = [(k, h) for k, _ in endings if (h := self.held.handle(k)) is not None]
+                read = await anyio.to_thread.run_sync(lambda: {k: self.files.ending(h) for k, h in handles})
         for key, u in good:
             job, idx = key
             if u.status in ENDINGS or u.backend_verdict is not None:
@@ -284,7 +246,7 @@ class Monitor:
                     ended.setdefault((job, u.status, u.exit_code, u.reason, u.started, u.ended),
                                      []).append(-1 if idx is None else idx)
                     continue
-                self.actor.let_go(key)
+                self.held.let_go(job, None if idx is None else [idx])
                 ending = ending or Ending()
                 reports.append(RunReport(Runs(job, None if idx is None else [idx]), u.status, u.exit_code, u.reason,
                                          u.backend_verdict, ending.log, ending.stderr_tail, ending.state,
@@ -292,32 +254,31 @@ class Monitor:
             else:
                 going.setdefault((job, u.status, u.exit_code, u.reason, u.started, None),
                                  []).append(-1 if idx is None else idx)
-        for grouped, held in ((going, True), (ended, False)):
+        for grouped, going_on in ((going, True), (ended, False)):
             for (job, status, code, reason, started, stopped), idxs in grouped.items():
                 if idxs != [-1]:
                     idxs.sort()  # (in order already, as a rule: a pass in C)
                 runs = Runs(job) if idxs == [-1] else Runs.of(job, idxs)
-                if held:
-                    self.actor.set_statuses(job, runs.indexes, status)
-                else:
-                    self.actor.let_go_many(job, runs.indexes)
+                if not going_on:  # (one going on keeps the status the core gave it until the core moves it)
+                    self.held.let_go(job, runs.indexes)
                 reports.append(RunReport(runs, status, code, reason, started=started, ended=stopped))
         if reports:
             await self.post(StatusReport(stimulus_id=sid, time=time.time(), backend=self.name,
                                          reports=tuple(reports)))
 
-    async def _lose(self, lost: list[RunKey], reason: str) -> None:
-        for key in lost:  # no longer watched; kept for the kill that follows
-            handle = self.actor.release(key)
-            if handle is not None:
-                self.actor.lost[key] = handle
-        for job, idx in lost:
-            sid = self._sid("lost")  # a verdict of its own: its consequences (the kill, the retry) carry its id
+    async def _silent(self, keys: list[RunKey], now: float, reason: str) -> None:
+        """No intelligible answer for these runs now: reported, a job and a start of silence per event, each
+        under a stimulus id of its own (what the core decides from it, a loss and its retry, carries it)."""
+        groups: dict[tuple[int, float], list[Silence]] = {}
+        for silence in self.held.silent(keys, now):
+            groups.setdefault((silence.key[0], silence.since), []).append(silence)
+        for (job, since), silences in groups.items():
+            whole = silences[0].key[1] is None
+            runs = Runs(job) if whole else Runs.of(job, [s.key[1] for s in silences if s.key[1] is not None])
+            sid = self._sid("silent")
             with structlog.contextvars.bound_contextvars(stimulus_id=sid):
-                self.log.warning("run lost: no intelligible answer", backend=self.name, reason=reason,
-                                 fqid=f"{job}" if idx is None else f"{job}.{idx}")
-                await self.post(RunLost(stimulus_id=sid, time=time.time(),
-                                        runs=Runs(job, None if idx is None else [idx]), reason=reason))
+                await self.post(RunsSilent(stimulus_id=sid, time=now, backend=self.name, runs=runs,
+                                           attempts=tuple(s.attempt for s in silences), since=since, reason=reason))
 
     def _sid(self, kind: str = "poll") -> str:
         self._seq += 1

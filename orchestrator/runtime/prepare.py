@@ -1,4 +1,5 @@
-"""Preparing jobs to run, and undoing it: splitting, configuring shared inputs, storing subjobs; linked jobs.
+"""Storing new jobs, preparing them to run, and undoing it: splitting, configuring shared inputs, storing
+subjobs; linked jobs.
 
 ``Prepare``: the splitter (pure, in a worker thread) makes one delta per
 subjob; each is checked; the shared inputs are copied into the master's
@@ -29,23 +30,24 @@ from ..core.errors import JobError
 from ..core.events import Event, LinkedAdded, Prepared, PrepareFailed
 from ..core.ids import fqid_str
 from ..core.instructions import CreateLinked, Prepare, Unprepare
+from ..core.machine import StateMachine
 from ..core.splitters import Master, apply_delta, check_path
 from ..core.statuses import JobStatus
 from ..plugin.users import Identity, OwnerError, copy_as, identity, readable_by
 from ..plugin.wrapper import own_dir
 from . import gcpause, registry
 from .definitions import Definitions
-from .repository import TIME_KINDS, Repository, RunsRow
+from .repository import TIME_KINDS, Repository, RunsRow, TopRow
 from .workspace import Workspace
 from .writer import top_row
 
 
 class Preparer:
+    """Stores new jobs, prepares them to run and undoes it; see the module docstring."""
+
     def __init__(self, *, definitions: Definitions, repo: Repository, workspace: Workspace,
-                 post: Callable[[Event], Awaitable[None]], sm: Any, free_slots: Callable[[str], int],
-                 check_subjob: Callable[[Mapping[str, Any], str, Collection[str]], None],
-                 add_job: Callable[[str, dict[str, Any], tuple[int, str] | None], Awaitable[int]],
-                 admit: Callable[[int, Mapping[str, Any], int], None] = lambda job, spec, n: None) -> None:
+                 post: Callable[[Event], Awaitable[None]], sm: StateMachine, free_slots: Callable[[str], int],
+                 check_subjob: Callable[[Mapping[str, Any], str, Collection[str]], None]) -> None:
         self.definitions = definitions
         self.repo = repo
         self.workspace = workspace
@@ -53,9 +55,32 @@ class Preparer:
         self.sm = sm
         self.free_slots = free_slots
         self.check_subjob = check_subjob
-        self.add_job = add_job
-        #: The service's limits: raises a JobError when ``job``'s ``n`` runs may not become active (nothing stored).
-        self.admit = admit
+        #: Set by a service: raises a JobError when ``job``'s ``n`` runs may not become active (its quotas); nothing
+        #: is stored then.
+        self.admission: Callable[[int, Mapping[str, Any], int], None] | None = None
+        #: The id the next new top-level job gets (read from the repository when the home opens, or on first need).
+        self.next_job: int | None = None
+
+    def admit(self, job: int, spec: Mapping[str, Any], n: int) -> None:
+        if self.admission is not None:
+            self.admission(job, spec, n)
+
+    # ------------------------------------------------------------ new jobs
+    async def store(self, name: str, spec: dict[str, Any], link: tuple[int, str] | None) -> tuple[int, float]:
+        """Store a new top-level job (``link``: the master and role of a pre-job or an aggregator) and make its
+        definition known; its id and the one time of its creation, stored and told to the state machine."""
+        if self.next_job is None:
+            self.next_job = await self.repo.next_id()
+        job = self.next_job
+        self.next_job += 1
+        now = time.time()
+        info: dict[str, Any] = {"top": {"timestamps": {"new": now}}, "attempt": 0, "run": {}}
+        if link is not None:
+            info["link"] = list(link)
+        runs = RunsRow(job, bytes([JobStatus.NEW.code]), bytes(4), {k: bytes(8) for k in TIME_KINDS})
+        await self.repo.add_job(TopRow(job, name, JobStatus.NEW.value, spec, None, info, 0, now), runs)
+        self.definitions.add(job, name, spec)
+        return job, now
 
     # ------------------------------------------------------------ prepare
     async def prepare(self, ins: Prepare) -> None:
@@ -83,7 +108,7 @@ class Preparer:
                          "submitted": zeros, "running": zeros, "final": zeros}
                 attempts = (array("I", [1 if ins.submitting else 0]) * n).tobytes()
                 runs = RunsRow(job, bytes([code]) * n, attempts, times)
-                row = top_row(self.sm.job_state(job), self.definitions, with_spec=False)
+                row = top_row(self.sm, job, self.definitions, with_spec=False)
                 row.n_subjobs = n
                 dumps = json.JSONEncoder(separators=(",", ":")).encode  # one encoder for a million deltas
                 with anyio.CancelScope(shield=True):  # stored whole, or not at all
@@ -160,10 +185,9 @@ class Preparer:
     # ------------------------------------------------------------ undo
     async def unprepare(self, ins: Unprepare) -> None:
         job = ins.job
-        js = self.sm.job_state(job)
-        if not js.is_master:  # the state machine undid the split: the stored one goes too
+        if not self.sm.is_master(job):  # the state machine undid the split: the stored one goes too
             runs = RunsRow(job, bytes([JobStatus.NEW.code]), bytes(4), {k: bytes(8) for k in TIME_KINDS})
-            row = top_row(js, self.definitions, with_spec=False)
+            row = top_row(self.sm, job, self.definitions, with_spec=False)
             with anyio.CancelScope(shield=True):
                 await self.repo.remove_split(row, runs)
         self.workspace.remove((job,))
@@ -187,7 +211,7 @@ class Preparer:
             if "owner" in master:  # a pre-job and an aggregator belong to their master's owner
                 spec["owner"] = master["owner"]
             name = template.get("name") or f"{self.definitions.names.get(ins.master) or 'job'}-{ins.role}"
-            job = await self.add_job(name, spec, (ins.master, ins.role))
+            job, _ = await self.store(name, spec, (ins.master, ins.role))
         await self.post(LinkedAdded(stimulus_id=ins.stimulus_id, time=time.time(), job=job, master=ins.master,
                                     role=ins.role, profile=self.definitions.profile(job)))
 

@@ -27,7 +27,6 @@ async def reattach(sm: StateMachine, definitions: Definitions, repo: Repository,
         master = sm.is_master(job)
         backend = sm.profile(job).backend
         actor = await actor_of(backend)
-        common = definitions.spec(job)["backend"].get("settings", {})
         found: list[tuple[int, str, str | None]] = []  # (index, backend id, delta)
         if master:
             rows = repo.subjob_rows(job, monitored)
@@ -38,13 +37,12 @@ async def reattach(sm: StateMachine, definitions: Definitions, repo: Repository,
         if not found:
             continue
         indexes = [i for i, _, _ in found]
-        settings = [definitions.subjob_spec(job, i)["backend"].get("settings", {})
-                    if delta and '"backend.' in delta else common for i, _, delta in found]
+        settings = definitions.held_settings(job, [delta for _, _, delta in found])
         codes = sm.statuses(job)  # a master's subjobs'; a job without subjobs is its one run ([0])
         statuses = [JobStatus.from_code(codes[i]) for i in indexes] if master else [sm.status((job,))]
-        actor.hold_stored(job, indexes if master else None, [b for _, b, _ in found], list(sm.attempts(job, indexes)),
-                          settings, statuses)
+        actor.holding.hold(job, indexes if master else None, [b for _, b, _ in found],
+                           list(sm.attempts(job, indexes)), settings, statuses)
         driver = actor.driver
         if driver.capabilities_for(settings[0]).reports:
             for lo in range(0, len(indexes), actor.chunk):
-                await driver.track(actor.held.handles(job, indexes[lo:lo + actor.chunk] if master else None))
+                await driver.track(actor.holding.handles(job, indexes[lo:lo + actor.chunk] if master else None))

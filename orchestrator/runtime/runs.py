@@ -1,19 +1,75 @@
-"""What a run left behind where it ran: its wrapper log, the tail of its stderr (read once it ended)."""
+"""What a run finds where it runs, and what it leaves behind there.
+
+:class:`RunFiles` is the one piece the actors and the monitors ask about a
+run's files: the state a run starts from (written before it is sent), the
+states a running run saved, and what an ended run left (:func:`read_ending`:
+its wrapper log and the tail of its stderr, with its last saved states).
+"""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from ..core.runlog import parse_log
-from ..plugin.contract import RunHandle
+from ..core.machine import StateMachine
+from ..core.runlog import RunLog, parse_log
+from ..plugin.contract import RunHandle, RunSpec
 from ..plugin.users import read_inside
 from ..plugin.wrapper import log_path
-from .monitor import Ending
+from .checkpoints import Checkpoints
+from .definitions import Definitions
 
 #: Lines of stderr a failure's reason quotes, and the longest line kept.
 STDERR_LINES = 3
 STDERR_WIDTH = 200
+
+
+@dataclass
+class Ending:
+    """What a run left behind, read once it ended (for drivers that run the wrapper)."""
+
+    log: RunLog | None = None
+    stderr_tail: str | None = None
+    state: dict[str, Any] | None = None
+    usage: dict[str, float] | None = None
+
+
+class RunFiles:
+    """The files of the runs of one home: their starting states, the states they save, what they leave."""
+
+    def __init__(self, sm: StateMachine, definitions: Definitions, checkpoints: Checkpoints) -> None:
+        self.sm = sm
+        self.definitions = definitions
+        self.checkpoints = checkpoints
+
+    async def prepare(self, job: int, runs: Sequence[RunSpec], start: str, given: str | None
+                      ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+        """Each run's starting state, written into its work dir (:meth:`Checkpoints.prepare`)."""
+        if start != "given" and self.harvestable(job) == []:  # no steps, no state saved: nothing to start from
+            return {}, {}
+        return await self.checkpoints.prepare(runs, start, given)
+
+    def ending(self, handle: RunHandle) -> Ending:
+        """What an ended run left: its log, its stderr's tail, its last saved states (a blocking read)."""
+        ending = read_ending(handle)
+        # Every run's: a job without steps may have saved states (one failed open when it saved none).
+        ending.state = self.checkpoints.harvest(handle.fqid, handle.jobdir, final=True)
+        return ending
+
+    def harvestable(self, job: int) -> Collection[int | None] | None:
+        """The runs of ``job`` that may have saved states: all (``None``) when it has steps, else those that saved
+        one already (a run of a job without steps is not concerned until then, :meth:`Checkpoints.concerned`)."""
+        if self.definitions.spec(job).get("steps") is not None:
+            return None
+        saved = self.sm.checkpointed(job)
+        return saved if self.sm.is_master(job) else [None] if saved else []
+
+    def harvest(self, handle: RunHandle) -> dict[str, Any] | None:
+        """The states a running run saved since the last look (any run: the monitor chooses which to look at)."""
+        return self.checkpoints.harvest(handle.fqid, handle.jobdir)
 
 
 def read_ending(handle: RunHandle) -> Ending:

@@ -104,7 +104,7 @@ def run_blobs(statuses: bytearray, infos: list[dict[str, Any]]) -> tuple[bytes, 
 
 
 def _top_info(info: dict[str, Any], master: dict[str, Any], is_master: bool) -> dict[str, Any]:
-    """A v2 top-level info (and master record) in v3's form (:func:`orchestrator.runtime.rows.top_info`)."""
+    """A v2 top-level info (and master record) in v3's form (:func:`orchestrator.core.records.stored_info`)."""
     stamps = dict(info.get("timestamps", {}))
     out: dict[str, Any] = {"partition": info.get("partition", {}), "merged_at": stamps.pop("merged", 0.0),
                            "post_failed": bool(master.get("postprocess_failed", False))}

@@ -31,43 +31,18 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ..core.events import (
-    Event,
-    KillOutcomes,
-    LinkedAdded,
-    LookupOutcomes,
-    PostprocessDone,
-    Prepared,
-    PrepareFailed,
-    Request,
-    RetryDue,
-    RunLost,
-    StatusReport,
-    SubmitOutcomes,
-)
+from ..core import events, instructions
+from ..core.events import Event
 from ..core.ids import FQID, Runs
-from ..core.instructions import (
-    AdjustRun,
-    CreateLinked,
-    Forget,
-    Instruction,
-    Lookup,
-    Notify,
-    Prepare,
-    Reply,
-    RunPostprocess,
-    ScheduleRetry,
-    SendKill,
-    SendSubmit,
-    SetBackend,
-    Unprepare,
-    Unwatch,
-)
+from ..core.instructions import Instruction
 from ..core.step import Change, Refusal, Step
 
 #: One entry of a story, as every transport carries it: ``stimulus_id``, ``time`` (epoch seconds), ``kind``
 #: (``event``, ``change``, ``refusal``, ``instruction``), ``type`` (the class) and ``description``.
 Entry = dict[str, Any]
+#: Reports kept only when they changed something: a report of what the core knew already, or a backend's silence
+#: not yet long enough to make a run lost, is no step of any story.
+_QUIET = frozenset({events.StatusReport, events.RunsSilent})
 
 
 class Story:
@@ -78,7 +53,7 @@ class Story:
 
     def record(self, event: Event, step: Step) -> None:
         """The bus's hook: a type test (a truth test for a report) and an append per step, nothing more."""
-        if type(event) is not StatusReport or step:
+        if step or type(event) not in _QUIET:
             self._steps.append((event, step))
 
     def __len__(self) -> int:
@@ -119,22 +94,22 @@ def _job_field(item: object, fq: FQID) -> bool:
 
 
 def _event_touches(event: Event, fq: FQID) -> bool:
-    if isinstance(event, Request):
+    if isinstance(event, events.Request):
         return _named(event.targets, fq)
-    if isinstance(event, StatusReport):
+    if isinstance(event, events.StatusReport):
         return any(_position(r.runs, fq) is not None for r in event.reports)
     runs = getattr(event, "runs", None)
     if isinstance(runs, Runs):
         return _position(runs, fq) is not None
-    if isinstance(event, Prepared) and len(fq) == 2:  # it made the subjob
+    if isinstance(event, events.Prepared) and len(fq) == 2:  # it made the subjob
         return fq[0] == event.job and fq[1] < event.n_subjobs
-    if isinstance(event, PostprocessDone) and len(fq) == 2:  # a checker failed the subjob
+    if isinstance(event, events.PostprocessDone) and len(fq) == 2:  # a checker failed the subjob
         return fq[0] == event.job and any(i == fq[1] for i, _ in event.failed_subjobs)
     return _job_field(event, fq)
 
 
 def _instruction_touches(ins: Instruction, fq: FQID, event: Event, event_touched: bool) -> bool:
-    if isinstance(ins, Reply):  # the answer to a request, given with the event that settled the job's part of it
+    if isinstance(ins, instructions.Reply):  # a request's answer, given with the event that settled its part
         return event_touched
     runs = getattr(ins, "runs", None)
     if isinstance(runs, Runs):
@@ -181,7 +156,7 @@ def _refusal(refusal: Refusal) -> str:
     return f"refused{moved}: {refusal.reason}"
 
 
-def _request(event: Request) -> str:
+def _request(event: events.Request) -> str:
     what = type(event).__name__.removesuffix("Requested").lower()
     extra = {name: getattr(event, name) for name in ("only_failed", "start", "retry_args", "status", "force", "link")
              if getattr(event, name, None) not in (None, ())}
@@ -204,7 +179,7 @@ def _outcome(runs: Runs, fq: FQID, said: Sequence[tuple[str, Sequence[Any]]]) ->
     return "-"
 
 
-def _report(event: StatusReport, fq: FQID) -> str:
+def _report(event: events.StatusReport, fq: FQID) -> str:
     parts = []
     for r in event.reports:
         if _position(r.runs, fq) is None:
@@ -221,20 +196,21 @@ def _report(event: StatusReport, fq: FQID) -> str:
 
 
 _EVENTS: dict[type[Event], Callable[[Any, FQID], str]] = {
-    SubmitOutcomes: lambda e, fq: "submission " + _outcome(e.runs, fq, [
+    events.SubmitOutcomes: lambda e, fq: "submission " + _outcome(e.runs, fq, [
         ("accepted", e.accepted), ("rejected", e.rejected), ("not attempted", e.not_attempted)])
         + (" (native bulk)" if e.native else " (one by one)") + _of(e.runs),
-    KillOutcomes: lambda e, fq: "kill " + _outcome(e.runs, fq, [
+    events.KillOutcomes: lambda e, fq: "kill " + _outcome(e.runs, fq, [
         ("done", e.killed), ("failed", e.failed), ("not attempted", e.not_attempted)]) + _of(e.runs),
-    LookupOutcomes: lambda e, fq: "looked up: " + _outcome(e.runs, fq, [
+    events.LookupOutcomes: lambda e, fq: "looked up: " + _outcome(e.runs, fq, [
         ("the backend has it", e.found), ("the backend never got it", e.absent)]) + _of(e.runs),
-    StatusReport: _report,
-    RunLost: lambda e, fq: f"lost: {e.reason}" + _of(e.runs),
-    RetryDue: lambda e, fq: "retry due" + _of(e.runs),
-    Prepared: lambda e, fq: f"prepared: {e.n_subjobs:,} subjobs" if e.n_subjobs else "prepared",
-    PrepareFailed: lambda e, fq: f"preparing failed: {e.error}",
-    LinkedAdded: lambda e, fq: f"{e.role} {e.job} added for master {e.master}",
-    PostprocessDone: lambda e, fq: (f"postprocessors failed it: {e.error}" if len(fq) == 1 and e.error
+    events.StatusReport: _report,
+    events.RunLost: lambda e, fq: f"lost: {e.reason}" + _of(e.runs),
+    events.RunsSilent: lambda e, fq: f"silent for {e.time - e.since:.1f} s, so lost: {e.reason}" + _of(e.runs),
+    events.RetryDue: lambda e, fq: "retry due" + _of(e.runs),
+    events.Prepared: lambda e, fq: f"prepared: {e.n_subjobs:,} subjobs" if e.n_subjobs else "prepared",
+    events.PrepareFailed: lambda e, fq: f"preparing failed: {e.error}",
+    events.LinkedAdded: lambda e, fq: f"{e.role} {e.job} added for master {e.master}",
+    events.PostprocessDone: lambda e, fq: (f"postprocessors failed it: {e.error}" if len(fq) == 1 and e.error
                                     else "postprocessors passed" if len(fq) == 1
                                     else "a checker failed it: " + next(r for i, r in e.failed_subjobs if i == fq[1])),
 }
@@ -245,14 +221,14 @@ def _others(event: Event) -> str:
     runs = getattr(event, "runs", None)
     if isinstance(runs, Runs):
         return f"about {len(runs):,} run{'s' if len(runs) > 1 else ''} of job {runs.job}"
-    if isinstance(event, StatusReport):
+    if isinstance(event, events.StatusReport):
         n = sum(len(r.runs) for r in event.reports)
         return f"{event.backend} reports on {n:,} run{'s' if n > 1 else ''}"
     return ""
 
 
 def _event(event: Event, fq: FQID) -> str:
-    if isinstance(event, Request):
+    if isinstance(event, events.Request):
         return _request(event)
     describe = _EVENTS.get(type(event))
     return describe(event, fq) if describe is not None else ""
@@ -260,9 +236,10 @@ def _event(event: Event, fq: FQID) -> str:
 
 #: What an instruction without details of its own asks.
 _SAID: dict[type[Instruction], str] = {
-    Prepare: "split into subjobs and store them", Unprepare: "remove what preparing made",
-    RunPostprocess: "run the postprocessors", SetBackend: "store new backend settings", Forget: "forget the job",
-    Lookup: "look the runs up by key", Unwatch: "stop watching",
+    instructions.Prepare: "split into subjobs and store them", instructions.Unprepare: "remove what preparing made",
+    instructions.RunPostprocess: "run the postprocessors", instructions.SetBackend: "store new backend settings",
+    instructions.Forget: "forget the job",
+    instructions.Lookup: "look the runs up by key", instructions.Unwatch: "stop watching",
 }
 
 
@@ -276,23 +253,23 @@ def _attempt(ins: Instruction, fq: FQID) -> str:
 def _instruction(ins: Instruction, fq: FQID, event: Event) -> str:
     runs = getattr(ins, "runs", None)
     batch = _of(runs) if isinstance(runs, Runs) else ""
-    if isinstance(ins, SendSubmit):
+    if isinstance(ins, instructions.SendSubmit):
         how = "native bulk" if ins.native else "one by one"
         return f"submit {_attempt(ins, fq)}to {ins.backend} ({how}, start {ins.start})" + batch
-    if isinstance(ins, SendKill):
+    if isinstance(ins, instructions.SendKill):
         return f"kill {_attempt(ins, fq)}at {ins.backend}" + batch
-    if isinstance(ins, ScheduleRetry):
+    if isinstance(ins, instructions.ScheduleRetry):
         return f"retry in {max(ins.at - event.time, 0.0):.1f} s" + batch
-    if isinstance(ins, AdjustRun):
+    if isinstance(ins, instructions.AdjustRun):
         return f"rule {ins.rule} changes {ins.setting or 'the backend settings'}" + batch
-    if isinstance(ins, Reply):
+    if isinstance(ins, instructions.Reply):
         return f"refused: {ins.error}" if ins.error is not None else f"answered: acted on {ins.acted:,}"
-    if isinstance(ins, CreateLinked):
+    if isinstance(ins, instructions.CreateLinked):
         return f"add the {ins.role}"
     if type(ins) in _SAID:
         attempt = _attempt(ins, fq).strip()
         return _SAID[type(ins)] + (f" ({attempt})" if attempt else "")
-    if isinstance(ins, Notify):
+    if isinstance(ins, instructions.Notify):
         return f"notify: {ins.status}"
     backend = getattr(ins, "backend", None)
     return (f"at {backend}" if isinstance(backend, str) else "") + batch

@@ -21,7 +21,6 @@ from typing import Any
 import anyio
 
 from ..core.events import Profile
-from ..core.jobs import JobState
 from ..core.machine import StateMachine
 from ..core.table import RunExtra, RunTable
 from ..plugin.logs import get_logger
@@ -52,6 +51,19 @@ class Writer:
     def loaded(self, loaded: Loaded) -> None:
         """What the repository held when the home was opened (which subjobs have extras stored)."""
         self._with_info = {master: set(infos) for master, infos in loaded.infos.items()}
+
+    async def forget(self, job: int) -> None:
+        """``Forget``: a removed job leaves the state machine, the definitions and the repository (what was
+        written before is flushed first; the removal is not cut short)."""
+        await self.flush()
+        self.sm.forget(job)
+        self.definitions.forget(job)
+        with anyio.CancelScope(shield=True):
+            await self.repo.remove_job(job)
+
+    def add_state(self, row: StateRow) -> None:
+        """A checkpoint state a run saved (or starts from), written with the next flush."""
+        self.states.append(row)
 
     def record_ids(self, job: int, indexes: Sequence[int] | None, ids: Sequence[str]) -> None:
         """Backend ids a driver answered with, for runs ``indexes`` of ``job`` (``None``: the job itself)."""
@@ -119,26 +131,23 @@ class Writer:
                written: dict[int, dict[int, bool]]) -> Save:
         """The rows to write; ``written`` gets, per master, the subjobs whose extras are written (True: some)."""
         batch = Save(states=states, keep=self.states_kept)
+        sm = self.sm
         for job in sorted(tops | set(dirty) | specs):
-            if (job,) not in self.sm:
+            if (job,) not in sm:
                 self._with_info.pop(job, None)
                 continue
-            js = self.sm.job_state(job)
-            batch.tops.append(top_row(js, self.definitions, with_spec=job in specs))
+            batch.tops.append(top_row(sm, job, self.definitions, with_spec=job in specs))
             if job in dirty:
-                batch.runs.append(runs_row(js))
-                if js.is_master:
+                batch.runs.append(runs_row(sm, job))
+                if sm.is_master(job):
                     indexes = dirty[job]
-                    extras = js.runs.extras
-                    stored = self._with_info.get(job, ())
+                    infos = sm.run_infos(job, indexes)
                     rows = written[job] = {}
-                    for i in (set(extras).union(stored) if indexes is None else indexes):
-                        extra = extras.get(i)
-                        info = extra.to_dict() if extra is not None else None
-                        if info:
-                            batch.infos.append((job, i, dumps(info)))
-                            rows[i] = True
-                        elif i in stored:
+                    for i, info in infos.items():
+                        batch.infos.append((job, i, dumps(info)))
+                        rows[i] = True
+                    for i in self._with_info.get(job, ()):  # stored before, nothing now: cleared
+                        if i not in infos and (indexes is None or i in indexes):
                             batch.infos.append((job, i, None))
                             rows[i] = False
         batch.backend_ids = [(job, idx, b) for job, pending in ids.items() if (job,) in self.sm
@@ -148,33 +157,16 @@ class Writer:
 
 
 # ------------------------------------------------------------------ rows
-def top_info(js: JobState) -> dict[str, Any]:
-    """A top-level job's own state, as ``jobs.info`` stores it (v3)."""
-    out: dict[str, Any] = {"top": js.top.to_dict(), "attempt": js.attempt}
-    if not js.is_master:
-        extra = js.runs.extras.get(0)
-        out["run"] = extra.to_dict() if extra is not None else {}
-    if js.partition:
-        out["partition"] = js.partition
-    if js.link is not None:
-        out["link"] = list(js.link)
-    if js.post_failed:
-        out["post_failed"] = True
-    if js.merged_at:
-        out["merged_at"] = js.merged_at
-    return out
+def top_row(sm: StateMachine, job: int, definitions: Definitions, *, with_spec: bool) -> TopRow:
+    """A top-level job's own row, from the state machine's record of it (:mod:`orchestrator.core.records`)."""
+    rec = sm.stored_job(job)
+    return TopRow(job, definitions.names.get(job, ""), rec.status, definitions.specs.get(job) if with_spec else None,
+                  None, rec.info, rec.n_subjobs, rec.created)
 
 
-def top_row(js: JobState, definitions: Definitions, *, with_spec: bool) -> TopRow:
-    return TopRow(js.id, definitions.names.get(js.id, ""), js.status.value,
-                  definitions.specs.get(js.id) if with_spec else None, None, top_info(js),
-                  len(js.runs) if js.is_master else 0, js.created)
-
-
-def runs_row(js: JobState) -> RunsRow:
-    runs = js.runs
-    return RunsRow(js.id, bytes(runs.status), runs.attempt.tobytes(),
-                   {kind: values.tobytes() for kind, values in runs.times.items()})
+def runs_row(sm: StateMachine, job: int) -> RunsRow:
+    arrays = sm.run_arrays(job)
+    return RunsRow(job, arrays.status, arrays.attempt, arrays.times)
 
 
 def restore(sm: StateMachine, loaded: Loaded, definitions: Definitions,

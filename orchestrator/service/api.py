@@ -134,7 +134,7 @@ class Api:
         except wire.BadRequest as exc:
             return _error(400, "bad request", str(exc), fqid=exc.fqid, field=exc.field)
         try:
-            answer = await control.peek(**wire.arguments(request))
+            answer = await control.call(request)
         except UnknownJobError as exc:
             return _error(404, "unknown job", str(exc), fqid=fqid)
         except NotOwnerError as exc:
@@ -160,7 +160,7 @@ class Api:
             return _error(400, "bad request", str(exc), fqid=exc.fqid, field=exc.field)
         kwargs = wire.arguments(request)
         try:
-            result = await getattr(control, method)(**kwargs)
+            result = await control.call(request)
         except wire.BadRequest as exc:
             return _error(400, "bad request", str(exc), fqid=exc.fqid or _fqid(kwargs), field=exc.field)
         except UnknownJobError as exc:

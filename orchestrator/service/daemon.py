@@ -54,7 +54,7 @@ from ..api.orchestrator import Orchestrator, default_home
 from ..api.owners import current_user
 from ..api.paths import ServicePaths
 from ..api.watcher import mark_managed
-from ..core.errors import ConfigError, HomeLockedError, RepositoryError, RepositoryHeldError, leaves
+from ..core.errors import ConfigError, HomeLockedError, RepositoryError, RepositoryHeldError, reraise_unwrapped
 from ..plugin.logs import configure as configure_logs
 from ..plugin.logs import get_logger
 from ..plugin.users import configure_python
@@ -200,9 +200,7 @@ class Service:
         try:
             return await self._serve(signals, port, grace)
         except BaseExceptionGroup as group:  # one error inside the task groups: the one the user reads
-            inner = leaves(group)
-            if len(inner) == 1:
-                raise inner[0] from None
+            reraise_unwrapped(group)
             raise
         finally:
             self.paths.info.unlink(missing_ok=True)
@@ -332,8 +330,8 @@ class Service:
         """Answer, monitor and write until a signal (exit 0) or the lease's loss (:data:`STEP_DOWN`)."""
         runtime = orch.runtime
         embedded = Embedded(runtime)
-        quotas = Quotas(self.settings.section("service"), runtime.sm, embedded.owner_of)
-        runtime.admission = quotas.admit
+        quotas = Quotas(self.settings.section("service"), runtime.sm, embedded.statuses().owner)
+        runtime.preparer.admission = quotas.admit
         api = Api(Control(embedded, quotas), runtime.bus, access=self.access,
                   metrics=runtime.enable_prometheus().render, workflows=workflows)
         front.handler = api

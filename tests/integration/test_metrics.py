@@ -205,7 +205,7 @@ async def test_every_metric_of_a_running_service(tmp_path: Path, services: list[
     assert "orchestrator_bus_queue_depth" in later and value(later, "orchestrator_bus_queue_depth") >= 0
     assert value(later, "orchestrator_submission_seconds_count", backend="sim") >= 4
     events = {dict(k)["type"]: v for k, v in later["orchestrator_events_total"].items()}
-    assert events["RunLost"] == 2 and events["LookupOutcomes"] >= 1 and events["SubmitRequested"] >= 3
+    assert events["RunsSilent"] >= 1 and events["LookupOutcomes"] >= 1 and events["SubmitRequested"] >= 3
     before = sum(first["orchestrator_events_total"].values())
     assert sum(events.values()) > before  # events per second: the rate of this counter, rising while runs go
 

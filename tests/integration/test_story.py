@@ -2,8 +2,9 @@
 every event, change and instruction that touched a job, embedded and through a service.
 
 The subjob told is submitted, lost (the ``sim`` backend stops answering through its documented ``faults.json``,
-and ``lost_after_seconds`` passes), retried and killed: each of those steps is in its story, in that order, with
-the stimulus id that ties a request (or the monitor's verdict) to its instructions, outcomes and changes.
+the monitor reports the silence, and the core counts the run lost once ``lost_after_seconds`` passed), retried and
+killed: each of those steps is in its story, in that order, with the stimulus id that ties a request (or the
+silence report the core decided on) to its instructions, outcomes and changes.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ async def submitted_lost_retried_killed(orch: Orchestrator, home: Path) -> Job:
     await until(lambda: sub.info.submit_counter >= 2)
     sim_faults(home)
     with anyio.fail_after(30):  # the retry accepted (a mirrored status may still be the one before the loss)
-        while not any(e["type"] == "SubmitOutcomes" and e["stimulus_id"].startswith("lost-")
+        while not any(e["type"] == "SubmitOutcomes" and e["stimulus_id"].startswith("silent-")
                       for e in await orch.story(sub)):
             await anyio.sleep(0.05)
     await sub.kill()
@@ -88,23 +89,23 @@ MILESTONES = [
     ("instruction", "SendSubmit", "submit attempt 1 to sim", "submit"),
     ("event", "SubmitOutcomes", "submission accepted", "submit"),
     ("change", "StatusChanged", "submitting -> submitted", "submit"),
-    ("event", "RunLost", "lost: no answer from backend sim", "lost"),
-    ("change", "StatusChanged", "-> failed", "lost"),
-    ("change", "StatusChanged", "-> submitting", "lost"),
-    ("instruction", "SendKill", "kill attempt 1 at sim", "lost"),
-    ("instruction", "SendSubmit", "submit attempt 2 to sim", "lost"),
-    ("event", "SubmitOutcomes", "submission accepted", "lost"),
-    ("change", "StatusChanged", "submitting -> submitted", "lost"),
+    ("event", "RunsSilent", "so lost: no answer from backend sim", "silent"),
+    ("change", "StatusChanged", "-> failed", "silent"),
+    ("change", "StatusChanged", "-> submitting", "silent"),
+    ("instruction", "SendKill", "kill attempt 1 at sim", "silent"),
+    ("instruction", "SendSubmit", "submit attempt 2 to sim", "silent"),
+    ("event", "SubmitOutcomes", "submission accepted", "silent"),
+    ("change", "StatusChanged", "submitting -> submitted", "silent"),
     ("event", "KillRequested", "kill requested", "kill"),
     ("instruction", "SendKill", "kill attempt 2 at sim", "kill"),
     ("event", "KillOutcomes", "kill done", "kill"),
-    ("change", "StatusChanged", "submitted -> killed", "kill"),
+    ("change", "StatusChanged", "-> killed", "kill"),  # (submitted, or running if a poll said so first)
 ]
 
 
 def check_story(story: list[dict[str, Any]]) -> None:
-    """Every milestone, in order, each with its stimulus id: the request's for what it caused, the monitor's
-    verdict's for the loss and the retry it caused."""
+    """Every milestone, in order, each with its stimulus id: the request's for what it caused, the silence report's
+    for the loss the core decided on and the retry it caused."""
     assert story and all(set(e) == {"stimulus_id", "time", "kind", "type", "description"} for e in story), story
     assert all(e["stimulus_id"] and isinstance(e["time"], float) for e in story)
     at = 0
@@ -120,7 +121,7 @@ def check_story(story: list[dict[str, Any]]) -> None:
         at += 1
     # A step's entries share its stimulus id and stay together: the three stimuli come one after the other.
     order = [e["stimulus_id"] for e in story if e["stimulus_id"] in sids.values()]
-    assert order == sorted(order, key=[sids["submit"], sids["lost"], sids["kill"]].index)
+    assert order == sorted(order, key=[sids["submit"], sids["silent"], sids["kill"]].index)
 
 
 async def test_a_subjob_submitted_lost_retried_and_killed_is_told_in_order(home: Path) -> None:
@@ -130,11 +131,12 @@ async def test_a_subjob_submitted_lost_retried_and_killed_is_told_in_order(home:
             sub = master.subjobs[1]
             story = await orch.story(sub.fqid)
             check_story(story)
-            # The other ways to name it tell the same story; the other subjob's loss is its own.
+            # The other ways to name it tell the same story; the other subjob, silent with it, was lost by the core
+            # from the same report (one report per job and start of silence), and its story says so.
             assert await orch.story((*master.fqid_tuple, 1)) == story == await sub.story()
             other = await orch.story(master.subjobs[0])
-            lost = {e["stimulus_id"] for e in other if e["type"] == "RunLost"}
-            assert lost and not lost & {e["stimulus_id"] for e in story}
+            lost = {e["stimulus_id"] for e in other if e["type"] == "RunsSilent"}
+            assert lost and lost == {e["stimulus_id"] for e in story if e["type"] == "RunsSilent"}
             # The master's own: the request naming it, its preparation and its status; not its subjobs' batches.
             own = await orch.story(master.fqid)
             kinds = [(e["kind"], e["type"]) for e in own]
@@ -142,7 +144,7 @@ async def test_a_subjob_submitted_lost_retried_and_killed_is_told_in_order(home:
             assert any(e["kind"] == "change" and e["description"] == "new -> submitting" for e in own)
             assert ("instruction", "SendSubmit") not in kinds, "\n".join(map(str, own))
             # A subjob's loss is told on the master only as the cause of the master's own change.
-            assert all(e["description"].startswith("about ") for e in own if e["type"] == "RunLost"), own
+            assert all(e["description"].startswith("about ") for e in own if e["type"] == "RunsSilent"), own
             with pytest.raises(JobError, match="99"):
                 await orch.story("99")
         finally:

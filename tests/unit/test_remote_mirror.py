@@ -76,7 +76,7 @@ async def test_a_read_answered_after_a_streamed_change_keeps_the_change(tmp_path
     remote = Remote(tmp_path, service)  # type: ignore[arg-type]
     async with AsyncExitStack() as stack:
         await remote.open(stack)
-        assert remote.status((0,)) == JobStatus.SUBMITTED
+        assert remote.statuses().status((0,)) == JobStatus.SUBMITTED
         service.asked = anyio.Event()
         await service.stream_in.send({"seq": 6, "type": "AddRequested", "targets": [[0]]})  # job 0 is read again
         with anyio.fail_after(5):
@@ -85,14 +85,14 @@ async def test_a_read_answered_after_a_streamed_change_keeps_the_change(tmp_path
                                 new=JobStatus.RUNNING)
         await service.stream_in.send({"seq": 7, **codec.encode(running)})  # step 7, streamed before the read ends
         with anyio.fail_after(5):
-            while remote.status((0,)) != JobStatus.RUNNING:
+            while remote.statuses().status((0,)) != JobStatus.RUNNING:
                 await anyio.sleep(0.01)
         late.set()  # the read of step 6 arrives now
         with anyio.fail_after(5):
             while service.snapshots or not late.is_set():
                 await anyio.sleep(0.01)
         await anyio.sleep(0.1)
-        assert remote.status((0,)) == JobStatus.RUNNING, "a read older than the change it followed undid it"
+        assert remote.statuses().status((0,)) == JobStatus.RUNNING, "a read older than the change it followed undid it"
 
 
 async def test_a_split_read_after_its_subjobs_changed_shows_them_with_the_changes(tmp_path: Path) -> None:
@@ -108,7 +108,7 @@ async def test_a_split_read_after_its_subjobs_changed_shows_them_with_the_change
     remote = Remote(tmp_path, service)  # type: ignore[arg-type]
     async with AsyncExitStack() as stack:
         await remote.open(stack)
-        assert remote.n_subjobs(0) == 0
+        assert remote.statuses().n_subjobs(0) == 0
         service.asked = anyio.Event()
         master = StatusChanged(stimulus_id="s", time=0.0, changed=Runs(0), old=JobStatus.NEW,
                                new=JobStatus.RUNNING)
@@ -120,8 +120,8 @@ async def test_a_split_read_after_its_subjobs_changed_shows_them_with_the_change
             await service.asked.wait()
         late.set()  # the read of step 6 arrives after both changes
         with anyio.fail_after(5):
-            while remote.n_subjobs(0) != 2:
+            while remote.statuses().n_subjobs(0) != 2:
                 await anyio.sleep(0.01)
-        assert remote.status((0,)) == JobStatus.RUNNING
-        assert [remote.status((0, i)) for i in (0, 1)] == [JobStatus.COMPLETED, JobStatus.SUBMITTED]
+        assert remote.statuses().status((0,)) == JobStatus.RUNNING
+        assert [remote.statuses().status((0, i)) for i in (0, 1)] == [JobStatus.COMPLETED, JobStatus.SUBMITTED]
 

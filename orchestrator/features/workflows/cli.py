@@ -40,6 +40,7 @@ from ...api.client import ServiceClient, connect
 from ...api.orchestrator import Orchestrator
 from ...api.owners import Caller
 from ...api.watcher import ask_to_leave
+from ...api.wire import RefreshRequest
 from ...cli.app import CliError, Group, home_of, home_option, remote_of
 from ...cli.render import console as _console
 from ...cli.render import safe
@@ -145,7 +146,7 @@ def _run(home: Path | None, name: str, args: dict[str, Any], *, autorun: bool = 
             return await through(client)
         try:
             async with Orchestrator(home=path, service=False) as orch, Workflows(orch, autorun=autorun) as wfs:
-                await orch.transport.refresh()  # the backends' news first: statuses are current
+                await orch.transport.handle(RefreshRequest())  # the backends' news first: statuses are current
                 return int(await COMMANDS[name](wfs, Out(), **args) or 0)
         except HomeLockedError:  # a service took the home meanwhile (its watcher, starting): through it
             client = await connect(path)

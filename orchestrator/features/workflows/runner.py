@@ -40,7 +40,7 @@ from ...api.orchestrator import Orchestrator
 from ...api.owners import Caller
 from ...api.registry import JobRegistry
 from ...api.validate import checked_backend
-from ...core.errors import OrchestratorError, leaves
+from ...core.errors import OrchestratorError, reraise_unwrapped
 from ...core.model import Backend, Executable
 from ...core.statuses import KILLABLE
 from ...plugin.logs import get_logger
@@ -121,14 +121,8 @@ class Workflows:
             return
         try:
             await stack.__aexit__(exc_type, exc, tb)
-        except BaseExceptionGroup as group:
-            # The loop's task group wraps the body's own exception: let the original through, unwrapped.
-            inner = leaves(group)
-            if exc is not None and inner == [exc]:
-                return
-            if len(inner) == 1:
-                raise inner[0] from None
-            raise
+        except BaseExceptionGroup as group:  # the loop's task group wraps the body's own exception: it goes on
+            reraise_unwrapped(group, exc)
 
     async def _stop(self) -> None:
         """Let a tick under way finish its submissions (shielded, at most ``STOP_WAIT`` s), then stop the loop.

@@ -43,8 +43,8 @@ def limits(early: int = 0, handled: int = 0, unhandled: int = 0, early_seconds: 
 
 
 class Harness:
-    def __init__(self, order: str = "submitted-first", *, validate: bool = True) -> None:
-        self.sm = StateMachine(order)
+    def __init__(self, order: str = "submitted-first", *, validate: bool = True, lost_after: float = 600.0) -> None:
+        self.sm = StateMachine(order, lost_after=lost_after)
         #: Check the core's own invariants after every event (off where a test counts the core's own scans).
         self.validate = validate
         self.clock = 1000.0

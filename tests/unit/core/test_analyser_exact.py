@@ -88,8 +88,9 @@ def test_retries_and_their_limit() -> None:
     assert d == Decision(S.FAILED, "application", "early", "failed", retry=True, retry_args=("p",),
                          counters={"early": 1})
     d = decide(Outcome(S.FAILED), NO_LOG, L, {"early": 1}, ["p"], wrapper=False)
-    assert d == Decision(S.FAILED, "application", "early", "failed; retry limit max_early=1 reached",
-                         retry_args=("p",), limit_reached="max_early", counters={"early": 2})
+    assert d == Decision(S.FAILED, "application", "early", "failed", retry_args=("p",), limit_reached="max_early",
+                         limit=1, counters={"early": 2})
+    assert d.reason == "failed; retry limit max_early=1 reached"
 
 
 def test_limits_bound_the_infrastructure_apart() -> None:

@@ -66,7 +66,7 @@ def test_resubmit_with_new_backend_settings() -> None:
     h.report(m, [0, 1], S.FAILED, exit_code=1)
     new = profile(lookup=True)
     step = h.request(ResubmitRequested, m, profile=new, backend={"mem": 4})
-    assert step.of(SetBackend) == [SetBackend(stimulus_id=step.stimulus_id, job=m, backend={"mem": 4})]
+    assert step.of(SetBackend) == [SetBackend(stimulus_id=step.stimulus_id, job=m, backend={"mem": 4}, subjobs=2)]
     assert step.instructions.index(only(step, SetBackend)) < step.instructions.index(only(step, SendSubmit))
     assert h.sm.profile(m) == new
 

@@ -45,6 +45,7 @@ from orchestrator.core.events import (
     ResubmitRequested,
     RunLost,
     RunReport,
+    RunsSilent,
     StatusReport,
     SubmitOutcomes,
     SubmitRequested,
@@ -57,6 +58,11 @@ from orchestrator.core.statuses import JobStatus, allowed
 S = JobStatus
 ON_BACKEND = frozenset({S.SUBMITTED, S.RUNNING, S.COMPLETING})
 EXAMPLES = int(os.environ.get("ORCH_PROPERTY_EXAMPLES", "2000"))
+#: One of a list that grows as the sequence runs (the jobs added, the instructions under way, the runs a backend
+#: holds), by position modulo its length: a fixed strategy, drawn with the rule's arguments.
+PICK = st.integers(0, 255)
+#: A request's one or two targets: (a job by :data:`PICK`, whether a subjob of it, which one modulo its subjobs).
+TARGETS = st.lists(st.tuples(PICK, st.booleans(), st.integers(0, 3)), min_size=1, max_size=2)
 
 #: docs/design.md, "Master status, recomputed on every subjob change, first rule that matches".
 DESIGN_RULES = [
@@ -143,15 +149,15 @@ class Machine(RuleBasedStateMachine):
         self.asked.add(sid)
         self.post(kind(stimulus_id=sid, time=self.clock, targets=tuple(targets), **kw))
 
-    def targets(self, data: st.DataObject) -> list[tuple[int, ...]]:
+    def targets(self, picks: list[tuple[int, bool, int]]) -> list[tuple[int, ...]]:
+        """The jobs or subjobs ``picks`` name: (a job, by position among those added; one of its subjobs or itself;
+        which subjob). Drawn with the rule's other arguments from one fixed strategy (:data:`TARGETS`), not
+        strategy by strategy while the rule runs: the same sequences, at a fraction of hypothesis's cost."""
         out: list[tuple[int, ...]] = []
-        for _ in range(data.draw(st.integers(1, 2))):
-            job = data.draw(st.sampled_from(self.jobs))
+        for k, sub, i in picks:
+            job = self.jobs[k % len(self.jobs)]
             n = self.sm.n_subjobs(job)
-            if n and data.draw(st.booleans()):
-                out.append((job, data.draw(st.integers(0, n - 1))))
-            else:
-                out.append((job,))
+            out.append((job, i % n) if n and sub else (job,))
         return out
 
     # ------------------------------------------------------------ users
@@ -170,42 +176,45 @@ class Machine(RuleBasedStateMachine):
         self.ask(AddRequested, [(job,)], profile=profile)
         self.jobs.append(job)
 
-    @rule(data=st.data(), keep_going=st.booleans())
-    def submit(self, data: st.DataObject, keep_going: bool) -> None:
-        self.ask(SubmitRequested, self.targets(data), keep_going=keep_going)
+    @rule(picks=TARGETS, keep_going=st.booleans())
+    def submit(self, picks: list[tuple[int, bool, int]], keep_going: bool) -> None:
+        self.ask(SubmitRequested, self.targets(picks), keep_going=keep_going)
 
-    @rule(data=st.data(), keep_going=st.booleans())
-    def kill(self, data: st.DataObject, keep_going: bool) -> None:
-        self.ask(KillRequested, self.targets(data), keep_going=keep_going)
+    @rule(picks=TARGETS, keep_going=st.booleans())
+    def kill(self, picks: list[tuple[int, bool, int]], keep_going: bool) -> None:
+        self.ask(KillRequested, self.targets(picks), keep_going=keep_going)
 
-    @rule(data=st.data(), keep_going=st.booleans(), only_failed=st.booleans())
-    def resubmit(self, data: st.DataObject, keep_going: bool, only_failed: bool) -> None:
-        self.ask(ResubmitRequested, self.targets(data), keep_going=keep_going, only_failed=only_failed)
+    @rule(picks=TARGETS, keep_going=st.booleans(), only_failed=st.booleans())
+    def resubmit(self, picks: list[tuple[int, bool, int]], keep_going: bool, only_failed: bool) -> None:
+        self.ask(ResubmitRequested, self.targets(picks), keep_going=keep_going, only_failed=only_failed)
 
-    @rule(data=st.data())
-    def release(self, data: st.DataObject) -> None:
-        self.ask(ReleaseRequested, self.targets(data))
+    @rule(picks=TARGETS)
+    def release(self, picks: list[tuple[int, bool, int]]) -> None:
+        self.ask(ReleaseRequested, self.targets(picks))
 
-    @rule(data=st.data(), to=st.sampled_from([S.FAILED, S.COMPLETED]), force=st.booleans())
-    def force_status(self, data: st.DataObject, to: JobStatus, force: bool) -> None:
-        self.ask(ForceStatusRequested, self.targets(data), status=to, force=force)
+    @rule(picks=TARGETS, to=st.sampled_from([S.FAILED, S.COMPLETED]), force=st.booleans())
+    def force_status(self, picks: list[tuple[int, bool, int]], to: JobStatus, force: bool) -> None:
+        self.ask(ForceStatusRequested, self.targets(picks), status=to, force=force)
 
     # ------------------------------------------------------------ the runtime and the backend
     @precondition(lambda self: self.outstanding)
-    @rule(data=st.data())
-    def answer(self, data: st.DataObject) -> None:
-        ins = self.outstanding.pop(data.draw(st.integers(0, len(self.outstanding) - 1)))
+    @rule(data=st.data(), pick=PICK, roll=st.integers(0, 9))
+    def answer(self, data: st.DataObject, pick: int, roll: int) -> None:
+        """Answer one instruction under way: ``roll`` 0 fails a preparation or a whole native call; each run of a
+        batch is then accepted or refused, killed or not, by rolls drawn for the batch at once."""
+        ins = self.outstanding.pop(pick % len(self.outstanding))
         sid, t = ins.stimulus_id, self.clock
         if isinstance(ins, Prepare):
-            if data.draw(st.integers(0, 9)) == 0:
+            if roll == 0:
                 self.post(PrepareFailed(stimulus_id=sid, time=t, job=ins.job, error=JobError("bad split")))
             else:
                 self.post(Prepared(stimulus_id=sid, time=t, job=ins.job, n_subjobs=self.splits[ins.job]))
         elif isinstance(ins, SendSubmit):
-            self.answer_submit(ins, data)
+            self.answer_submit(ins, data, roll)
         elif isinstance(ins, SendKill):
             runs = list(ins.runs)
-            ok = [k for k in range(len(runs)) if data.draw(st.integers(0, 4)) > 0]
+            rolls = data.draw(st.lists(st.integers(0, 4), min_size=len(runs), max_size=len(runs)))
+            ok = [k for k in range(len(runs)) if rolls[k] > 0]
             bound = self.bound.pop(id(ins), {})
             for k in ok:
                 self.backend.discard((runs[k], bound.get(runs[k], -1)))
@@ -214,9 +223,11 @@ class Machine(RuleBasedStateMachine):
         elif isinstance(ins, Lookup):
             self.post(LookupOutcomes(stimulus_id=sid, time=t, runs=ins.runs, absent=list(range(len(ins.runs)))))
 
-    def answer_submit(self, ins: SendSubmit, data: st.DataObject) -> None:
+    def answer_submit(self, ins: SendSubmit, data: st.DataObject, roll: int) -> None:
         runs = list(ins.runs)
-        whole_call_failed = ins.native and data.draw(st.integers(0, 9)) == 0
+        whole_call_failed = ins.native and roll == 0
+        rolls = [1] * len(runs) if whole_call_failed else data.draw(
+            st.lists(st.integers(0, 3), min_size=len(runs), max_size=len(runs)))
         accepted: list[int] = []
         rejected: list[tuple[int, str]] = []
         not_attempted: list[int] = []
@@ -225,7 +236,7 @@ class Machine(RuleBasedStateMachine):
                 rejected.append((k, "unreachable"))
             elif not ins.native and ins.stop_on_failure and rejected:
                 not_attempted.append(k)
-            elif data.draw(st.integers(0, 3)) == 0:
+            elif rolls[k] == 0:
                 rejected.append((k, "refused"))
             else:
                 accepted.append(k)
@@ -237,9 +248,9 @@ class Machine(RuleBasedStateMachine):
                                  native=ins.native and not whole_call_failed))
 
     @precondition(lambda self: self.backend)
-    @rule(data=st.data(), to=st.sampled_from([S.RUNNING, S.COMPLETED, S.FAILED, S.HELD, S.KILLED]))
-    def backend_moves(self, data: st.DataObject, to: JobStatus) -> None:
-        held = data.draw(st.sampled_from(sorted(self.backend)))
+    @rule(pick=PICK, to=st.sampled_from([S.RUNNING, S.COMPLETED, S.FAILED, S.HELD, S.KILLED]))
+    def backend_moves(self, pick: int, to: JobStatus) -> None:
+        held = sorted(self.backend)[pick % len(self.backend)]
         fq = held[0]
         if fq not in self.sm or self.sm.attempt(fq) != held[1]:
             self.backend.discard(held)  # an old attempt ends: its report names a key nobody waits for
@@ -251,14 +262,19 @@ class Machine(RuleBasedStateMachine):
                                reports=(RunReport(runs, to, exit_code=0 if to == S.COMPLETED else 1),)))
 
     @precondition(lambda self: self.backend)
-    @rule(data=st.data())
-    def lose(self, data: st.DataObject) -> None:
-        held = data.draw(st.sampled_from(sorted(self.backend)))
+    @rule(pick=PICK, silence=st.sampled_from([None, 0.0, 599.0, 600.0, 3600.0]))
+    def lose(self, pick: int, silence: float | None) -> None:
+        held = sorted(self.backend)[pick % len(self.backend)]
         fq = held[0]
-        if fq not in self.sm or self.sm.attempt(fq) != held[1]:
+        if fq not in self.sm:
             return
         runs = Runs(fq[0], [fq[1]] if len(fq) == 2 else None)
-        self.post(RunLost(stimulus_id=self.sid("lost"), time=self.clock, runs=runs, reason="no answer"))
+        if silence is not None:  # silence reported: the core counts it lost once it lasted lost_after (600 s),
+            # and not about an attempt that is no longer the run's
+            self.post(RunsSilent(stimulus_id=self.sid("silent"), time=self.clock, backend="sim", runs=runs,
+                                 attempts=(held[1],), since=self.clock - silence, reason="no answer"))
+        elif self.sm.attempt(fq) == held[1]:
+            self.post(RunLost(stimulus_id=self.sid("lost"), time=self.clock, runs=runs, reason="no answer"))
 
     # ------------------------------------------------------------ invariants
     @invariant()

@@ -12,6 +12,7 @@ from orchestrator.core.events import (
     RetryDue,
     RunLost,
     RunReport,
+    RunsSilent,
     Started,
     StatusReport,
 )
@@ -27,6 +28,7 @@ from orchestrator.core.instructions import (
     Unwatch,
 )
 from orchestrator.core.statuses import JobStatus
+from orchestrator.core.step import Step
 
 from .harness import Harness, limits, log, only, profile, reply
 
@@ -210,6 +212,40 @@ def test_a_lost_run_is_killed_where_reachable_and_judged_at_orchestrator_level()
     kill = only(step, SendKill)
     h.killed(kill)
     assert h.status(job, 0) == S.SUBMITTING  # the kill of a lost run moves nothing
+
+
+def test_silence_is_lost_once_it_lasted_lost_after_and_only_for_the_attempt_watched() -> None:
+    """The runtime reports silence (``RunsSilent``); the core decides: lost after ``lost_after`` (600 s by default),
+    retried as late unhandled and killed where reachable; silence about an attempt before, or shorter, is no news."""
+    h = Harness()
+    job = running_master(h, n=2, wrapper=True, limits=limits(unhandled=1))
+    now = h.tick()
+
+    def silent(seconds: float, attempts: tuple[int, ...] = (1, 1), sid: str = "silent-1") -> Step:
+        return h.post(RunsSilent(stimulus_id=sid, time=now, backend="sim", runs=Runs(job, [0, 1]), attempts=attempts,
+                                 since=now - seconds, reason="no answer from backend sim"))
+
+    assert not silent(599.0)
+    assert not silent(3600.0, attempts=(0, 2))  # not the attempts the runs are at
+    step = silent(600.0)
+    kill = only(step, SendKill)
+    assert list(kill.runs) == [(job, 0), (job, 1)] and list(kill.attempts) == [1, 1]
+    assert list(only(step, SendSubmit).runs) == [(job, 0), (job, 1)]
+    assert [type(i).__name__ for i in step.instructions].index("SendKill") < \
+        [type(i).__name__ for i in step.instructions].index("SendSubmit")
+    entry = h.sm.info((job, 1))["history"][-1]
+    assert (entry["level"], entry["verdict"], entry["attempt"]) == ("orchestrator", "late_unhandled", 1)
+    assert h.sm.info((job, 1))["reason"] == "no answer from backend sim"
+    assert not silent(3600.0, sid="silent-2")  # about attempt 1 still: the runs are at attempt 2 now
+
+
+def test_a_short_silence_of_a_custom_lost_after_is_lost() -> None:
+    h = Harness(lost_after=0.5)
+    job = running_master(h, n=1, wrapper=True, limits=limits(unhandled=1))
+    now = h.tick()
+    step = h.post(RunsSilent(stimulus_id="silent-1", time=now, backend="sim", runs=Runs(job, [0]), attempts=(1,),
+                             since=now - 0.5, reason="no answer"))
+    assert step.of(SendKill) and h.status(job, 0) == S.SUBMITTING
 
 
 def test_a_retry_the_backend_refuses_waits_and_is_sent_again_within_the_limit() -> None:
