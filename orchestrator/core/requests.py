@@ -27,7 +27,7 @@ from .instructions import Forget, Prepare, RunPostprocess, SetBackend, Unwatch
 from .jobs import JobState
 from .partition import active_linked, resubmit_refusal, settle
 from .sending import send_kill, send_submit
-from .statuses import ACTIVE, AT_REST, FINAL, KILLABLE, MONITORED, RESUBMITTABLE, JobStatus
+from .statuses import ACTIVE, AT_REST, FINAL, KILLABLE, MONITORED, RESUBMITTABLE, JobStatus, resubmitted_from
 
 
 def _job(core: Core, job: int, fq: FQID) -> JobState:
@@ -170,8 +170,7 @@ def _resubmit_targets(js: JobState, fq: FQID, only_failed: bool) -> list[int]:
         why = resubmit_refusal(js)
         if why is not None:
             raise refused(why, fq)
-        wanted = [JobStatus.FAILED, JobStatus.NEW] + ([] if only_failed else [JobStatus.KILLED])
-        return js.runs.indexes_in(wanted)
+        return js.runs.indexes_in(resubmitted_from(only_failed))
     i = fq[1] if len(fq) > 1 else 0
     status = js.runs.get(i)
     if status == JobStatus.NEW and len(fq) == 1:

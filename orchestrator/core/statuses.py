@@ -73,6 +73,14 @@ AT_REST: frozenset[JobStatus] = FINAL | {JobStatus.NEW}
 KILLABLE: frozenset[JobStatus] = frozenset({JobStatus.SUBMITTED, JobStatus.RUNNING, JobStatus.HELD})
 #: Statuses a subjob may be resubmitted from: at rest (``new``: left unsubmitted).
 RESUBMITTABLE: frozenset[JobStatus] = AT_REST
+
+
+def resubmitted_from(only_failed: bool) -> tuple[JobStatus, ...]:
+    """The subjobs a master's ``resubmit()`` takes again: failed ones and ones left new, and killed ones unless
+    ``only_failed`` (one rule for the core, which resubmits them, and the service's quotas, which count them)."""
+    return (JobStatus.FAILED, JobStatus.NEW) if only_failed else (JobStatus.FAILED, JobStatus.NEW, JobStatus.KILLED)
+
+
 #: A master's timestamps for these are its earliest subjob's, for the rest its latest.
 START_STATUSES: frozenset[JobStatus] = frozenset({JobStatus.NEW, JobStatus.SUBMITTING, JobStatus.SUBMITTED,
                                                   JobStatus.RUNNING})

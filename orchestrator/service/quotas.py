@@ -22,7 +22,7 @@ from typing import Any
 
 from ..core.errors import ConfigError, JobError
 from ..core.ids import FQID, fqid_str
-from ..core.statuses import ACTIVE, JobStatus
+from ..core.statuses import ACTIVE, resubmitted_from
 
 #: The settings, in the [service] table.
 SETTINGS = ("max_active_per_user", "max_subjobs_per_master")
@@ -67,7 +67,7 @@ class Quotas:
         if not self.max_active:
             return
         wanted: dict[str, tuple[str, int]] = {}
-        again = (JobStatus.FAILED,) if only_failed else (JobStatus.FAILED, JobStatus.KILLED)
+        again = resubmitted_from(only_failed)
         for fq in targets:
             owner = self.owner_of(fq[0])
             if owner is None:
