@@ -63,11 +63,11 @@ def home(tmp_path: Path) -> Iterator[Path]:
             os.kill(pid, signal.SIGKILL)
 
 
-def scan_file(tmp_path: Path) -> Path:
+def scan_file(tmp_path: Path, seconds: int = 2) -> Path:
     path = tmp_path / "scan.toml"
     path.write_text('name = "scan"\noutputfiles = ["point.txt"]\n[application]\nexe = "/bin/sh"\n'
                     '[backend]\nname = "local"\n[splitter]\ntype = "args"\nrange = "0-5"\n'
-                    'template = ["-c", "sleep 2; echo {} > point.txt", "{}"]\n'
+                    f'template = ["-c", "sleep {seconds}; echo {{}} > point.txt", "{{}}"]\n'
                     '[merger]\ntype = "text"\nfiles = ["point.txt"]\n')
     return path
 
@@ -163,7 +163,8 @@ def test_with_autostart_off_the_listings_say_nobody_watches(tmp_path: Path) -> N
     home = tmp_path / "quiet"
     home.mkdir()
     (home / "orchestrator.toml").write_text("[service]\nautostart = false\n")
-    job = cli(home, "submit", str(scan_file(tmp_path))).stdout.strip()
+    # runs of 60 s, killed at the end: still active through both listings, however loaded the machine
+    job = cli(home, "submit", str(scan_file(tmp_path, 60))).stdout.strip()
     time.sleep(1)
     assert not watchers(home)
     for args in (("jobs",), ("show", job)):
