@@ -254,6 +254,11 @@ class Embedded:
             raise reply.error
         return {"acted": reply.acted}
 
+    async def _ask_for(self, event: Any, kind: str, targets: Sequence[FQID], **fields: Any) -> dict[str, Any]:
+        """The request event of type ``event`` on ``targets``, stamped with its stimulus id and time, asked."""
+        named = tuple(targets)
+        return await self._ask(lambda sid: event(stimulus_id=sid, time=time.time(), targets=named, **fields), kind)
+
     async def _add(self, r: wire.AddRequest) -> dict[str, Any]:
         spec = built(r.name, msgspec.to_builtins(r.spec), None).spec()
         # a notification may mail its owner, and whom [postprocess] allowed_recipients lists: nothing else
@@ -276,13 +281,10 @@ class Embedded:
                 defs.add(job, given.name, spec)
                 defs.dirty.add(job)
                 profiles[job] = defs.profile(job)
-        return await self._ask(lambda sid: ev.SubmitRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
-                                                           keep_going=r.keep_going, profiles=profiles), "submit")
+        return await self._ask_for(ev.SubmitRequested, "submit", targets, keep_going=r.keep_going, profiles=profiles)
 
     async def _kill(self, r: wire.KillRequest) -> dict[str, Any]:
-        targets = self._targets(r.targets)
-        return await self._ask(lambda sid: ev.KillRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
-                                                         keep_going=r.keep_going), "kill")
+        return await self._ask_for(ev.KillRequested, "kill", self._targets(r.targets), keep_going=r.keep_going)
 
     async def _resubmit(self, r: wire.ResubmitRequest) -> dict[str, Any]:
         targets = self._targets(r.targets)
@@ -315,27 +317,19 @@ class Embedded:
         return await self._ask(make, "resubmit")
 
     async def _release(self, r: wire.ReleaseRequest) -> dict[str, Any]:
-        targets = self._targets(r.targets)
         args = tuple(str(a) for a in r.retry_args) if r.retry_args is not None else None
-        return await self._ask(lambda sid: ev.ReleaseRequested(stimulus_id=sid, time=time.time(),
-                                                               targets=tuple(targets), retry_args=args), "release")
+        return await self._ask_for(ev.ReleaseRequested, "release", self._targets(r.targets), retry_args=args)
 
     async def _force_status(self, r: wire.ForceStatusRequest) -> dict[str, Any]:
         targets = self._targets(r.targets)
-        status = parse_status(r.status)
-        return await self._ask(lambda sid: ev.ForceStatusRequested(stimulus_id=sid, time=time.time(),
-                                                                targets=tuple(targets), status=status, force=r.force,
-                                                                keep_going=r.keep_going), "force")
+        return await self._ask_for(ev.ForceStatusRequested, "force", targets, status=parse_status(r.status),
+                                   force=r.force, keep_going=r.keep_going)
 
     async def _remove(self, r: wire.RemoveRequest) -> dict[str, Any]:
-        targets = self._targets(r.targets)
-        return await self._ask(lambda sid: ev.RemoveRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets),
-                                                           keep_going=r.keep_going), "remove")
+        return await self._ask_for(ev.RemoveRequested, "remove", self._targets(r.targets), keep_going=r.keep_going)
 
     async def _merge(self, r: wire.MergeRequest) -> dict[str, Any]:
-        targets = self._targets(r.targets)
-        return await self._ask(lambda sid: ev.MergeRequested(stimulus_id=sid, time=time.time(), targets=tuple(targets)),
-                               "merge")
+        return await self._ask_for(ev.MergeRequested, "merge", self._targets(r.targets))
 
     async def _wait(self, r: wire.WaitRequest) -> dict[str, Any]:
         """Once nothing of the jobs is active, or after ``timeout``: ``timed_out`` says which, and ``active``

@@ -332,13 +332,9 @@ class Mirrored:
 
 
 #: Operations after which the mirror of the jobs they name is read again.
-_OPERATIONS = (wire.SubmitRequest, wire.KillRequest, wire.ResubmitRequest, wire.ReleaseRequest,
-               wire.ForceStatusRequest, wire.RemoveRequest, wire.MergeRequest, wire.WaitRequest)
-
-
 def _touched(request: wire.Request) -> set[int]:
     """The top-level jobs an operation names (none for a read)."""
-    if not isinstance(request, _OPERATIONS):
+    if not isinstance(request, wire.OPERATIONS):
         return set()
     return {fq[0] for fq in wire.fqs(request.targets)} | ({parse_fqid(request.fqid)[0]} if request.fqid else set())
 

@@ -318,6 +318,11 @@ class RefreshRequest(Request):
     pass
 
 
+#: The requests that act on jobs named by ``targets`` (or one ``fqid``): what a service answers with the named
+#: job's summary, and what a remote client reads again afterwards.
+OPERATIONS = (SubmitRequest, KillRequest, ResubmitRequest, ReleaseRequest, ForceStatusRequest, RemoveRequest,
+              MergeRequest, WaitRequest)
+
 #: The request type of each control method.
 REQUESTS: dict[str, type[Request]] = {
     "jobs": JobsRequest, "show": ShowRequest, "master": MasterRequest, "health": HealthRequest,

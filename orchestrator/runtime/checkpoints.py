@@ -34,6 +34,7 @@ import anyio
 
 from ..checkpoint import STATE_DIR, State, StateError, Steps, initial_text, relabel, write_state_dir
 from ..core.errors import ConfigError
+from ..core.ids import parse_fqid
 from ..core.machine import StateMachine
 from ..plugin.contract import RunSpec
 from ..plugin.users import Identity, OwnerError, fs_as, identity, read_inside
@@ -88,11 +89,11 @@ class Checkpoints:
 
     def record(self, fqid: str) -> Mapping[str, Any]:
         """A run's checkpoint record in the state machine (``seq``, ``label``, ``final``, ``time``)."""
-        return self.sm.checkpoint(tuple(int(p) for p in fqid.split(".")))
+        return self.sm.checkpoint(parse_fqid(fqid))
 
     def spec_of(self, fqid: str) -> Mapping[str, Any]:
         """A run's definition (its steps)."""
-        fq = tuple(int(p) for p in fqid.split("."))
+        fq = parse_fqid(fqid)
         return self.definitions.spec(fq[0]) if len(fq) == 1 else self.definitions.subjob_spec(fq[0], fq[1])
 
     def store(self, row: StateRow) -> None:

@@ -136,11 +136,16 @@ class Holding:
                 if handle is not None and handle.status != status:
                     self._polled[key] = _with_status(handle, status)
             return
-        for i in indexes if indexes is not None else [None]:
-            handle = runs.handle((job, i))
+        if indexes is None:
+            handle = runs.handle((job, None))
             if handle is not None:
-                self.let_go(job, None if i is None else [i])
-                self._lost[(job, i)] = handle
+                self.let_go(job, None)
+                self._lost[(job, None)] = handle
+            return
+        lost: dict[RunKey, RunHandle] = {(job, i): h for i in indexes if (h := runs.handle((job, i))) is not None}
+        if lost:  # let go of in one call, their handles kept for the kill that follows
+            self.let_go(job, [i for _, i in lost if i is not None])
+            self._lost.update(lost)
 
     # ------------------------------------------------------------ silence
     def silent(self, keys: Sequence[RunKey], now: float) -> list[Silence]:

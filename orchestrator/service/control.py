@@ -55,11 +55,6 @@ def _fq(value: Any) -> FQID:
         raise UnknownJobError(f"no job {value}", fqid=str(value)) from None
 
 
-#: Operations: requests that name their jobs with ``targets`` or ``fqid``.
-OPERATIONS = (wire.SubmitRequest, wire.KillRequest, wire.ResubmitRequest, wire.ReleaseRequest,
-              wire.ForceStatusRequest, wire.RemoveRequest, wire.MergeRequest, wire.WaitRequest)
-
-
 class Control:
     """See the module docstring."""
 
@@ -137,7 +132,7 @@ class Control:
             return {"id": reply["id"], **views.summary(self.registry.top(int(reply["id"])))}
         if isinstance(request, wire.SubjobSpecsRequest):
             return {str(i): spec for i, spec in reply.items()}
-        if not isinstance(request, OPERATIONS) or request.fqid is None:
+        if not isinstance(request, wire.OPERATIONS) or request.fqid is None:
             return reply
         if isinstance(request, wire.RemoveRequest):
             return {"acted": reply["acted"], "fqid": request.fqid, "removed": True}
@@ -190,7 +185,7 @@ VIEWS: dict[type[wire.Request], Callable[[Control, Any], Awaitable[Any]]] = {
 }
 #: What is checked of each request before the transport handles it (the others go as they are).
 CHECKS: dict[type[wire.Request], Callable[[Control, Any], Any]] = {
-    **{cls: Control._targets for cls in OPERATIONS},
+    **{cls: Control._targets for cls in wire.OPERATIONS},
     **{cls: Control._one for cls in (wire.InfoRequest, wire.BackendIdRequest, wire.PeekRequest, wire.StatesRequest,
                                      wire.StoryRequest)},
     **{cls: Control._job for cls in (wire.SplitterSpecRequest, wire.SubjobSpecsRequest, wire.AnnotateRequest)},
@@ -198,9 +193,7 @@ CHECKS: dict[type[wire.Request], Callable[[Control, Any], Any]] = {
 }
 
 #: The methods a client may call (the HTTP API's routes).
-METHODS = frozenset({"jobs", "show", "master", "health", "describe", "info", "infos", "backend_id", "subjob_specs",
-                     "splitter_spec", "peek", "metrics", "states", "story", "add", "submit", "kill", "resubmit",
-                     "release", "force_status", "remove", "merge", "wait", "annotate", "refresh", "owner"})
+METHODS = frozenset(wire.REQUESTS)
 #: Methods a ``GET`` may call: they change nothing.
 READ_ONLY = frozenset({"jobs", "show", "master", "health", "describe", "info", "infos", "backend_id", "peek", "metrics",
                        "states", "story", "splitter_spec", "owner"})

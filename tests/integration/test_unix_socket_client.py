@@ -19,9 +19,9 @@ import json
 import random
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
+from loop_errors import caught_loop_errors
 
 from orchestrator.api.client import ServiceClient
 
@@ -60,39 +60,35 @@ class StandIn:
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_a_client_closed_while_events_stream_in_leaves_no_loop_error(tmp_path: Path) -> None:
-    loop_errors: list[dict[str, Any]] = []
-    loop = asyncio.get_running_loop()
-    previous = loop.get_exception_handler()
-    loop.set_exception_handler(lambda _loop, context: loop_errors.append(context))
-    socket = tmp_path / "service.sock"
-    stand_in = StandIn()
-    server = await asyncio.start_unix_server(stand_in.handle, socket)
-    ticking = asyncio.create_task(stand_in.tick())
-    rounds, events_read, started = 0, 0, time.monotonic()
-    try:
-        while time.monotonic() - started < 10:
-            rounds += 1
-            async with ServiceClient(socket=socket) as client:
-                other_reader, other_writer = await asyncio.open_unix_connection(socket)
-                other_writer.write(b"GET /api/events HTTP/1.1\r\nhost: x\r\n\r\n")
+    with caught_loop_errors() as loop_errors:
+        socket = tmp_path / "service.sock"
+        stand_in = StandIn()
+        server = await asyncio.start_unix_server(stand_in.handle, socket)
+        ticking = asyncio.create_task(stand_in.tick())
+        rounds, events_read, started = 0, 0, time.monotonic()
+        try:
+            while time.monotonic() - started < 10:
+                rounds += 1
+                async with ServiceClient(socket=socket) as client:
+                    other_reader, other_writer = await asyncio.open_unix_connection(socket)
+                    other_writer.write(b"GET /api/events HTTP/1.1\r\nhost: x\r\n\r\n")
 
-                async def follow(client: ServiceClient = client) -> None:
-                    nonlocal events_read
-                    async for event in client.events():
-                        assert event["type"] == "StatusChanged"
-                        events_read += 1
+                    async def follow(client: ServiceClient = client) -> None:
+                        nonlocal events_read
+                        async for event in client.events():
+                            assert event["type"] == "StatusChanged"
+                            events_read += 1
 
-                following = asyncio.create_task(follow())
-                for _ in range(random.randint(2, 6)):  # woken by the other connection's data, then cancel
-                    await other_reader.read(64)
-                following.cancel()
-                with pytest.raises(asyncio.CancelledError):
-                    await following
-                other_writer.close()
-    finally:
-        ticking.cancel()
-        server.close()
-        loop.set_exception_handler(previous)
+                    following = asyncio.create_task(follow())
+                    for _ in range(random.randint(2, 6)):  # woken by the other connection's data, then cancel
+                        await other_reader.read(64)
+                    following.cancel()
+                    with pytest.raises(asyncio.CancelledError):
+                        await following
+                    other_writer.close()
+        finally:
+            ticking.cancel()
+            server.close()
     invalid = [c for c in loop_errors if isinstance(c.get("exception"), asyncio.InvalidStateError)]
     assert not invalid, f"{len(invalid)} of {rounds} closes upset the loop: {invalid[0]}"
     assert rounds > 50 and events_read > 0

@@ -19,10 +19,10 @@ import random
 import socket
 import time
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
+from loop_errors import caught_loop_errors
 
 from orchestrator.service.http import Limits, Request, Response, Server
 
@@ -34,13 +34,9 @@ async def answer(request: Request) -> Response:
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_a_server_cancelled_while_clients_send_leaves_no_loop_error(tmp_path: Path) -> None:
-    loop_errors: list[dict[str, Any]] = []
-    loop = asyncio.get_running_loop()
-    previous = loop.get_exception_handler()
-    loop.set_exception_handler(lambda _loop, context: loop_errors.append(context))
-    path = tmp_path / "service.sock"
-    rounds, answered, started = 0, 0, time.monotonic()
-    try:
+    with caught_loop_errors() as loop_errors:
+        path = tmp_path / "service.sock"
+        rounds, answered, started = 0, 0, time.monotonic()
         while time.monotonic() - started < 10:
             rounds += 1
             listener = await anyio.create_unix_listener(path)
@@ -77,7 +73,5 @@ async def test_a_server_cancelled_while_clients_send_leaves_no_loop_error(tmp_pa
             probe_out.close()
             path.unlink(missing_ok=True)
             await asyncio.sleep(0)  # the callbacks queued by the cancelled reads run now
-    finally:
-        loop.set_exception_handler(previous)
     assert answered == 1 and rounds > 50, (answered, rounds)
     assert not loop_errors, f"{len(loop_errors)} loop errors in {rounds} rounds: {loop_errors[0]}"
