@@ -45,11 +45,11 @@ async def until(check: Any, timeout: float = 20.0) -> None:
 
 
 def gone(pid: int) -> bool:
+    """Has ``pid`` ended (gone, or a zombie)? It may be reaped between any two reads of it."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
         return True
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 # --------------------------------------------------------------------------- look-ups
