@@ -11,7 +11,8 @@ In the same process and run, alternately:
 Reports both times, the ratio ours/raw (sums over the rounds; target: at
 most 2.5) and the CPU seconds of this process and of its children in each.
 Each "ours" round uses a fresh home under ``--home-root`` (default: the
-system temporary directory), removed afterwards.
+system temporary directory), removed afterwards (``ours`` counts its files
+and directories first: ``entries``).
 
     python benchmarks/bench_local_spawn.py [--n 2000] [--rounds 2] [--max-running 256]
         [--poll-interval 0.05] [--flush-interval 0.2] [--concurrency 16] [--home-root DIR]
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import os
 import resource
 import shutil
 import tempfile
@@ -31,8 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from _common import peak_rss_mib, record, status_counts
-
-from orchestrator import ArgSplitter, Executable, Job, Orchestrator
 
 TARGET_RATIO = 2.5
 EXE = "/bin/true"
@@ -76,6 +76,8 @@ async def raw(n: int, concurrency: int) -> dict[str, float]:
 
 
 async def ours(n: int, config: dict[str, Any], profile: cProfile.Profile | None) -> dict[str, float]:
+    from orchestrator import ArgSplitter, Executable, Job, Orchestrator  # here: raw's process need not hold it
+
     home = Path(tempfile.mkdtemp(prefix="orch-bench-local-", dir=HOME_ROOT))
     try:
         async with Orchestrator(home, config=config) as orch:
@@ -94,10 +96,11 @@ async def ours(n: int, config: dict[str, Any], profile: cProfile.Profile | None)
             counts = status_counts(orch, j)
             if counts != {"completed": n}:
                 raise SystemExit(f"FAILED: master {j.status.value}, counts {counts}")
+        entries = sum(len(dirs) + len(files) for _, dirs, files in os.walk(home))
     finally:
         shutil.rmtree(home, ignore_errors=True)
     return {"submit_s": t1 - t0, "total_s": t2 - t0, "cpu_self_s": m.cpu_self, "cpu_self_sys_s": m.cpu_self_sys,
-            "cpu_children_s": m.cpu_children}
+            "cpu_children_s": m.cpu_children, "entries": entries}
 
 
 async def bench(a: argparse.Namespace, profile: cProfile.Profile | None) -> dict[str, Any]:
