@@ -52,7 +52,14 @@ class Service:
         return self
 
     def start(self) -> Service:
-        return self.launch().wait_ready()
+        """Launch and wait until ready. One that never gets ready is stopped by its PID before the error rises:
+        callers write ``Service(...).start()`` before their ``try``, so nothing else would stop it."""
+        self.launch()
+        try:
+            return self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
 
     def wait_ready(self) -> Service:
         """Until ``service.json`` names this process and ``/health`` answers 200 on the socket."""
