@@ -14,16 +14,42 @@ import copy
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from ..core.errors import JobError
 from ..core.ids import FQID, fqid_str
 from ..core.model import Backend, JobInfo
 from ..core.statuses import ACTIVE, JobStatus, parse_status
+from ..runtime.workspace import Workspace
 from . import wire
 from .definition import Definition
-from .slices import JobSlice, select_statuses
+from .slices import JobCollection, JobSlice, select_statuses
 from .transport import Done, Jobs, done
+
+
+class _LinkedJob:
+    """``Job.prejob`` and ``Job.aggregator``, one attribute per role: the linked top-level job once it exists,
+    else the definition set (held by :class:`Definition` as ``_prejob`` / ``_aggregator``)."""
+
+    def __init__(self, role: str, doc: str) -> None:
+        self.held = f"_{role}"
+        self.role = role
+        self.__doc__ = doc
+
+    @overload
+    def __get__(self, job: None, owner: type[Job]) -> _LinkedJob: ...
+
+    @overload
+    def __get__(self, job: Job, owner: type[Job]) -> Definition | None: ...
+
+    def __get__(self, job: Job | None, owner: type[Job]) -> Definition | None | _LinkedJob:
+        if job is None:
+            return self
+        held: Definition | None = getattr(job, self.held)
+        return job._linked(self.role) or held
+
+    def __set__(self, job: Job, value: Definition | None) -> None:
+        setattr(job, self.held, value)
 
 
 class Job(Definition):
@@ -127,23 +153,9 @@ class Job(Definition):
             self._registry.transport.read(wire.AnnotateRequest(job=self.fqid_tuple[0], comment=self._comment,
                                                                metadata=self._metadata))
 
-    @property
-    def prejob(self) -> Definition | None:
-        """The pre-job: once submitted, the top-level job that runs it (else its definition)."""
-        return self._linked("prejob") or self._prejob
-
-    @prejob.setter
-    def prejob(self, value: Definition | None) -> None:
-        self._prejob = value
-
-    @property
-    def aggregator(self) -> Definition | None:
-        """The aggregator: once started, the top-level job that runs it (else its definition)."""
-        return self._linked("aggregator") or self._aggregator
-
-    @aggregator.setter
-    def aggregator(self, value: Definition | None) -> None:
-        self._aggregator = value
+    prejob = _LinkedJob("prejob", "The pre-job: once submitted, the top-level job that runs it (else its definition).")
+    aggregator = _LinkedJob("aggregator",
+                            "The aggregator: once started, the top-level job that runs it (else its definition).")
 
     def _linked(self, role: str) -> Job | None:
         if self._registry is None or self.parent is not None:
@@ -155,15 +167,20 @@ class Job(Definition):
     def workspace(self) -> Path:
         """This job's directory: ``workspace/<id>`` or ``workspace/<id>/<i>`` under the home (or the shared
         directory of a shared repository)."""
-        return self.registry.transport.workspace.joinpath(*map(str, self.fqid_tuple))
+        return self._layout.jobdir(self.fqid_tuple)
 
     @property
     def inputdir(self) -> Path:
-        return self.workspace / "input"
+        return self._layout.inputdir(self.fqid_tuple)
 
     @property
     def outputdir(self) -> Path:
-        return self.workspace / "output"
+        return self._layout.outputdir(self.fqid_tuple)
+
+    @property
+    def _layout(self) -> Workspace:
+        """The job directories as the runtime lays them out: one layout, in :mod:`orchestrator.runtime.workspace`."""
+        return Workspace(self.registry.transport.workspace)
 
     def is_active(self) -> bool:
         """Something of this job is submitting, submitted, running or completing."""
@@ -246,7 +263,7 @@ class Job(Definition):
         return f"<Job {ident} {self.name!r} {self.status.value} on {self.backend.name}>"
 
 
-class SubjobList:
+class SubjobList(JobCollection):
     """A master's subjobs: ``j.subjobs[i]``, ``j.subjobs(i)``, ``select()``, ``len()``.
 
     A subjob object is made on first access and kept while someone holds it,
@@ -309,11 +326,6 @@ class SubjobList:
 
     def __bool__(self) -> bool:
         return len(self) > 0
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (JobSlice, SubjobList, list, tuple)):
-            return len(self) == len(other) and all(a is b for a, b in zip(self, other, strict=True))
-        return NotImplemented
 
     def __repr__(self) -> str:
         return f"<{len(self)} subjobs of job {self._master.fqid_or_new}>"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import fnmatch
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -103,7 +104,23 @@ def matches(job: Any, *, ids: Any, status: list[JobStatus] | None, name: str | N
     return until is None or (added is not None and added <= until)
 
 
-class JobSlice:
+class JobCollection(ABC):
+    """What a slice and a master's subjobs share: ``==`` is the same job objects in the same order, with either
+    kind or with a list or a tuple (the lengths first: a master's subjobs are built only if those match)."""
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, (JobCollection, list, tuple)):
+            return NotImplemented
+        return len(self) == len(other) and all(a is b for a, b in zip(self, other, strict=True))
+
+
+class JobSlice(JobCollection):
     """A list of jobs with collective operations; see the module docstring."""
 
     def __init__(self, jobs: Iterable[Any]) -> None:
@@ -120,12 +137,6 @@ class JobSlice:
         if isinstance(i, slice):
             return JobSlice(self._jobs[i])
         return self._jobs[i]
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (JobSlice, list, tuple)) or hasattr(other, "_master"):
-            others = list(other)  # type: ignore[call-overload]
-            return len(self) == len(others) and all(a is b for a, b in zip(self, others, strict=True))
-        return NotImplemented
 
     def __repr__(self) -> str:
         return f"JobSlice({self._jobs!r})"

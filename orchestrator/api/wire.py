@@ -249,6 +249,15 @@ class OwnerRequest(Request):
 
 
 # ------------------------------------------------------------------ operations
+class _TargetsRequest(Request):
+    """Base of the operations that take their jobs (``targets``, or one ``fqid``) and ``keep_going``, and nothing
+    else: ``kill`` and ``remove`` (they keep no docstring of their own: the OpenAPI summary would be made of it)."""
+
+    targets: Targets | None = None
+    keep_going: bool = False
+    fqid: Fqid | None = None
+
+
 class AddRequest(Request):
     name: Name
     spec: JobSpec
@@ -262,10 +271,8 @@ class SubmitRequest(Request):
     fqid: Fqid | None = None
 
 
-class KillRequest(Request):
-    targets: Targets | None = None
-    keep_going: bool = False
-    fqid: Fqid | None = None
+class KillRequest(_TargetsRequest):
+    pass
 
 
 class ResubmitRequest(Request):
@@ -291,10 +298,8 @@ class ForceStatusRequest(Request):
     fqid: Fqid | None = None
 
 
-class RemoveRequest(Request):
-    targets: Targets | None = None
-    keep_going: bool = False
-    fqid: Fqid | None = None
+class RemoveRequest(_TargetsRequest):
+    pass
 
 
 class MergeRequest(Request):

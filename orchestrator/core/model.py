@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import JobError
+from .table import RunRecord
 
 _ATOMS = frozenset({str, int, float, bool, type(None)})
 
@@ -205,33 +206,30 @@ class RetryPolicy:
                            field="retry.max_infrastructure")
 
 
+#: :meth:`JobInfo.to_dict`'s keys, in their order (the stored and ``show --json`` form).
+_INFO_ORDER = ("submit_counter", "timestamps", *RunRecord.__dataclass_fields__, "partition")
+
+
 @dataclass
-class JobInfo:
-    """Counters, timestamps and reasons; stored with the job, kept across reopen."""
+class JobInfo(RunRecord):
+    """Counters, timestamps and reasons; stored with the job, kept across reopen.
+
+    The fields a run records (``reason``, ``history``, ``counters``, ``retry_args``, ``outputs``,
+    ``refused``, ``checkpoint``) are :class:`~orchestrator.core.table.RunRecord`'s, so the job's view
+    and the run's record cannot drift apart.
+    """
 
     submit_counter: int = 0
     #: Seconds since the epoch at which the job last entered each status
     #: (plus ``final``). A master's start times are its earliest subjob's.
     timestamps: dict[str, float] = field(default_factory=dict)
-    reason: str | None = None
-    #: Failure history, one dict per failed run (filled by the fault-tolerance layer).
-    history: list[dict[str, Any]] = field(default_factory=list)
-    counters: dict[str, int] = field(default_factory=dict)
-    retry_args: list[str] = field(default_factory=list)
-    #: The data of the application's SUCCEEDED line: the files it produced.
-    outputs: list[str] = field(default_factory=list)
-    #: Transitions a backend asked for that the table refused, kept for the record.
-    refused: list[str] = field(default_factory=list)
-    #: The newest saved state (``seq``, ``label``, ``final``, ``time``) and the restart
-    #: counter (``restart_seq``, ``restarts``); see :mod:`orchestrator.runtime.checkpoints` and
-    #: :mod:`orchestrator.core.retry`.
-    checkpoint: dict[str, Any] = field(default_factory=dict)
     #: Pre-job / aggregator links: on a master ``prejob``, ``aggregator`` (job ids) and
     #: ``phase``; on those jobs ``master`` and ``role``. See :mod:`orchestrator.core.partition`.
     partition: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {name: plain_copy(getattr(self, name)) for name in self.__dataclass_fields__}
+        """Every field, the counter and the times first, as the job's info has always been listed."""
+        return {name: plain_copy(getattr(self, name)) for name in _INFO_ORDER}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> JobInfo:

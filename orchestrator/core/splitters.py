@@ -71,6 +71,14 @@ def as_master(master: Master | Unsubmitted) -> Master:
     return Master(str(getattr(master, "fqid_or_new", "(new job)")), spec, 1, str(getattr(master, "name", "")))
 
 
+def count_param(value: Any, name: str, fqid: str) -> int:
+    """A splitter's count parameter ``name`` (``files_per_job``, ``m``...): an integer >= 1, else the error
+    every splitter gives for it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise JobError(f"{name} must be an integer >= 1, not {value!r}", fqid=fqid, field=f"splitter.{name}")
+    return value
+
+
 class Splitter(ABC):
     """Base of splitters; ``name`` is the entry-point name, ``params()`` round-trips.
 
@@ -214,10 +222,7 @@ class FileSplitter(Splitter):
 
     def split(self, master: Master | Unsubmitted) -> list[dict[str, Any]]:
         master = as_master(master)
-        k = self.files_per_job
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise JobError(f"files_per_job must be an integer >= 1, not {k!r}", fqid=master.fqid,
-                           field="splitter.files_per_job")
+        k = count_param(self.files_per_job, "files_per_job", master.fqid)
         files = list(master.spec.get("inputfiles") or [])
         if not files:
             raise JobError("FileSplitter needs input files, and the job has none", fqid=master.fqid,
@@ -279,4 +284,4 @@ def partition_contiguous(weights: Sequence[float], m: int) -> list[int]:
 
 
 __all__ = ["ArgSplitter", "FileSplitter", "GenericSplitter", "Master", "Splitter", "apply_delta",
-           "check_path", "partition_contiguous"]
+           "check_path", "count_param", "partition_contiguous"]

@@ -28,19 +28,30 @@ REFUSED_KEPT = 20
 
 
 @dataclass(slots=True)
-class RunExtra:
-    """What only some runs have; every field is part of the run's public ``info``."""
+class RunRecord:
+    """What the core records of a run beyond its status and times: one group of fields, kept per run
+    (:class:`RunExtra`) and shown per job (:class:`~orchestrator.core.model.JobInfo`)."""
 
     reason: str | None = None
+    #: Failure history, one dict per failed run (filled by the fault-tolerance layer).
     history: list[dict[str, Any]] = field(default_factory=list)
     #: Retries used, per verdict (``early``, ``late_handled``, ``late_unhandled``).
     counters: dict[str, int] = field(default_factory=dict)
     retry_args: list[str] = field(default_factory=list)
     #: The data of the application's SUCCEEDED line: the files it produced.
     outputs: list[str] = field(default_factory=list)
+    #: Transitions a backend asked for that the table refused, kept for the record.
     refused: list[str] = field(default_factory=list)
-    #: Newest saved state (``seq``, ``label``, ``final``, ``time``) and restarts from it.
+    #: The newest saved state (``seq``, ``label``, ``final``, ``time``) and the restart
+    #: counter (``restart_seq``, ``restarts``); see :mod:`orchestrator.runtime.checkpoints` and
+    #: :mod:`orchestrator.core.retry`.
     checkpoint: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RunExtra(RunRecord):
+    """What only some runs have; every field is part of the run's public ``info``."""
+
     timestamps: dict[str, float] = field(default_factory=dict)
     #: CPU and wall seconds per attempt, as the wrapper recorded them.
     usage: list[dict[str, Any]] = field(default_factory=list)
@@ -48,7 +59,7 @@ class RunExtra:
     def to_dict(self) -> dict[str, Any]:
         """The stored form: only what is set (a clean run's info is ``{}``)."""
         out: dict[str, Any] = {}
-        for name in self.__slots__:
+        for name in self.__dataclass_fields__:
             value = getattr(self, name)
             if value:
                 out[name] = value
@@ -56,7 +67,7 @@ class RunExtra:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunExtra:
-        known = {k: v for k, v in data.items() if k in cls.__slots__}
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..checkpoint import Steps
 from ..core.errors import JobError
-from ..core.splitters import Master, Splitter, Unsubmitted, as_master, partition_contiguous
+from ..core.splitters import Master, Splitter, Unsubmitted, as_master, count_param, partition_contiguous
 
 
 class StepSplitter(Splitter):
@@ -42,9 +42,7 @@ class StepSplitter(Splitter):
             raise JobError("StepSplitter needs steps (Job(steps=...)), and the job has none", fqid=where,
                            field="steps")
         n = len(Steps(spec))
-        m = self.m if self.m is not None else master.free_slots
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise JobError(f"m must be an integer >= 1, not {m!r}", fqid=where, field="splitter.m")
+        m = count_param(self.m if self.m is not None else master.free_slots, "m", where)
         if n == 0:
             raise JobError("the job has no steps to partition", fqid=where, field="steps")
         m = min(m, n)

@@ -137,6 +137,11 @@ class BackendConformance:
         self.need(self.caps(backend).runs_wrapper, f"{what} is read from the job wrapper's log; "
                                                    f"{backend.name} declares no runs_wrapper")
 
+    def need_wrapped(self, backend: Backend, what: str) -> None:
+        """The backend runs programs, through the job wrapper: ``what`` is read from the wrapper's log."""
+        self.need_execution()
+        self.need_wrapper(backend, what)
+
     def settings(self, backend: Backend, check: str) -> Backend:
         return Backend(backend.name, **{**backend.settings, **self.settings_for(check)})
 
@@ -230,8 +235,7 @@ class BackendConformance:
 
     async def test_missing_output_fails_unless_turned_off(self, conformance_backend: Backend,
                                                           tmp_path: Path) -> None:
-        self.need_execution()
-        self.need_wrapper(conformance_backend, "an output pattern that matched nothing")
+        self.need_wrapped(conformance_backend, "an output pattern that matched nothing")
         script = "echo made > made.txt"
         async with self.opened(tmp_path / "home") as orch:
             strict = await self.run(orch, self.job(conformance_backend, "output", script, 1,
@@ -296,8 +300,7 @@ class BackendConformance:
     async def test_hold_and_release(self, conformance_backend: Backend, tmp_path: Path) -> None:
         holds = bool(self.settings_for("hold"))
         if not holds:
-            self.need_execution()
-            self.need_wrapper(conformance_backend, "HOLD")
+            self.need_wrapped(conformance_backend, "HOLD")
         script = 'if [ -z "${ORCH_RETRY_ARG_1:-}" ]; then $ORCH_LOG HOLD wait-for-me; fi; echo "arg=$ORCH_RETRY_ARG_1"'
         async with self.opened(tmp_path / "home") as orch:
             j = await self.run(orch, self.job(conformance_backend, "hold", script, 1))
@@ -311,8 +314,7 @@ class BackendConformance:
     # ------------------------------------------------------------ checkpoints and usage
     async def test_checkpoint_states_harvested_at_the_end(self, conformance_backend: Backend,
                                                           tmp_path: Path) -> None:
-        self.need_execution()
-        self.need_wrapper(conformance_backend, "a checkpoint state")
+        self.need_wrapped(conformance_backend, "a checkpoint state")
         script = "i=0; while [ $i -lt 6 ]; do i=$((i+1)); $ORCH_STATE save-value i $i; $ORCH_STATE save; done"
         async with self.opened(tmp_path / "home") as orch:
             j = await self.run(orch, self.job(conformance_backend, "states", script, 2))
@@ -324,8 +326,7 @@ class BackendConformance:
 
     async def test_checkpoint_harvested_while_running_and_resumed(self, conformance_backend: Backend,
                                                                   tmp_path: Path) -> None:
-        self.need_execution()
-        self.need_wrapper(conformance_backend, "a checkpoint state")
+        self.need_wrapped(conformance_backend, "a checkpoint state")
         # The first attempt saves i=1..3 and waits; a later one goes on from the state it starts from.
         script = ('i=$($ORCH_STATE get i); i=${i:-0}; echo "from $i"; '
                   "while [ $i -lt 3 ] || { [ $ORCH_ATTEMPT -gt 1 ] && [ $i -lt 6 ]; }; do "
@@ -349,8 +350,7 @@ class BackendConformance:
             assert f"{s.fqid}:{s.info.checkpoint['seq']}" in newest and "6" in newest, newest
 
     async def test_usage_records_one_per_attempt(self, conformance_backend: Backend, tmp_path: Path) -> None:
-        self.need_execution()
-        self.need_wrapper(conformance_backend, "a usage record")
+        self.need_wrapped(conformance_backend, "a usage record")
         async with self.opened(tmp_path / "home") as orch:
             j = await self.run(orch, self.job(conformance_backend, "usage", "exit $0", 2))
             assert self.statuses(j) == ["completed", "failed"]
