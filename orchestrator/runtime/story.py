@@ -9,7 +9,13 @@ and the changes they made.
 The bus hands every step to :meth:`Story.record`, which only appends the
 event and its :class:`~orchestrator.core.step.Step` (objects the core made
 anyway) to a bounded deque: no string is formatted, no run looked at, on the
-path a million subjobs take. Steps that did nothing (a monitoring tick that
+path a million subjobs take, but what a step keeps is made compact first
+(:func:`_kept`): a batch's index, attempt and position lists become a
+``range``, one value repeated, or an array of as few bytes a number as they
+need, and what no story tells (a report's log and states, a reply's value, a
+submission's retry arguments and starting states) is let go of. Kept as they
+came, ten thousand steps of a million subjobs held every chunk's arrays several
+times over (about 110 MiB at a million). Steps that did nothing (a monitoring tick that
 found every run as it was: a status report that changed nothing) are not
 kept, so an idle backend polled five times a second does not push a job's
 history out; every other event is (a kill's outcome on a run that moved on
@@ -27,13 +33,15 @@ without its cause.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from dataclasses import replace
+from typing import Any, TypeVar, overload
 
 from ..core import events, instructions
 from ..core.events import Event
-from ..core.ids import FQID, Runs
+from ..core.ids import FQID, Runs, as_range
 from ..core.instructions import Instruction
 from ..core.step import Change, Refusal, Step
 
@@ -54,7 +62,8 @@ class Story:
     def record(self, event: Event, step: Step) -> None:
         """The bus's hook: a type test (a truth test for a report) and an append per step, nothing more."""
         if step or type(event) not in _QUIET:
-            self._steps.append((event, step))
+            self._steps.append((_kept(event), Step(step.stimulus_id, [_kept_change(c) for c in step.changes],
+                                                   step.refusals, [_kept(i) for i in step.instructions])))
 
     def __len__(self) -> int:
         return len(self._steps)
@@ -65,6 +74,102 @@ class Story:
         for event, step in list(self._steps):
             out.extend(_told(event, step, fq))
         return out
+
+
+# ------------------------------------------------------------------ what a kept step holds
+#: Fewer numbers than this are kept as they came (a list of a few is no larger than an array of them).
+_SMALL = 32
+#: Fields of events and instructions that hold a number per run (an index's attempt, a position in ``runs``).
+_PER_RUN = ("attempts", "accepted", "not_attempted", "killed", "found", "absent")
+#: Fields no story tells, with what a kept step holds instead.
+_UNTOLD: tuple[tuple[str, Any], ...] = (("states", {}), ("retry_args", {}), ("value", None))
+_Item = TypeVar("_Item")
+
+
+class _Repeated(Sequence[int]):
+    """``value``, ``n`` times: a batch's attempts, when every run of it is at the same one."""
+
+    __slots__ = ("value", "n")
+
+    def __init__(self, value: int, n: int) -> None:
+        self.value, self.n = value, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[int]: ...
+    def __getitem__(self, i: int | slice) -> int | Sequence[int]:
+        if isinstance(i, slice):
+            return _Repeated(self.value, len(range(self.n)[i]))
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        return self.value
+
+
+def _packed(values: Sequence[int]) -> Sequence[int]:
+    """Whole numbers in the least memory that tells them: a ``range`` when consecutive, one value repeated, else an
+    array of one or four bytes a number (as they came when they need more). A pass in C, per batch."""
+    if len(values) < _SMALL or isinstance(values, (range, _Repeated)):
+        return values
+    whole = as_range(values)
+    if whole is not None:
+        return whole
+    first = values[0]
+    if values.count(first) == len(values):
+        return _Repeated(first, len(values))
+    for code in ("B", "I"):
+        try:
+            return array(code, values)
+        except OverflowError:
+            continue
+    return values
+
+
+def _kept_runs(runs: Runs) -> Runs:
+    indexes = runs.indexes
+    if indexes is None:
+        return runs
+    packed = _packed(indexes)
+    return runs if packed is indexes else Runs(runs.job, packed)
+
+
+def _kept_change(change: Change) -> Change:
+    indexes = change.indexes
+    if indexes is None:
+        return change
+    packed = _packed(indexes)
+    return change if packed is indexes else replace(change, indexes=packed)
+
+
+def _kept(item: _Item) -> _Item:
+    """An event or instruction as a story keeps it: its batches packed, what no story tells let go of."""
+    changes: dict[str, Any] = {}
+    runs = getattr(item, "runs", None)
+    if isinstance(runs, Runs) and (kept := _kept_runs(runs)) is not runs:
+        changes["runs"] = kept
+    for name in _PER_RUN:
+        values = getattr(item, name, None)
+        if values is not None and (packed := _packed(values)) is not values:
+            changes[name] = packed
+    for name, empty in _UNTOLD:
+        if getattr(item, name, None):
+            changes[name] = empty
+    if isinstance(item, events.StatusReport) and any(_heavy(r) for r in item.reports):
+        changes["reports"] = tuple(_kept_report(r) for r in item.reports)
+    return replace(item, **changes) if changes else item  # type: ignore[type-var]
+
+
+def _heavy(report: events.RunReport) -> bool:
+    return (report.log is not None or report.state is not None or report.usage is not None
+            or report.stderr_tail is not None or _kept_runs(report.runs) is not report.runs)
+
+
+def _kept_report(report: events.RunReport) -> events.RunReport:
+    """A run's report as a story tells it: its status, exit code, verdict and reason (not its log, states, usage)."""
+    return replace(report, runs=_kept_runs(report.runs), log=None, stderr_tail=None, state=None, usage=None)
 
 
 # ------------------------------------------------------------------ what touches a job

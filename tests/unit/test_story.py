@@ -65,3 +65,51 @@ def test_a_subjob_s_story_has_its_batches_and_its_master_s_requests_a_master_s_i
                       ("event", "SubmitOutcomes", "about 2 runs of job 3"),
                       ("change", "StatusChanged", "submitting -> failed")]
     assert story.of((4,)) == [] and [e["type"] for e in story.of((3, 9))] == ["KillRequested"]
+
+
+def test_a_kept_step_holds_its_batches_compactly_and_tells_them_as_they_came() -> None:
+    """A million subjobs' steps are kept as ranges, repeated values and small arrays, without what no story tells
+    (a report's states, a reply's value): every entry told of them is the same as of the steps as they came."""
+    n = 3000
+    odd = [i for i in range(n) if i % 3]  # not consecutive: an array of 4 bytes an index
+    attempts = array("q", [2]) * len(odd)
+    made = [
+        (SubmitOutcomes(stimulus_id="s", time=1.0, runs=Runs(3, array("q", odd)), accepted=list(range(len(odd) - 1)),
+                        not_attempted=[len(odd) - 1], states={k: {"seq": 1} for k in range(50)}),
+         Step("s", changes=[Change(3, list(odd), S.SUBMITTING, S.SUBMITTED, 1.0, "s"),
+                            Change(3, range(n, n + 100), S.NEW, S.SUBMITTING, 1.0, "s")],
+              instructions=[SendKill(stimulus_id="s", backend="sim", runs=Runs(3, list(odd)), native=True,
+                                     attempts=attempts),
+                            SendKill(stimulus_id="s", backend="sim", runs=Runs(3, range(n)), native=False,
+                                     attempts=array("q", range(n))),
+                            Reply(stimulus_id="s", acted=n, value=list(range(n)))])),
+        (StatusReport(stimulus_id="r", time=2.0, backend="sim",
+                      reports=(RunReport(Runs(3, odd), S.COMPLETED, 0, state={"seq": 2}, usage={"cpu": 1.0}),
+                               RunReport(Runs(3, [0]), S.FAILED, 3, "boom", stderr_tail="Traceback"))),
+         Step("r", changes=[Change(3, array("q", odd), S.RUNNING, S.COMPLETED, 2.0, "r")])),
+    ]
+    asked = [(3,), (3, 0), (3, 1), (3, 2), (3, odd[-1]), (3, n + 5), (3, n + 500)]
+    whole = Story(10)
+    for event, step in made:
+        whole.record(event, step)
+    told = {fq: whole.of(fq) for fq in asked}
+    assert ("instruction", "kill attempt 2 at sim (one of 2,000 runs)") in [
+        (e["kind"], e["description"]) for e in told[(3, 1)]]
+    assert [e["description"] for e in told[(3, 0)] if e["kind"] == "event"][-1] == "sim says failed, exit code 3, boom"
+    assert "kill attempt 1234 at sim (one of 3,000 runs)" in [e["description"] for e in whole.of((3, 1234))]
+    for fq in asked:  # as told from the steps as they came, each on its own
+        alone = Story(10)
+        for event, step in made:
+            alone._steps.append((event, step))  # (no packing)
+        assert alone.of(fq) == told[fq], fq
+    (event, step), (report_, _) = whole._steps
+    assert isinstance(step.changes[0].indexes, array) and step.changes[0].indexes.typecode == "I"
+    assert step.changes[1].indexes == range(n, n + 100)
+    kill, ranged, reply = step.instructions
+    assert isinstance(kill, SendKill) and isinstance(kill.runs.indexes, array) and len(kill.attempts) == len(odd)
+    assert not isinstance(kill.attempts, array) and list(kill.attempts[:2]) == [2, 2]
+    assert isinstance(ranged, SendKill) and ranged.attempts == range(n) and isinstance(reply, Reply)
+    assert reply.value is None and isinstance(event, SubmitOutcomes) and not event.states
+    assert event.accepted == range(len(odd) - 1) and event.not_attempted == [len(odd) - 1]
+    assert isinstance(report_, StatusReport) and all(r.state is None and r.usage is None and r.stderr_tail is None
+                                                    for r in report_.reports)
