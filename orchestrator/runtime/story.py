@@ -11,7 +11,7 @@ event and its :class:`~orchestrator.core.step.Step` (objects the core made
 anyway) to a bounded deque: no string is formatted, no run looked at, on the
 path a million subjobs take, but what a step keeps is made compact first
 (:func:`_kept`): a batch's index, attempt and position lists become a
-``range``, one value repeated, or an array of as few bytes a number as they
+``range`` or an array of as few bytes a number as they
 need, and what no story tells (a report's log and states, a reply's value, a
 submission's retry arguments and starting states) is let go of. Kept as they
 came, ten thousand steps of a million subjobs held every chunk's arrays several
@@ -37,7 +37,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar
 
 from ..core import events, instructions
 from ..core.events import Event
@@ -56,14 +56,22 @@ _QUIET = frozenset({events.StatusReport, events.RunsSilent})
 class Story:
     """The last ``capacity`` steps that did something (see the module docstring)."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, *, compact: bool = True) -> None:
+        #: ``compact=False`` keeps each step as the core made it (to compare what a compact story tells against).
+        self._compact = compact
         self._steps: deque[tuple[Event, Step]] = deque(maxlen=capacity)
 
     def record(self, event: Event, step: Step) -> None:
         """The bus's hook: a type test (a truth test for a report) and an append per step, nothing more."""
         if step or type(event) not in _QUIET:
-            self._steps.append((_kept(event), Step(step.stimulus_id, [_kept_change(c) for c in step.changes],
-                                                   step.refusals, [_kept(i) for i in step.instructions])))
+            if self._compact:
+                event, step = _kept(event), Step(step.stimulus_id, [_kept_change(c) for c in step.changes],
+                                                 step.refusals, [_kept(i) for i in step.instructions])
+            self._steps.append((event, step))
+
+    def steps(self) -> list[tuple[Event, Step]]:
+        """The kept steps, oldest first, in the form they are kept in (for debugging, as Dask's ``story``)."""
+        return list(self._steps)
 
     def __len__(self) -> int:
         return len(self._steps)
@@ -86,40 +94,15 @@ _UNTOLD: tuple[tuple[str, Any], ...] = (("states", {}), ("retry_args", {}), ("va
 _Item = TypeVar("_Item")
 
 
-class _Repeated(Sequence[int]):
-    """``value``, ``n`` times: a batch's attempts, when every run of it is at the same one."""
-
-    __slots__ = ("value", "n")
-
-    def __init__(self, value: int, n: int) -> None:
-        self.value, self.n = value, n
-
-    def __len__(self) -> int:
-        return self.n
-
-    @overload
-    def __getitem__(self, i: int) -> int: ...
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[int]: ...
-    def __getitem__(self, i: int | slice) -> int | Sequence[int]:
-        if isinstance(i, slice):
-            return _Repeated(self.value, len(range(self.n)[i]))
-        if not -self.n <= i < self.n:
-            raise IndexError(i)
-        return self.value
-
-
 def _packed(values: Sequence[int]) -> Sequence[int]:
-    """Whole numbers in the least memory that tells them: a ``range`` when consecutive, one value repeated, else an
-    array of one or four bytes a number (as they came when they need more). A pass in C, per batch."""
-    if len(values) < _SMALL or isinstance(values, (range, _Repeated)):
+    """Whole numbers in the least memory that tells them: a ``range`` when consecutive, else an array of one or four
+    bytes a number (as they came when they need more; a batch's attempts, one small value repeated, take a byte
+    each). A pass in C, per batch."""
+    if len(values) < _SMALL or isinstance(values, range):
         return values
     whole = as_range(values)
     if whole is not None:
         return whole
-    first = values[0]
-    if values.count(first) == len(values):
-        return _Repeated(first, len(values))
     for code in ("B", "I"):
         try:
             return array(code, values)

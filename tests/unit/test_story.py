@@ -68,7 +68,7 @@ def test_a_subjob_s_story_has_its_batches_and_its_master_s_requests_a_master_s_i
 
 
 def test_a_kept_step_holds_its_batches_compactly_and_tells_them_as_they_came() -> None:
-    """A million subjobs' steps are kept as ranges, repeated values and small arrays, without what no story tells
+    """A million subjobs' steps are kept as ranges and small arrays, without what no story tells
     (a report's states, a reply's value): every entry told of them is the same as of the steps as they came."""
     n = 3000
     odd = [i for i in range(n) if i % 3]  # not consecutive: an array of 4 bytes an index
@@ -98,16 +98,16 @@ def test_a_kept_step_holds_its_batches_compactly_and_tells_them_as_they_came() -
     assert [e["description"] for e in told[(3, 0)] if e["kind"] == "event"][-1] == "sim says failed, exit code 3, boom"
     assert "kill attempt 1234 at sim (one of 3,000 runs)" in [e["description"] for e in whole.of((3, 1234))]
     for fq in asked:  # as told from the steps as they came, each on its own
-        alone = Story(10)
+        alone = Story(10, compact=False)
         for event, step in made:
-            alone._steps.append((event, step))  # (no packing)
+            alone.record(event, step)
         assert alone.of(fq) == told[fq], fq
-    (event, step), (report_, _) = whole._steps
+    (event, step), (report_, _) = whole.steps()
     assert isinstance(step.changes[0].indexes, array) and step.changes[0].indexes.typecode == "I"
     assert step.changes[1].indexes == range(n, n + 100)
     kill, ranged, reply = step.instructions
     assert isinstance(kill, SendKill) and isinstance(kill.runs.indexes, array) and len(kill.attempts) == len(odd)
-    assert not isinstance(kill.attempts, array) and list(kill.attempts[:2]) == [2, 2]
+    assert isinstance(kill.attempts, array) and kill.attempts.typecode == "B" and list(kill.attempts[:2]) == [2, 2]
     assert isinstance(ranged, SendKill) and ranged.attempts == range(n) and isinstance(reply, Reply)
     assert reply.value is None and isinstance(event, SubmitOutcomes) and not event.states
     assert event.accepted == range(len(odd) - 1) and event.not_attempted == [len(odd) - 1]
