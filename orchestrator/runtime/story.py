@@ -140,19 +140,21 @@ def _kept(item: _Item) -> _Item:
     for name, empty in _UNTOLD:
         if getattr(item, name, None):
             changes[name] = empty
-    if isinstance(item, events.StatusReport) and any(_heavy(r) for r in item.reports):
-        changes["reports"] = tuple(_kept_report(r) for r in item.reports)
+    if isinstance(item, events.StatusReport):
+        reports = tuple(_kept_report(r) for r in item.reports)
+        if any(kept is not given for kept, given in zip(reports, item.reports, strict=True)):
+            changes["reports"] = reports
     return replace(item, **changes) if changes else item  # type: ignore[type-var]
 
 
-def _heavy(report: events.RunReport) -> bool:
-    return (report.log is not None or report.state is not None or report.usage is not None
-            or report.stderr_tail is not None or _kept_runs(report.runs) is not report.runs)
-
-
 def _kept_report(report: events.RunReport) -> events.RunReport:
-    """A run's report as a story tells it: its status, exit code, verdict and reason (not its log, states, usage)."""
-    return replace(report, runs=_kept_runs(report.runs), log=None, stderr_tail=None, state=None, usage=None)
+    """A run's report as a story tells it: its status, exit code, verdict and reason (not its log, states, usage);
+    the report itself when it holds nothing more (its batch packed once, here)."""
+    runs = _kept_runs(report.runs)
+    if runs is report.runs and report.log is None and report.state is None and report.usage is None \
+            and report.stderr_tail is None:
+        return report
+    return replace(report, runs=runs, log=None, stderr_tail=None, state=None, usage=None)
 
 
 # ------------------------------------------------------------------ what touches a job
