@@ -65,14 +65,9 @@ def built(name: str, spec: dict[str, Any], fqid: str | None) -> Any:
 
 
 def built_spec(name: str, spec: dict[str, Any], fqid: str | None) -> dict[str, Any]:
-    """The definition of the job :func:`built` (``job.spec()``), the job itself let go of at once.
-
-    A job refers to itself (through its subjob list), so once dropped it waits for the collector's next full pass,
-    and with it its splitter: a million argument lists, a copy of what the stored definition holds, alive until
-    then (about 76 MiB at a million subjobs, through the whole run). Its splitter is let go of here instead."""
-    job = built(name, spec, fqid)
-    out: dict[str, Any] = job.spec()
-    job.splitter = None
+    """The definition of the job :func:`built` (``job.spec()``); the job is freed on return (it holds no cycle
+    until asked for its subjobs), and with it its splitter's copy of every argument list."""
+    out: dict[str, Any] = built(name, spec, fqid).spec()
     return out
 
 

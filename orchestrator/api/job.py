@@ -63,7 +63,9 @@ class Job(Definition):
         self._removed = False
         #: Set when the job is bound: the user it belongs to (see :mod:`.owners`).
         self._owner: str | None = None
-        self._subjobs = SubjobList(self)
+        #: Made on first use: a job never asked for its subjobs holds no reference cycle and is freed as soon as it
+        #: is dropped (the service builds every definition it is sent only to check it and take its ``spec()``).
+        self._subjobs: SubjobList | None = None
 
     # ------------------------------------------------------------ identity
     @property
@@ -110,6 +112,8 @@ class Job(Definition):
 
     @property
     def subjobs(self) -> SubjobList:
+        if self._subjobs is None:
+            self._subjobs = SubjobList(self)
         return self._subjobs
 
     @property
