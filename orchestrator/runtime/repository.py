@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
+from ..core.errors import RepositoryError
+
 
 def dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
@@ -182,3 +184,10 @@ def shown_url(url: str) -> str:
     netloc = parts.netloc.rpartition("@")
     user = (parts.username or "") + ":***"
     return urlunsplit(parts._replace(netloc=f"{user}@{netloc[2]}"))
+
+
+def closed(where: str) -> RepositoryError:
+    """What a read of a closed repository raises: a job object outlives the orchestrator it came from, and a
+    detail it must read from the home (a subjob's definition, say) cannot be had once that home is closed."""
+    return RepositoryError(f"{where} is closed: the orchestrator this job came from was closed; open the home "
+                           "again to read its jobs' details", path=where)

@@ -27,7 +27,7 @@ from ..core.errors import RepositoryError
 from ..core.ids import as_range
 from ..core.splitters import is_deferred
 from . import schema, sqlite
-from .repository import Loaded, RunsRow, Save, StateRow, TopRow, dumps
+from .repository import Loaded, RunsRow, Save, StateRow, TopRow, closed, dumps
 
 
 def home_key(home: Path) -> str:
@@ -95,7 +95,8 @@ class SqliteRepository(sqlite.Connected):
 
     @property
     def reader(self) -> sqlite3.Connection:
-        assert self._reader is not None, "repository is not open"
+        if self._reader is None:
+            raise closed(self.where)
         return self._reader
 
     async def schema_version(self) -> int:

@@ -19,6 +19,7 @@ from orchestrator import (
     JobError,
     JobStatus,
     Orchestrator,
+    RepositoryError,
     RetryPolicy,
     TextMerger,
 )
@@ -260,3 +261,24 @@ async def test_workspace_attribute_is_the_jobs_directory(api_home: Path) -> None
         assert j.subjobs[1].workspace == j.workspace / "1"
         assert j.subjobs[1].outputdir == j.subjobs[1].workspace / "output"
         await j.wait(timeout=10)
+
+
+async def test_a_job_outlives_its_orchestrator_and_says_so_when_it_needs_the_home(
+        api_home: Path, request: pytest.FixtureRequest) -> None:
+    """After the orchestrator closes, a job object still answers from what it holds (its id, its last status,
+    how many subjobs it has). A detail read from the home (a subjob's definition) still comes from a service
+    that holds the home; without one, it is refused with a :class:`RepositoryError` naming the repository,
+    not an internal error."""
+    async with Orchestrator(home=api_home) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/true"), backend="sim",
+                                    splitter=ArgSplitter([["1"], ["2"], ["3"]])))
+        await j.submit()
+        await j.wait(timeout=30)
+    assert j.status == "completed" and len(j.subjobs) == 3
+    if request.node.callspec.params["api_home"].startswith("service"):
+        assert [s.application.args for s in j.subjobs if s.application] == [["1"], ["2"], ["3"]]
+    else:
+        with pytest.raises(RepositoryError, match=r" is closed: .*open the home again"):
+            [s.application for s in j.subjobs]
+    async with Orchestrator(home=api_home) as orch:
+        assert [s.status for s in orch.jobs[j.id].subjobs] == ["completed"] * 3

@@ -34,7 +34,7 @@ from ...core.errors import RepositoryError, RepositoryHeldError
 from ...core.ids import as_range
 from ...core.splitters import DEFERRED, is_deferred
 from ...plugin.logs import get_logger
-from ..repository import TIME_KINDS, Loaded, RunsRow, Save, StateRow, TopRow, dumps, shown_url
+from ..repository import TIME_KINDS, Loaded, RunsRow, Save, StateRow, TopRow, closed, dumps, shown_url
 from . import schema
 from .connect import connect, holder_settings, unreachable
 from .lease import Lease, LeaseView
@@ -384,7 +384,8 @@ class PgRepository:
 
     def _lookup(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         """A synchronous read, on the side loop's connection (see :mod:`.side`)."""
-        assert self._side is not None and self._reader is not None, "repository is not open"
+        if self._side is None or self._reader is None:
+            raise closed(self.where)
         try:
             return self._side.call(self._fetch(self._reader, sql, *args), LOOKUP_TIMEOUT)
         except TimeoutError as exc:
