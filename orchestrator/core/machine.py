@@ -244,8 +244,7 @@ class StateMachine:
 
     def checkpointed(self, job_id: int) -> list[int]:
         """The runs of a job that saved a checkpoint state (index 0 for a job that runs itself)."""
-        extras = self._core.jobs[job_id].runs.extras
-        return [i for i, extra in extras.items() if extra.checkpoint.get("seq") is not None]
+        return sorted(self._core.jobs[job_id].runs.saved)
 
     def submitting_anywhere(self) -> bool:
         """Is a run of any job on its way to a backend (a retry under way)?"""

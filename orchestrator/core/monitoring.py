@@ -52,7 +52,7 @@ def apply_report(core: Core, js: JobState, report: RunReport, sid: str) -> None:
     status = report.status
     if report.state and status in ON_THE_WAY:  # a state saved while the run goes on
         for i in idx:
-            js.runs.extra(i).checkpoint.update(report.state)
+            js.runs.save_state(i, report.state)
         core.mark(js.id, idx)
     if status in ON_THE_WAY and report.verdict is None:
         news = [i for i in idx if js.runs.status[i] != status.code]

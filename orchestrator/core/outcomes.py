@@ -99,7 +99,7 @@ def _roll_back(core: Core, js: JobState, sid: str, *, undo: bool = True) -> None
         js.attempt = max(js.attempt - 1, 0)
         core.step.changes.append(Change(js.id, None, before, JobStatus.NEW, core.now, sid))
     else:
-        js.runs.extras.pop(0, None)  # as it was before: a new job has no reason nor history
+        js.runs.forget(0)  # as it was before: a new job has no reason nor history
     core.mark(js.id)
     if undo:
         core.emit(Unprepare(stimulus_id=sid, job=js.id))
@@ -118,7 +118,7 @@ def handle_submit_outcomes(core: Core, event: SubmitOutcomes) -> None:
     accepted = [idx[k] for k in event.accepted] if js.is_master else ([0] if event.accepted else [])
     for k, state in event.states.items():
         i = idx[k] if js.is_master else 0
-        js.runs.extra(i).checkpoint.update(state)
+        js.runs.save_state(i, state)
         core.mark(js.id, [i])
     core.move(js, accepted, JobStatus.SUBMITTED, sid)
     failures: list[tuple[str, str]] = []

@@ -49,7 +49,7 @@ def judge(js: JobState, i: int, report: RunReport, now: float) -> Verdict:
     before = dict(extra.counters)
     extra.counters = dict(decision.counters)
     if report.state:
-        extra.checkpoint.update(report.state)
+        runs.save_state(i, report.state)
     if report.usage:
         extra.usage = [*extra.usage, {"attempt": attempt, **report.usage}][-HISTORY_KEPT:]
     for _, word, data in log.keywords:

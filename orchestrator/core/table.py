@@ -11,7 +11,7 @@ a run that went through cleanly costs no Python object at all.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,7 +74,7 @@ class RunExtra(RunRecord):
 class RunTable:
     """The runs of one top-level job, by index."""
 
-    __slots__ = ("status", "attempt", "times", "extras", "counts")
+    __slots__ = ("status", "attempt", "times", "extras", "counts", "saved")
 
     def __init__(self, n: int, status: JobStatus = JobStatus.NEW) -> None:
         self.status = bytearray([status.code]) * n
@@ -83,6 +83,9 @@ class RunTable:
         self.extras: dict[int, RunExtra] = {}
         self.counts = [0] * len(ALL_STATUSES)
         self.counts[status.code] = n
+        #: The runs that saved a checkpoint state (their record has a ``seq``): kept as they save one, so that
+        #: the monitor's look each tick costs what the savers number, not what the job's runs do.
+        self.saved: set[int] = set()
 
     @classmethod
     def restore(cls, status: bytearray, attempt: Iterable[int], times: dict[str, Iterable[float]],
@@ -94,6 +97,7 @@ class RunTable:
         for kind in table.times:
             table.times[kind] = array("d", times.get(kind, bytes(8 * len(status))))
         table.extras = extras
+        table.saved = {i for i, extra in extras.items() if extra.checkpoint.get("seq") is not None}
         table.counts = [status.count(code) for code in range(len(ALL_STATUSES))]  # one pass in C per status
         return table
 
@@ -109,6 +113,18 @@ class RunTable:
         if extra is None:
             extra = self.extras[index] = RunExtra()
         return extra
+
+    def save_state(self, index: int, state: Mapping[str, Any]) -> None:
+        """Fold a state the run saved into its checkpoint record."""
+        checkpoint = self.extra(index).checkpoint
+        checkpoint.update(state)
+        if checkpoint.get("seq") is not None:
+            self.saved.add(index)
+
+    def forget(self, index: int) -> None:
+        """Drop the run's extras: it is as new (no reason, no history, no state)."""
+        self.extras.pop(index, None)
+        self.saved.discard(index)
 
     def indexes_in(self, statuses: Iterable[JobStatus]) -> list[int]:
         """Indexes of runs in any of ``statuses``, ascending; skips the scan when the counters say none."""

@@ -72,6 +72,8 @@ def _validate_table(job: int, runs: RunTable) -> None:
             _fail(job, f"{n - sum(runs.counts)} runs have no known status code")
     if runs.extras and (stray := [i for i in runs.extras if not 0 <= i < n]):
         _fail(job, f"extras for runs {stray[:5]} beyond its {n} runs")
+    if runs.saved != (saved := {i for i, extra in runs.extras.items() if extra.checkpoint.get("seq") is not None}):
+        _fail(job, f"runs {sorted(runs.saved ^ saved)[:5]} disagree on whether they saved a state")
     if 0 in runs.attempt:  # a C scan; only then the runs that must have been submitted are looked at
         for i in runs.indexes_in(SUBMITTED_ONCE):
             if runs.attempt[i] < 1:

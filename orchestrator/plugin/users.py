@@ -196,20 +196,51 @@ def read_tail_as(who: Identity, path: Path, most: int) -> bytes:
     return done.stdout
 
 
+#: How a directory is opened to learn where it really is: for its path only (no read permission needed).
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | getattr(os, "O_PATH", 0)
+
+
+def _real(fd: int, path: Path) -> str:
+    """Where the open directory ``fd`` (opened as ``path``) really is: what the kernel says of it (one
+    ``readlink`` of ``/proc/self/fd``), else ``realpath`` (an ``lstat`` per part of the path)."""
+    try:
+        where = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return os.path.realpath(path)
+    return where if where.startswith("/") and not where.endswith(" (deleted)") else os.path.realpath(path)
+
+
+def real_path(path: Path) -> str:
+    """``path`` with every link followed (as :func:`os.path.realpath`, in two system calls where ``/proc``
+    says)."""
+    try:
+        fd = os.open(path, _DIRECTORY)
+    except OSError:
+        return os.path.realpath(path)
+    try:
+        return _real(fd, path)
+    finally:
+        os.close(fd)
+
+
 def read_inside(path: Path, base: Path, most: int | None = None) -> bytes:
     """The bytes of ``path`` (its last ``most``), a regular file that lies inside ``base`` once every link on the
     way is followed, itself no link: how the orchestrator reads what a run wrote (a run's owner may have made
     its files links to files only the orchestrator may read). ``FileNotFoundError`` when it is missing;
     ``PermissionError`` when it leads out of ``base`` or is no regular file."""
-    real = os.path.realpath(path.parent)
-    if not (real + os.sep).startswith(os.path.realpath(base) + os.sep) and real != os.path.realpath(base):
-        raise PermissionError(f"{path.name} leads out of {base}")
+    directory = os.open(path.parent, _DIRECTORY)
     try:
-        fd = os.open(os.path.join(real, path.name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise PermissionError(f"{path.name} is a symbolic link") from None
-        raise
+        real, within = _real(directory, path.parent), real_path(base)
+        if not (real + os.sep).startswith(within + os.sep) and real != within:
+            raise PermissionError(f"{path.name} leads out of {base}")
+        try:  # in the very directory checked (it cannot be swapped for another meanwhile)
+            fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise PermissionError(f"{path.name} is a symbolic link") from None
+            raise
+    finally:
+        os.close(directory)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

@@ -13,8 +13,9 @@ served).
 The driver reports (``Capabilities(reports=True)``): it learns of a run's end
 when it happens (a pidfd per process, in one epoll the event loop waits on),
 reads the wrappers' ``START`` and ``END`` lines from one append-only events
-file then, and hands what changed to the runtime in one report. Nothing is
-polled, so a thousand running runs cost nothing while nothing changes. Before
+file then, and hands what changed to the runtime in one report (at most one
+per :data:`REPORT_EVERY`). Nothing is polled, so a thousand running runs cost
+nothing while nothing changes. Before
 each batch of spawns the driver writes their ``INTENT`` lines, so that a run
 is never started twice after a crash, and it notes every run it accepts, so
 that one accepted but not yet started when the process died is started by the
@@ -50,12 +51,17 @@ from orchestrator.plugin.processes import ExitWatcher, find_process, process_arg
 from orchestrator.plugin.wrapper import RUNFILE, boot_time, install_scripts, pid_alive
 
 from .journal import Journal, Record
-from .runs import Run, start_all, starts_of
+from .runs import Run, ending_of, start_all, starts_of
 
 #: Seconds between two looks at running wrappers no pidfd watches (no pidfds here, or none left).
 LIVENESS_EVERY = 1.0
 #: Most runs started in one go by one worker thread (their INTENT lines in one write, then their LAUNCH lines).
 LAUNCH_BATCH = 16
+#: Seconds an executable found runnable is not looked at again (a tick's thousand runs of it: one ``stat``).
+EXECUTABLE_CHECKED_FOR = 1.0
+#: Seconds between two reports: ends that come faster are gathered into one (a core step, a read of their logs
+#: in one thread, a write), and a run that ends within it is reported ended, not first running.
+REPORT_EVERY = 0.02
 #: Batches started at once, each in a worker thread (each start waits for its process to exec: a millisecond or
 #: more on a busy machine, during which the other workers go on).
 SPAWNERS = 4
@@ -107,6 +113,7 @@ class LocalDriver(Driver):
         self._idle = anyio.Event()
         self._idle.set()
         self._counts = {"launched": 0, "reports": 0, "batches": 0}
+        self._checked: dict[str, float] = {}  # executable -> until when it is known runnable
         self.journal.read()
 
     @classmethod
@@ -133,9 +140,11 @@ class LocalDriver(Driver):
 
     # -------------------------------------------------------------- submit
     async def submit(self, run: RunSpec) -> str:
-        problem = self.check_executable(run.executable, run.settings)
-        if problem is not None:  # checked at add(); the file may have gone since
-            raise SubmitError(f"executable {problem}")
+        if self._checked.get(run.executable, 0.0) < time.monotonic():  # checked at add(); it may have gone since
+            problem = self.check_executable(run.executable, run.settings)
+            if problem is not None:
+                raise SubmitError(f"executable {problem}")
+            self._checked[run.executable] = time.monotonic() + EXECUTABLE_CHECKED_FOR
         entry = Run(run.key, run.fqid, str(run.settings.get("shell", "/bin/sh")), run.jobdir, self._record(run.key),
                      spec=run)
         self._active[run.key] = entry
@@ -187,7 +196,7 @@ class LocalDriver(Driver):
         if rec.intent_at is None:  # accepted, never launched
             self._start_again(run)
         elif rec.ended:
-            self._end(run, self._ending(run))
+            self._end(run, ending_of(run))
         elif rec.pid is not None:
             if not self._adopt(run, rec.pid, running):
                 self._gone(run)
@@ -244,15 +253,7 @@ class LocalDriver(Driver):
             if word in ("END", "LOST"):
                 run = self._active.get(key)
                 if run is not None:
-                    self._end(run, self._ending(run))
-
-    def _ending(self, run: Run) -> StatusUpdate:
-        rec = run.record
-        if rec.reason is not None:
-            return StatusUpdate(run.fqid, JobStatus.FAILED, reason=rec.reason)
-        if rec.end_code == 0:
-            return StatusUpdate(run.fqid, JobStatus.COMPLETED, exit_code=0)
-        return StatusUpdate(run.fqid, JobStatus.FAILED, exit_code=rec.end_code, reason=f"exit code {rec.end_code}")
+                    self._end(run, ending_of(run))
 
     def _gone(self, run: Run) -> None:
         """The run's wrapper is gone, and the events file (read last) has no END for it."""
@@ -326,8 +327,12 @@ class LocalDriver(Driver):
 
     async def _report_loop(self) -> None:
         """What changed since the last report, in one report (while one is being taken in, the next gathers)."""
+        last = 0.0
         while not self._closed:
             await self._report_wake.wait()
+            if (wait := last + REPORT_EVERY - time.monotonic()) > 0:  # a burst of ends: one report per window
+                await anyio.sleep(wait)
+            last = time.monotonic()
             self._report_wake = anyio.Event()
             pending, self._pending = self._pending, {}
             updates = [u for run, u in pending.values() if not run.silent]

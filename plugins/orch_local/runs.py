@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.plugin import RunSpec
+from orchestrator.plugin import JobStatus, RunSpec, StatusUpdate
 from orchestrator.plugin.processes import spawn_detached
 from orchestrator.plugin.users import Identity, OwnerError, identity, switch_argv
 from orchestrator.plugin.wrapper import SpawnError, base_environ, make_run_dirs, wrapper_argv, wrapper_env
@@ -39,6 +39,16 @@ class Run:
     ended: bool = False
     #: An INTENT without a process (a crash around the spawn): decided at this time.
     recheck_at: float | None = None
+
+
+def ending_of(run: Run) -> StatusUpdate:
+    """What the run's record says of its end (its wrapper's END line, or why it was lost)."""
+    rec = run.record
+    if rec.reason is not None:
+        return StatusUpdate(run.fqid, JobStatus.FAILED, reason=rec.reason)
+    if rec.end_code == 0:
+        return StatusUpdate(run.fqid, JobStatus.COMPLETED, exit_code=0)
+    return StatusUpdate(run.fqid, JobStatus.FAILED, exit_code=rec.end_code, reason=f"exit code {rec.end_code}")
 
 
 @dataclass(slots=True)
