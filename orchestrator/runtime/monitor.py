@@ -44,6 +44,8 @@ DISCOVER_SECONDS = 5.0
 #: service's cost stays flat as runs grow; a run's states are always read when it ends, and a run that saved one
 #: is looked at every tick from then on).
 DISCOVER_RATE = 20.0
+#: Most ended runs whose files are read on the event loop itself (more go to a worker thread, in one hop).
+INLINE_ENDINGS = 2
 
 
 @dataclass
@@ -237,7 +239,10 @@ class Monitor:
             settings = self.held.settings(endings[0][0]) or {}
             if self.actor.driver.capabilities_for(settings).runs_wrapper:
                 handles = [(k, h) for k, _ in endings if (h := self.held.handle(k)) is not None]
-                read = await anyio.to_thread.run_sync(lambda: {k: self.files.ending(h) for k, h in handles})
+                if len(handles) > INLINE_ENDINGS:
+                    read = await anyio.to_thread.run_sync(lambda: {k: self.files.ending(h) for k, h in handles})
+                else:  # a file or two each, read faster than a worker thread is woken
+                    read = {k: self.files.ending(h) for k, h in handles}
         for key, u in good:
             job, idx = key
             if u.status in ENDINGS or u.backend_verdict is not None:

@@ -51,7 +51,7 @@ from orchestrator.plugin.processes import ExitWatcher, find_process, process_arg
 from orchestrator.plugin.wrapper import RUNFILE, boot_time, install_scripts, pid_alive
 
 from .journal import Journal, Record
-from .runs import Run, ending_of, start_all, starts_of
+from .runs import Run, ending_of, owner_tag, start_batch, starts_of
 
 #: Seconds between two looks at running wrappers no pidfd watches (no pidfds here, or none left).
 LIVENESS_EVERY = 1.0
@@ -65,12 +65,6 @@ REPORT_EVERY = 0.02
 #: Batches started at once, each in a worker thread (each start waits for its process to exec: a millisecond or
 #: more on a busy machine, during which the other workers go on).
 SPAWNERS = 4
-
-
-def _owner_tag(run: Run) -> str:
-    """The INTENT line's value: the run's owner (whose events file may tell of it), ``-`` for none."""
-    owner = run.spec.owner if run.spec is not None else run.record.owner
-    return owner if owner and " " not in owner else "-"
 
 
 class LocalDriver(Driver):
@@ -359,12 +353,12 @@ class LocalDriver(Driver):
         """INTENT lines (one write); the directories and the spawns, in a worker thread; LAUNCH lines (one write)."""
         self._counts["batches"] += 1
         try:
-            self.journal.write((run.key, "INTENT", _owner_tag(run)) for run in batch)
+            self.journal.write((run.key, "INTENT", owner_tag(run)) for run in batch)
             now = time.time()
             for run in batch:
                 run.record.intent_at = now
             starts = starts_of(batch, self.wrapper, journal=self.journal, boot=self._boot)
-            await anyio.to_thread.run_sync(start_all, starts, self._out)
+            await start_batch(starts, self._out)
         except OSError as exc:  # no INTENT line could be written (a full disk...): nothing of the batch starts
             for run in batch:
                 run.launching = False

@@ -1,4 +1,4 @@
-"""A ``local`` run as the driver holds it, and the starting of a batch of runs in a worker thread."""
+"""A ``local`` run as the driver holds it, and the starting of a batch of runs (in a thread, or on the loop)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import anyio
 
 from orchestrator.plugin import JobStatus, RunSpec, StatusUpdate
 from orchestrator.plugin.processes import spawn_detached
@@ -65,6 +67,25 @@ class Start:
     owner: Identity | None = None
     #: Where the wrapper's own stdout and stderr go (``None``: the driver's ``wrapper.out``).
     out: int | None = None
+
+
+#: Most runs started on the event loop itself, without the hop to a worker thread.
+INLINE_STARTS = 2
+
+
+def owner_tag(run: Run) -> str:
+    """The INTENT line's value: the run's owner (whose events file may tell of it), ``-`` for none."""
+    owner = run.spec.owner if run.spec is not None else run.record.owner
+    return owner if owner and " " not in owner else "-"
+
+
+async def start_batch(starts: Sequence[Start], out: int) -> None:
+    """:func:`start_all`, in a worker thread; a run or two of the orchestrator's own user (a slot or two just
+    freed) on the event loop itself, where the start costs less than the hop to a thread would."""
+    if len(starts) > INLINE_STARTS or any(start.owner is not None for start in starts):
+        await anyio.to_thread.run_sync(start_all, starts, out)
+    else:
+        start_all(starts, out)
 
 
 def start_all(starts: Sequence[Start], out: int) -> None:
