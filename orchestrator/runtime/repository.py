@@ -61,9 +61,29 @@ class RunsRow:
     status: bytes
     attempt: bytes
     times: dict[str, bytes]
+    #: The runs changed since the job's arrays were last written, as ``[start, stop)`` index ranges (``None``:
+    #: any): a repository that can write part of a stored array writes only these (:meth:`Repository.save`).
+    changed: tuple[tuple[int, int], ...] | None = None
 
     def values(self) -> tuple[Any, ...]:
         return (self.job, self.status, self.attempt, *(self.times[k] for k in TIME_KINDS))
+
+    def columns(self) -> tuple[tuple[str, bytes, int], ...]:
+        """Each stored array: its column (``status``, ``attempt``, ``t_<kind>``), its bytes, its bytes per run."""
+        return (("status", self.status, 1), ("attempt", self.attempt, 4),
+                *((f"t_{k}", self.times[k], 8) for k in TIME_KINDS))
+
+
+def ranges_of(indexes: Iterable[int], *, gap: int = 64) -> tuple[tuple[int, int], ...]:
+    """Sorted ``[start, stop)`` ranges covering ``indexes``; ranges less than ``gap`` apart are joined (a write of a
+    few bytes more costs less than one more write)."""
+    out: list[list[int]] = []
+    for i in sorted(indexes):
+        if out and i < out[-1][1] + gap:
+            out[-1][1] = max(out[-1][1], i + 1)
+        else:
+            out.append([i, i + 1])
+    return tuple((a, b) for a, b in out)
 
 
 @dataclass(frozen=True, slots=True)

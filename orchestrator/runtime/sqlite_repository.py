@@ -118,13 +118,16 @@ class SqliteRepository(sqlite.Connected):
         """Clients find the service through the home (``<home>/service``): nothing to publish."""
 
     # ------------------------------------------------------------ writes
-    async def _transaction(self, statements: Iterable[tuple[str, Any, bool]]) -> None:
+    async def _transaction(self, statements: Iterable[tuple[str, Any, bool]],
+                           patches: Sequence[RunsRow] = ()) -> None:
         async with self._tx_lock, sqlite.immediate(self.db):
             for sql, params, many in statements:
                 if many:
                     await self.db.executemany(sql, params)
                 else:
                     await self.db.execute(sql, params)
+            if patches:
+                await sqlite.in_thread(self.db, _patch_runs, patches)
 
     async def next_id(self) -> int:
         with sqlite.guarded(self.path):
@@ -195,9 +198,10 @@ class SqliteRepository(sqlite.Connected):
     async def save(self, batch: Save) -> None:
         """Write one flush's changes in one transaction; of each job's states only the newest ``keep`` stay."""
         statements = self._top_update(batch.tops)
-        if batch.runs:
+        whole = [r for r in batch.runs if r.changed is None]
+        if whole:
             statements.append(("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)",
-                               [r.values() for r in batch.runs], True))
+                               [r.values() for r in whole], True))
         if batch.infos:
             statements.append(("UPDATE subjobs SET info=? WHERE master=? AND idx=?",
                                [(info, m, i) for m, i, info in batch.infos], True))
@@ -218,8 +222,9 @@ class SqliteRepository(sqlite.Connected):
                 statements.append(("DELETE FROM states WHERE job = ? AND seq <= "
                                    "(SELECT MAX(seq) FROM states WHERE job = ?) - ?",
                                    [(j, j, batch.keep) for j in jobs], True))
-        if statements:
-            await self._transaction(statements)
+        patches = [r for r in batch.runs if r.changed is not None]
+        if statements or patches:
+            await self._transaction(statements, patches)
 
     # ------------------------------------------------------------- reads
     async def load(self) -> Loaded:
@@ -294,3 +299,27 @@ class SqliteRepository(sqlite.Connected):
             r = await cur.fetchone()
         return StateRow(r[0], r[1], r[2], bool(r[3]), r[4]) if r else None
 
+
+
+def _patch_runs(conn: sqlite3.Connection, rows: Sequence[RunsRow]) -> None:
+    """(the connection's thread, inside the flush's transaction) Write only the changed runs' bytes of each
+    stored array, by SQLite's incremental blob I/O: a job of a hundred thousand runs holds 3.7 MB of arrays, and
+    a flush that rewrote them all wrote that much each tick for a dozen runs that moved (28 ms of CPU at 100,000
+    runs, five times a second, growing with the job). A row missing, or of another length, is written whole."""
+    for row in rows:
+        assert row.changed is not None
+        try:
+            blobs = [(conn.blobopen("runs", column, row.job), data, size) for column, data, size in row.columns()]
+        except sqlite3.OperationalError:  # no such row
+            blobs = []
+        try:
+            if len(blobs) < 6 or any(len(blob) != len(data) for blob, data, _ in blobs):
+                conn.execute("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)", row.values())
+                continue
+            for blob, data, size in blobs:
+                for start, stop in row.changed:
+                    blob.seek(start * size)
+                    blob.write(data[start * size:stop * size])
+        finally:
+            for blob, _, _ in blobs:
+                blob.close()

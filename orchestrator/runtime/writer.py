@@ -26,7 +26,7 @@ from ..core.table import RunExtra, RunTable
 from ..plugin.logs import get_logger
 from . import gcpause
 from .definitions import Definitions
-from .repository import Loaded, Repository, RunsRow, Save, StateRow, TopRow, dumps
+from .repository import Loaded, Repository, RunsRow, Save, StateRow, TopRow, dumps, ranges_of
 
 log = get_logger(component="writer")
 
@@ -138,7 +138,7 @@ class Writer:
                 continue
             batch.tops.append(top_row(sm, job, self.definitions, with_spec=job in specs))
             if job in dirty:
-                batch.runs.append(runs_row(sm, job))
+                batch.runs.append(runs_row(sm, job, dirty[job]))
                 if sm.is_master(job):
                     indexes = dirty[job]
                     infos = sm.run_infos(job, indexes)
@@ -164,9 +164,11 @@ def top_row(sm: StateMachine, job: int, definitions: Definitions, *, with_spec: 
                   None, rec.info, rec.n_subjobs, rec.created)
 
 
-def runs_row(sm: StateMachine, job: int) -> RunsRow:
+def runs_row(sm: StateMachine, job: int, changed: set[int] | None = None) -> RunsRow:
+    """The job's run arrays; ``changed``: the runs changed since they were last written (``None``: any)."""
     arrays = sm.run_arrays(job)
-    return RunsRow(job, arrays.status, arrays.attempt, arrays.times)
+    few = changed is not None and len(changed) * 4 < len(arrays.status)  # else the whole arrays, in one write
+    return RunsRow(job, arrays.status, arrays.attempt, arrays.times, ranges_of(changed) if few and changed else None)
 
 
 def restore(sm: StateMachine, loaded: Loaded, definitions: Definitions,

@@ -249,3 +249,32 @@ async def test_a_home_whose_holder_died_opens_once_the_child_it_forked_lets_go(t
     assert died.returncode == -signal.SIGKILL and "holding" in died.stdout, died.stderr
     async with Orchestrator(home=tmp_path, service=False) as orch:  # refused at once before
         assert list(orch.jobs) == []
+
+
+async def test_a_big_masters_runs_written_a_few_at_a_time_reopen_as_they_were(tmp_path: Path) -> None:
+    """The runs of a big master change a few at a time, over many flushes, each of which writes only the changed
+    runs' part of the stored arrays; reopened, every status, attempt and time is the one the running home had."""
+    n = 1200
+    queued = {i: round(0.002 * i, 3) for i in range(n)}  # ends spread over 2.4 s: a few dozen runs per flush
+    outcome = {i: ["failed", "completed"] for i in range(0, n, 7)}  # every 7th run is retried once
+    config = {"core": {"flush_interval": 0.05}}
+    async with Orchestrator(home=tmp_path, config=config) as orch:
+        j = await orch.jobs.add(Job(name="big", application=Executable("/bin/true"),
+                                    splitter=ArgSplitter([[str(i)] for i in range(n)]),
+                                    backend=Backend("sim", run_seconds=0.01, queued=queued, outcome=outcome)))
+        await j.submit()
+        await j.wait(timeout=60)
+        assert len(j.subjobs.select(status="failed")) == len(outcome)
+        await j.subjobs.select(status="failed").resubmit()  # their second attempts complete
+        await j.wait(timeout=60)
+        for s in j.subjobs.select(maxid=9):
+            await s.resubmit()
+        await j.wait(timeout=60)
+        await j.subjobs[n - 1].resubmit()  # one run alone, far from the others, changes over several flushes
+        await j.wait(timeout=60)
+        before = [(s.status.value, s.info.submit_counter, s.info.timestamps) for s in j.subjobs]
+    assert {status for status, _, _ in before} == {"completed"}
+    assert sum(attempts for _, attempts, _ in before) == n + len(outcome) + 11
+    async with Orchestrator(home=tmp_path, config=config) as orch:
+        after = [(s.status.value, s.info.submit_counter, s.info.timestamps) for s in orch.jobs[j.id].subjobs]
+    assert after == before
