@@ -16,7 +16,7 @@ log must be read, for a driver's ``track`` after a restart.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from itertools import accumulate
 from typing import Any
 
@@ -283,6 +283,23 @@ class HeldRuns:
                 while k != -1:
                     yield (j, k)
                     k = marks.find(1, k + 1)
+
+    def keys_in(self, job: int, statuses: Collection[JobStatus]) -> list[RunKey]:
+        """The held runs of ``job`` the core last recorded in one of ``statuses``: a scan in C of the status
+        bytes (the monitor's look for running runs among a hundred thousand queued ones costs microseconds)."""
+        runs = self._jobs.get(job)
+        if runs is None:
+            return []
+        codes = {s.code for s in statuses}
+        if runs.whole:
+            return [(job, None)] if runs.status and runs.status[0] in codes else []
+        marks = runs.status.translate(bytes(1 if c in codes else 0 for c in range(256)))
+        out: list[RunKey] = []
+        k = marks.find(1)
+        while k != -1:
+            out.append((job, k))
+            k = marks.find(1, k + 1)
+        return out
 
     # ------------------------------------------------------------ letting go
     def discard(self, key: RunKey) -> bool:

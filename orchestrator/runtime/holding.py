@@ -174,8 +174,9 @@ class Holding:
     def started(self, job: int, which: Collection[int | None] | None) -> list[RunKey]:
         """The held runs of ``job`` the core has running or completing (of ``which`` only, unless ``None``)."""
         runs = self._runs
-        keys = runs.keys(job) if which is None else [(job, i) for i in which]
-        return [key for key in keys if runs.status(key) in STARTED]
+        if which is None:
+            return runs.keys_in(job, STARTED)
+        return [key for key in ((job, i) for i in which) if runs.status(key) in STARTED]
 
     def jobs(self) -> list[int]:
         return self._runs.jobs()

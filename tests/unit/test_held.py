@@ -66,6 +66,9 @@ def test_held_runs_of_a_master_and_of_a_job_that_runs_itself() -> None:
     assert sorted(held.keys(3)) == [(3, 0), (3, 1), (3, 2), (3, 7)] and list(held.keys(5)) == [(5, None)]
     held.set_statuses(3, [0, 1, 4], S.RUNNING)  # 4 is not held: passed over
     assert held.status((3, 1)) == S.RUNNING and (3, 4) not in held
+    assert held.keys_in(3, {S.RUNNING, S.COMPLETING}) == [(3, 0), (3, 1)] and held.keys_in(3, {S.HELD}) == []
+    assert held.keys_in(5, {S.RUNNING}) == [(5, None)] and held.keys_in(5, {S.SUBMITTED}) == []
+    assert held.keys_in(9, {S.RUNNING}) == []
     popped = held.pop((3, 0))
     assert popped is not None and popped.backend_id == "a" and held.pop((3, 0)) is None
     held.discard_many(3, [1, 2, 7])
