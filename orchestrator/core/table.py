@@ -71,6 +71,16 @@ class RunExtra(RunRecord):
         return cls(**known)
 
 
+def has_saved(checkpoint: Mapping[str, Any]) -> bool:
+    """Whether a run's checkpoint record tells of a state it saved (it has a ``seq``)."""
+    return checkpoint.get("seq") is not None
+
+
+def saved_by(extras: Mapping[int, RunExtra]) -> set[int]:
+    """The runs among ``extras`` that saved a checkpoint state."""
+    return {i for i, extra in extras.items() if has_saved(extra.checkpoint)}
+
+
 class RunTable:
     """The runs of one top-level job, by index."""
 
@@ -97,7 +107,7 @@ class RunTable:
         for kind in table.times:
             table.times[kind] = array("d", times.get(kind, bytes(8 * len(status))))
         table.extras = extras
-        table.saved = {i for i, extra in extras.items() if extra.checkpoint.get("seq") is not None}
+        table.saved = saved_by(extras)
         table.counts = [status.count(code) for code in range(len(ALL_STATUSES))]  # one pass in C per status
         return table
 
@@ -118,7 +128,7 @@ class RunTable:
         """Fold a state the run saved into its checkpoint record."""
         checkpoint = self.extra(index).checkpoint
         checkpoint.update(state)
-        if checkpoint.get("seq") is not None:
+        if has_saved(checkpoint):
             self.saved.add(index)
 
     def forget(self, index: int) -> None:

@@ -19,7 +19,7 @@ from .base import Core
 from .jobs import JobState
 from .partition import SHOWN
 from .statuses import ACTIVE, ALL_STATUSES, JobStatus
-from .table import RunTable
+from .table import RunTable, saved_by
 
 #: A run in one of these was submitted at least once, so its attempt counter is at least 1. (Final runs may
 #: have 0: ``force_status`` moves a run that was never submitted.)
@@ -72,7 +72,7 @@ def _validate_table(job: int, runs: RunTable) -> None:
             _fail(job, f"{n - sum(runs.counts)} runs have no known status code")
     if runs.extras and (stray := [i for i in runs.extras if not 0 <= i < n]):
         _fail(job, f"extras for runs {stray[:5]} beyond its {n} runs")
-    if runs.saved != (saved := {i for i, extra in runs.extras.items() if extra.checkpoint.get("seq") is not None}):
+    if runs.saved != (saved := saved_by(runs.extras)):
         _fail(job, f"runs {sorted(runs.saved ^ saved)[:5]} disagree on whether they saved a state")
     if 0 in runs.attempt:  # a C scan; only then the runs that must have been submitted are looked at
         for i in runs.indexes_in(SUBMITTED_ONCE):

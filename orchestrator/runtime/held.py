@@ -34,6 +34,14 @@ _ABSENT = 0xFFFFFFFF
 _HELD = bytes([0] + [1] * 255)
 
 
+def _marked(job: int, marks: bytes | bytearray) -> Iterator[RunKey]:
+    """The runs of ``job`` whose byte in ``marks`` (their status bytes, translated) is 1: found in C, one by one."""
+    k = marks.find(1)
+    while k != -1:
+        yield (job, k)
+        k = marks.find(1, k + 1)
+
+
 class PackedStrings:
     """Strings by index in one buffer: a million backend ids cost their bytes and 12 bytes of offsets, no object
     each. Setting an index again leaves the old bytes behind until they are a majority, then the buffer is
@@ -278,11 +286,7 @@ class HeldRuns:
             if runs.count == len(runs.status):  # every slot held: no search
                 yield from ((j, k) for k in range(len(runs.status)))
             else:
-                marks = runs.status.translate(_HELD)
-                k = marks.find(1)
-                while k != -1:
-                    yield (j, k)
-                    k = marks.find(1, k + 1)
+                yield from _marked(j, runs.status.translate(_HELD))
 
     def keys_in(self, job: int, statuses: Collection[JobStatus]) -> list[RunKey]:
         """The held runs of ``job`` the core last recorded in one of ``statuses``: a scan in C of the status
@@ -293,13 +297,7 @@ class HeldRuns:
         codes = {s.code for s in statuses}
         if runs.whole:
             return [(job, None)] if runs.status and runs.status[0] in codes else []
-        marks = runs.status.translate(bytes(1 if c in codes else 0 for c in range(256)))
-        out: list[RunKey] = []
-        k = marks.find(1)
-        while k != -1:
-            out.append((job, k))
-            k = marks.find(1, k + 1)
-        return out
+        return list(_marked(job, runs.status.translate(bytes(1 if c in codes else 0 for c in range(256)))))
 
     # ------------------------------------------------------------ letting go
     def discard(self, key: RunKey) -> bool:

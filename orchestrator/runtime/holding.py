@@ -176,7 +176,7 @@ class Holding:
         runs = self._runs
         if which is None:
             return runs.keys_in(job, STARTED)
-        return [key for key in ((job, i) for i in which) if runs.status(key) in STARTED]
+        return [(job, i) for i in which if runs.status((job, i)) in STARTED]
 
     def jobs(self) -> list[int]:
         return self._runs.jobs()

@@ -300,7 +300,6 @@ class SqliteRepository(sqlite.Connected):
         return StateRow(r[0], r[1], r[2], bool(r[3]), r[4]) if r else None
 
 
-
 def _patch_runs(conn: sqlite3.Connection, rows: Sequence[RunsRow]) -> None:
     """(the connection's thread, inside the flush's transaction) Write only the changed runs' bytes of each
     stored array, by SQLite's incremental blob I/O: a job of a hundred thousand runs holds 3.7 MB of arrays, and
@@ -308,18 +307,12 @@ def _patch_runs(conn: sqlite3.Connection, rows: Sequence[RunsRow]) -> None:
     runs, five times a second, growing with the job). A row missing, or of another length, is written whole."""
     for row in rows:
         assert row.changed is not None
-        try:
-            blobs = [(conn.blobopen("runs", column, row.job), data, size) for column, data, size in row.columns()]
-        except sqlite3.OperationalError:  # no such row
-            blobs = []
-        try:
-            if len(blobs) < 6 or any(len(blob) != len(data) for blob, data, _ in blobs):
-                conn.execute("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)", row.values())
-                continue
-            for blob, data, size in blobs:
+        stored = conn.execute("SELECT length(status) FROM runs WHERE job = ?", (row.job,)).fetchone()
+        if stored is None or stored[0] != len(row.status):  # a new job, or split again: its arrays are new
+            conn.execute("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)", row.values())
+            continue
+        for column, data, size in row.columns():
+            with conn.blobopen("runs", column, row.job) as blob:
                 for start, stop in row.changed:
                     blob.seek(start * size)
                     blob.write(data[start * size:stop * size])
-        finally:
-            for blob, _, _ in blobs:
-                blob.close()

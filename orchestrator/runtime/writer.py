@@ -138,9 +138,10 @@ class Writer:
                 continue
             batch.tops.append(top_row(sm, job, self.definitions, with_spec=job in specs))
             if job in dirty:
-                batch.runs.append(runs_row(sm, job, dirty[job]))
+                indexes = dirty[job]
+                if indexes is None or indexes:  # (an empty set: marked, but none of its runs changed)
+                    batch.runs.append(runs_row(sm, job, indexes))
                 if sm.is_master(job):
-                    indexes = dirty[job]
                     infos = sm.run_infos(job, indexes)
                     rows = written[job] = {}
                     for i, info in infos.items():
@@ -167,8 +168,8 @@ def top_row(sm: StateMachine, job: int, definitions: Definitions, *, with_spec: 
 def runs_row(sm: StateMachine, job: int, changed: set[int] | None = None) -> RunsRow:
     """The job's run arrays; ``changed``: the runs changed since they were last written (``None``: any)."""
     arrays = sm.run_arrays(job)
-    few = changed is not None and len(changed) * 4 < len(arrays.status)  # else the whole arrays, in one write
-    return RunsRow(job, arrays.status, arrays.attempt, arrays.times, ranges_of(changed) if few and changed else None)
+    few = ranges_of(changed) if changed and len(changed) * 4 < len(arrays.status) else None  # else all, in one write
+    return RunsRow(job, arrays.status, arrays.attempt, arrays.times, few)
 
 
 def restore(sm: StateMachine, loaded: Loaded, definitions: Definitions,
