@@ -43,21 +43,24 @@ def judge(js: JobState, i: int, report: RunReport, now: float) -> Verdict:
     wrapper = js.profile.wrapper
     log = report.log if (wrapper and report.verdict is None and report.log is not None) else RunLog()
     outcome = Outcome(report.status, report.exit_code, report.reason, report.verdict)
-    decision = decide(outcome, log, js.profile.limits, extra.counters, extra.retry_args, seconds, wrapper=wrapper,
+    counters, retry_args = extra.peek("counters") or {}, extra.peek("retry_args") or []  # (none made for a clean run)
+    decision = decide(outcome, log, js.profile.limits, counters, retry_args, seconds, wrapper=wrapper,
                       missing_output_fails=js.profile.fail_on_missing_output)
     attempt = runs.attempt[i]
-    before = dict(extra.counters)
-    extra.counters = dict(decision.counters)
+    before = dict(counters)
+    if decision.counters or counters:
+        extra.counters = dict(decision.counters)
     if report.state:
         runs.save_state(i, report.state)
     if report.usage:
-        extra.usage = [*extra.usage, {"attempt": attempt, **report.usage}][-HISTORY_KEPT:]
+        extra.usage = [*(extra.peek("usage") or ()), {"attempt": attempt, **report.usage}][-HISTORY_KEPT:]
     for _, word, data in log.keywords:
         if word == "REFUSED":  # the wrapper refused a RETURN_FILE or an output file: kept on record
             extra.history = [*extra.history, {"time": now, "level": "user", "verdict": "refused",
                                               "reason": f"RETURN_FILE {data}", "attempt": attempt}]
     if decision.status == JobStatus.COMPLETED:
-        extra.outputs = list(decision.outputs)
+        if decision.outputs or extra.peek("outputs"):
+            extra.outputs = list(decision.outputs)
         extra.reason = None
         return Verdict(JobStatus.COMPLETED, False)
     reason = decision.reason

@@ -48,15 +48,17 @@ async def each(items: Sequence[T], call: Callable[[T], Awaitable[R]], *, stop: C
             if stop(result):
                 break
         return results
-    limiter = anyio.CapacityLimiter(max(1, concurrency))
+    # ``concurrency`` workers take the items in order: a task per worker, not per item (ten thousand waiting
+    # tasks cost some 2.5 KB each, all at once, and their memory stays with the process once freed)
+    order = iter(range(len(items)))
 
-    async def one(i: int, item: T) -> None:
-        async with limiter:
-            results[i] = await call(item)
+    async def worker() -> None:
+        for i in order:
+            results[i] = await call(items[i])
 
     async with anyio.create_task_group() as tg:
-        for i, item in enumerate(items):
-            tg.start_soon(one, i, item)
+        for _ in range(min(max(1, concurrency), len(items))):
+            tg.start_soon(worker)
     return results
 
 

@@ -51,7 +51,7 @@ from orchestrator.plugin.processes import ExitWatcher, find_process, process_arg
 from orchestrator.plugin.wrapper import RUNFILE, boot_time, install_scripts, pid_alive
 
 from .journal import Journal, Record
-from .runs import Run, ending_of, owner_tag, start_batch, starts_of
+from .runs import Run, Seed, ending_of, owner_tag, start_batch, starts_of
 
 #: Seconds between two looks at running wrappers no pidfd watches (no pidfds here, or none left).
 LIVENESS_EVERY = 1.0
@@ -108,6 +108,8 @@ class LocalDriver(Driver):
         self._idle.set()
         self._counts = {"launched": 0, "reports": 0, "batches": 0}
         self._checked: dict[str, float] = {}  # executable -> until when it is known runnable
+        # the seed of the run accepted last: the next one shares its template if it can (Seed)
+        self._last_seed: Seed | None = None
         self.journal.read()
 
     @classmethod
@@ -139,8 +141,8 @@ class LocalDriver(Driver):
             if problem is not None:
                 raise SubmitError(f"executable {problem}")
             self._checked[run.executable] = time.monotonic() + EXECUTABLE_CHECKED_FOR
-        entry = Run(run.key, run.fqid, str(run.settings.get("shell", "/bin/sh")), run.jobdir, self._record(run.key),
-                     spec=run)
+        entry = Run.waiting(run, self._record(run.key), self._last_seed)
+        self._last_seed = entry.seed or self._last_seed
         self._active[run.key] = entry
         self.journal.accepted(run)
         self._queue.append(entry)
@@ -186,7 +188,7 @@ class LocalDriver(Driver):
         if key in self._active:
             return
         rec = self._record(key)
-        run = self._active[key] = Run(key, fqid, shell, jobdir, rec, spec=spec)
+        run = self._active[key] = Run(key, fqid, shell, str(jobdir), rec, spec=spec)
         if rec.intent_at is None:  # accepted, never launched
             self._start_again(run)
         elif rec.ended:
@@ -206,7 +208,8 @@ class LocalDriver(Driver):
         old = run.jobdir.is_absolute() and os.fsencode(run.jobdir / RUNFILE) in args
         if not (os.fsencode(run.key) in args or old) or not pid_alive(pid):
             return False
-        run.pid, run.occupies, run.spec = pid, True, None
+        run.pid, run.occupies = pid, True
+        run.started()
         self._occupied += 1
         self._by_pid[pid] = run
         if not self._watcher.watch(pid):
@@ -224,11 +227,11 @@ class LocalDriver(Driver):
         """Queue the runs to start again: from what each was accepted with (one pass over ``submitted.log`` for
         all of them), or from an earlier version's run file."""
         runs, self._restarts = self._restarts, []
-        wanted = {run.key for run in runs if run.spec is None}
+        wanted = {run.key for run in runs if run.spec is None and run.seed is None}
         specs = self.journal.accepted_specs(wanted) if wanted else {}
         for run in runs:
             run.spec = run.spec or specs.get(run.key)
-            if run.spec is None:
+            if run.spec is None and run.seed is None:
                 runfile = run.jobdir / RUNFILE
                 with contextlib.suppress(OSError):
                     text = runfile.read_text()
@@ -380,7 +383,8 @@ class LocalDriver(Driver):
                 lines.append(self._lost(run, JobStatus.FAILED, start.problem))
                 continue
             assert start.pid is not None
-            run.pid, run.spec = start.pid, None
+            run.pid = start.pid
+            run.started()
             run.record.pid = start.pid
             self._by_pid[start.pid] = run
             if not self._watcher.watch(start.pid):
@@ -491,4 +495,4 @@ class LocalDriver(Driver):
 
 def _owner(run: Run) -> str | None:
     """Whose turn a waiting run takes (a run adopted from an earlier version, without its spec: the service's)."""
-    return run.spec.owner if run.spec is not None else None
+    return run.owner()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import anyio
@@ -24,10 +24,14 @@ class Run:
     key: str
     fqid: str
     shell: str
-    jobdir: Path
+    #: Its job dir (a string: a path object with its parts is some 200 bytes more a run, and runs wait by the
+    #: hundred thousand); :attr:`jobdir` as a path.
+    where: str
     record: Record
-    #: What starting it needs; ``None`` once started.
+    #: What starting it needs; ``None`` once started (or while ``seed`` holds it, smaller).
     spec: RunSpec | None = None
+    #: What starting it needs, for a run waiting its turn: :class:`Seed`.
+    seed: Seed | None = None
     #: A run accepted by an earlier version of this driver, not yet started: its run file.
     runfile: Path | None = None
     pid: int | None = None
@@ -41,6 +45,71 @@ class Run:
     ended: bool = False
     #: An INTENT without a process (a crash around the spawn): decided at this time.
     recheck_at: float | None = None
+
+    @property
+    def jobdir(self) -> Path:
+        return Path(self.where)
+
+    @classmethod
+    def waiting(cls, spec: RunSpec, record: Record, last: Seed | None) -> Run:
+        """A run just accepted, to wait its turn: its spec kept as a :class:`Seed` (``last``: the one before)."""
+        run = cls(spec.key, spec.fqid, str(spec.settings.get("shell", "/bin/sh")), str(spec.jobdir), record)
+        run.seed = Seed.of(spec, last)
+        if run.seed is None:
+            run.spec = spec
+        return run
+
+    def start_spec(self) -> RunSpec | None:
+        """What starting it needs (``None``: started, or accepted by an earlier version of the driver)."""
+        if self.seed is not None:
+            return self.seed.spec(self)
+        return self.spec
+
+    def owner(self) -> str | None:
+        """Its owner, as it was accepted (``None``: the orchestrator's own user, or not known here)."""
+        if self.seed is not None:
+            return self.seed.template.owner
+        return self.spec.owner if self.spec is not None else None
+
+    def started(self) -> None:
+        """It runs: what starting it needed is let go."""
+        self.spec = self.seed = None
+
+
+@dataclass(frozen=True, slots=True)
+class Seed:
+    """A waiting run's :class:`RunSpec`, small. A RunSpec holds four paths (some 1.5 KB a run with their parts and
+    strings), and at 100,000 runs accepted at once that was most of the process's memory. What a run shares with
+    the runs accepted beside it stays in one ``template`` (the spec of the first of them); the rest is its own,
+    here and in its :class:`Run`; :meth:`spec` makes its RunSpec again when it starts."""
+
+    template: RunSpec
+    index: int
+    attempt: int
+    args: tuple[str, ...]
+    retry_count: int
+    retry_args: tuple[str, ...]
+
+    @classmethod
+    def of(cls, spec: RunSpec, last: Seed | None) -> Seed | None:
+        """``spec`` as a seed (``last``'s template when it shares it); ``None`` when its directories are not the
+        usual three in its job dir (kept whole then)."""
+        jobdir = str(spec.jobdir)
+        if (str(spec.outputdir) != jobdir + "/output" or str(spec.workdir) != jobdir + "/work"
+                or str(spec.inputdir) != jobdir + "/input"):
+            return None
+        t = last.template if last is not None else None
+        if (t is None or t.env is not spec.env or t.settings is not spec.settings or t.inputs is not spec.inputs
+                or t.outputfiles is not spec.outputfiles or t.executable != spec.executable or t.mode != spec.mode
+                or t.owner != spec.owner):
+            t = spec
+        return cls(t, spec.index, spec.attempt, spec.args, spec.retry_count, spec.retry_args)
+
+    def spec(self, run: Run) -> RunSpec:
+        jobdir = run.jobdir
+        return replace(self.template, fqid=run.fqid, index=self.index, attempt=self.attempt, key=run.key,
+                       args=self.args, jobdir=jobdir, inputdir=jobdir / "input", outputdir=jobdir / "output",
+                       workdir=jobdir / "work", retry_count=self.retry_count, retry_args=self.retry_args)
 
 
 def ending_of(run: Run) -> StatusUpdate:
@@ -75,7 +144,7 @@ INLINE_STARTS = 2
 
 def owner_tag(run: Run) -> str:
     """The INTENT line's value: the run's owner (whose events file may tell of it), ``-`` for none."""
-    owner = run.spec.owner if run.spec is not None else run.record.owner
+    owner = run.owner() if run.spec is not None or run.seed is not None else run.record.owner
     return owner if owner and " " not in owner else "-"
 
 
@@ -113,25 +182,25 @@ def starts_of(batch: Sequence[Run], wrapper: Path, *, journal: Journal, boot: in
     base, bindir, notify = base_environ(), str(wrapper.parent), str(journal.events)
     out = []
     for run in batch:
-        if run.spec is not None:
+        if (spec := run.start_spec()) is not None:
             try:
-                who = identity(run.spec.owner)
+                who = identity(spec.owner)
             except OwnerError as exc:
-                out.append(Start(run, [], {}, run.spec, problem=str(exc)))
+                out.append(Start(run, [], {}, spec, problem=str(exc)))
                 continue
             if who is None:  # the single-user way, unchanged
-                out.append(Start(run, wrapper_argv(run.shell, wrapper, run.spec),
-                                 wrapper_env(run.spec, base, bindir=bindir, notify=notify, boot=boot), run.spec))
+                out.append(Start(run, wrapper_argv(run.shell, wrapper, spec),
+                                 wrapper_env(spec, base, bindir=bindir, notify=notify, boot=boot), spec))
                 continue
             try:
-                argv = [*switch_argv(who), *wrapper_argv(run.shell, wrapper, run.spec)]
+                argv = [*switch_argv(who), *wrapper_argv(run.shell, wrapper, spec)]
                 own = str(journal.owner_events(who.name, who.uid, who.gid))
                 last_words = journal.owner_out(who.name, who.uid, who.gid)
             except (OwnerError, OSError) as exc:
-                out.append(Start(run, [], {}, run.spec, problem=f"cannot run as owner {who.name}: {exc}"))
+                out.append(Start(run, [], {}, spec, problem=f"cannot run as owner {who.name}: {exc}"))
                 continue
-            env = wrapper_env(run.spec, who.env(base), bindir=bindir, notify=own, boot=boot)
-            out.append(Start(run, argv, env, run.spec, owner=who, out=last_words))
+            env = wrapper_env(spec, who.env(base), bindir=bindir, notify=own, boot=boot)
+            out.append(Start(run, argv, env, spec, owner=who, out=last_words))
         else:
             out.append(Start(run, [run.shell, str(wrapper), str(run.runfile)], dict(os.environ), None))
     return out

@@ -96,3 +96,18 @@ def test_early_means_strictly_less_than_early_seconds_by_the_logs_clock() -> Non
     assert classify(failed, started, limits, seconds=None)[1] == "early"
     keyword = parse_log("0 START 1\n70 INFO x\n")  # a keyword's time stands for the end
     assert classify(failed, keyword, limits, seconds=1.0)[1] == "late_unhandled"
+
+
+def test_a_runs_extras_hold_only_what_was_set_and_read_as_ever() -> None:
+    extra = RunExtra(usage=[{"attempt": 1, "cpu": 0.5}])
+    # a field never set: nothing stored, nothing made by a peek; read, an empty container of its own
+    assert extra.to_dict() == {"usage": [{"attempt": 1, "cpu": 0.5}]}
+    assert extra.peek("history") is None and extra.peek("counters") is None and extra.reason is None
+    extra.history.append({"verdict": "failed"})
+    extra.counters["early"] = 1
+    other = RunExtra()
+    assert other.history == [] and other.counters == {} and other.checkpoint == {}
+    assert extra.to_dict() == {"history": [{"verdict": "failed"}], "counters": {"early": 1},
+                               "usage": [{"attempt": 1, "cpu": 0.5}]}
+    assert RunExtra.from_dict(extra.to_dict()) == extra
+    assert RunExtra.from_dict({"reason": "x", "unknown": 1}).to_dict() == {"reason": "x"}

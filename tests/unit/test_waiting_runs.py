@@ -1,0 +1,89 @@
+"""What the runtime and ``local`` hold for runs that wait: a worker per slot, not a task per run, and a waiting run's
+spec kept small and made whole again when it starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+from orch_local.journal import Record
+from orch_local.runs import Run, Seed
+
+from orchestrator.plugin import RunSpec
+from orchestrator.runtime import bulk
+
+#: Runs of one batch share their settings object (as the runtime makes them).
+SETTINGS = {"shell": "/bin/sh"}
+
+
+def run_spec(jobdir: Path, i: int, *, env: dict[str, str], owner: str | None = None,
+             outputdir: Path | None = None) -> RunSpec:
+    return RunSpec(fqid=f"3.{i}", index=i, attempt=2, key=f"orch-h-3.{i}-2", executable="/bin/echo",
+                   args=(f"a{i}",), env=env, settings=SETTINGS, inputs=(), outputfiles=("*.txt",),
+                   jobdir=jobdir, inputdir=jobdir / "input", outputdir=outputdir or jobdir / "output",
+                   workdir=jobdir / "work", retry_count=1, retry_args=("--again",), owner=owner)
+
+
+def waiting(spec: RunSpec, last: Seed | None) -> tuple[Run, Seed | None]:
+    run = Run.waiting(spec, Record(), last)
+    return run, run.seed
+
+
+def test_a_waiting_run_starts_with_the_spec_it_was_accepted_with(tmp_path: Path) -> None:
+    env = {"A": "1"}
+    specs = [run_spec(tmp_path / "3" / str(i), i, env=env) for i in range(3)]
+    last = None
+    runs = []
+    for spec in specs:
+        run, last = waiting(spec, last)
+        runs.append(run)
+    for run, spec in zip(runs, specs, strict=True):
+        assert run.start_spec() == spec
+        assert run.owner() is None
+    # the three share one template: what they have alike is held once
+    assert runs[0].seed is not None and runs[2].seed is not None
+    assert runs[2].seed.template is runs[0].seed.template
+
+
+def test_runs_that_differ_in_what_they_share_get_their_own_template(tmp_path: Path) -> None:
+    first, last = waiting(run_spec(tmp_path / "0", 0, env={"A": "1"}), None)
+    other, _ = waiting(run_spec(tmp_path / "1", 1, env={"A": "1"}, owner="orch-alice"), last)  # another owner
+    assert first.seed is not None and other.seed is not None
+    assert other.seed.template is not first.seed.template
+    assert other.owner() == "orch-alice"
+    assert other.start_spec() == run_spec(tmp_path / "1", 1, env={"A": "1"}, owner="orch-alice")
+
+
+def test_a_spec_with_unusual_directories_is_kept_whole(tmp_path: Path) -> None:
+    spec = run_spec(tmp_path / "0", 0, env={}, outputdir=tmp_path / "elsewhere")
+    assert Seed.of(spec, None) is None
+    run, _ = waiting(spec, None)
+    assert run.spec is spec and run.start_spec() is spec
+
+
+def test_a_started_run_lets_its_spec_go(tmp_path: Path) -> None:
+    run, _ = waiting(run_spec(tmp_path / "0", 0, env={}), None)
+    run.started()
+    assert run.start_spec() is None
+
+
+@pytest.mark.parametrize("concurrency", [1, 3, 50])
+def test_bulk_calls_go_in_order_at_most_concurrency_at_once(concurrency: int) -> None:
+    at_once, most, begun = 0, 0, []
+
+    async def call(item: int) -> int:
+        nonlocal at_once, most
+        begun.append(item)
+        at_once += 1
+        most = max(most, at_once)
+        await anyio.sleep(0.001 * (item % 3))
+        at_once -= 1
+        return item * 10
+
+    async def main() -> list[int | None]:
+        return await bulk.each(list(range(20)), call, stop=None, concurrency=concurrency)
+
+    assert anyio.run(main) == [i * 10 for i in range(20)]
+    assert begun == list(range(20))
+    assert most == min(concurrency, 20)
