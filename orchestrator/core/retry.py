@@ -37,32 +37,37 @@ class Verdict:
 def judge(js: JobState, i: int, report: RunReport, now: float) -> Verdict:
     """Classify run ``i`` of ``js`` from ``report``; record why; say what becomes of it."""
     runs = js.runs
-    extra = runs.extra(i)
+    known = runs.extras.get(i)  # a run that ends cleanly is given no extras (nor empty containers in them)
     started = report.started or runs.time_of(i, "running") or runs.time_of(i, "submitted")
     seconds = (report.ended or now) - started if started else None
     wrapper = js.profile.wrapper
     log = report.log if (wrapper and report.verdict is None and report.log is not None) else RunLog()
     outcome = Outcome(report.status, report.exit_code, report.reason, report.verdict)
-    counters, retry_args = extra.peek("counters") or {}, extra.peek("retry_args") or []  # (none made for a clean run)
+    counters = (known.peek("counters") if known is not None else None) or {}
+    retry_args = (known.peek("retry_args") if known is not None else None) or []
     decision = decide(outcome, log, js.profile.limits, counters, retry_args, seconds, wrapper=wrapper,
                       missing_output_fails=js.profile.fail_on_missing_output)
     attempt = runs.attempt[i]
     before = dict(counters)
     if decision.counters or counters:
-        extra.counters = dict(decision.counters)
+        runs.extra(i).counters = dict(decision.counters)
     if report.state:
         runs.save_state(i, report.state)
     if report.usage:
+        extra = runs.extra(i)
         extra.usage = [*(extra.peek("usage") or ()), {"attempt": attempt, **report.usage}][-HISTORY_KEPT:]
     for _, word, data in log.keywords:
         if word == "REFUSED":  # the wrapper refused a RETURN_FILE or an output file: kept on record
+            extra = runs.extra(i)
             extra.history = [*extra.history, {"time": now, "level": "user", "verdict": "refused",
                                               "reason": f"RETURN_FILE {data}", "attempt": attempt}]
     if decision.status == JobStatus.COMPLETED:
-        if decision.outputs or extra.peek("outputs"):
-            extra.outputs = list(decision.outputs)
-        extra.reason = None
+        if decision.outputs or (known is not None and known.peek("outputs")):
+            runs.extra(i).outputs = list(decision.outputs)
+        if (extra_or_none := runs.extras.get(i)) is not None:
+            extra_or_none.reason = None
         return Verdict(JobStatus.COMPLETED, False)
+    extra = runs.extra(i)
     reason = decision.reason
     if report.stderr_tail and decision.level in ("application", "worker", "batch") and decision.verdict != "failed":
         reason = f"{reason}; stderr: {report.stderr_tail}"
