@@ -37,14 +37,13 @@ class Verdict:
 def judge(js: JobState, i: int, report: RunReport, now: float) -> Verdict:
     """Classify run ``i`` of ``js`` from ``report``; record why; say what becomes of it."""
     runs = js.runs
-    known = runs.extras.get(i)  # a run that ends cleanly is given no extras (nor empty containers in them)
     started = report.started or runs.time_of(i, "running") or runs.time_of(i, "submitted")
     seconds = (report.ended or now) - started if started else None
     wrapper = js.profile.wrapper
     log = report.log if (wrapper and report.verdict is None and report.log is not None) else RunLog()
     outcome = Outcome(report.status, report.exit_code, report.reason, report.verdict)
-    counters = (known.peek("counters") if known is not None else None) or {}
-    retry_args = (known.peek("retry_args") if known is not None else None) or []
+    # read without making them: a run that ends cleanly is given no extras (nor empty containers in them)
+    counters, retry_args = runs.peek(i, "counters") or {}, runs.peek(i, "retry_args") or []
     decision = decide(outcome, log, js.profile.limits, counters, retry_args, seconds, wrapper=wrapper,
                       missing_output_fails=js.profile.fail_on_missing_output)
     attempt = runs.attempt[i]
@@ -62,10 +61,10 @@ def judge(js: JobState, i: int, report: RunReport, now: float) -> Verdict:
             extra.history = [*extra.history, {"time": now, "level": "user", "verdict": "refused",
                                               "reason": f"RETURN_FILE {data}", "attempt": attempt}]
     if decision.status == JobStatus.COMPLETED:
-        if decision.outputs or (known is not None and known.peek("outputs")):
+        if decision.outputs or runs.peek(i, "outputs"):
             runs.extra(i).outputs = list(decision.outputs)
-        if (extra_or_none := runs.extras.get(i)) is not None:
-            extra_or_none.reason = None
+        if i in runs.extras:
+            runs.extras[i].reason = None
         return Verdict(JobStatus.COMPLETED, False)
     extra = runs.extra(i)
     reason = decision.reason

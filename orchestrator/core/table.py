@@ -154,6 +154,11 @@ class RunTable:
             extra = self.extras[index] = RunExtra()
         return extra
 
+    def peek(self, index: int, name: str) -> Any:
+        """A field of the run's extras, ``None`` when it was never set (nothing is made for the look)."""
+        extra = self.extras.get(index)
+        return extra.peek(name) if extra is not None else None
+
     def save_state(self, index: int, state: Mapping[str, Any]) -> None:
         """Fold a state the run saved into its checkpoint record."""
         checkpoint = self.extra(index).checkpoint
@@ -174,9 +179,8 @@ class RunTable:
         if sum(self.counts[c] for c in codes) == len(self.status):
             return list(range(len(self.status)))
         if len(codes) == 1:
-            return _find_all(self.status, codes[0])
-        marks = bytes(1 if i in codes else 0 for i in range(256))
-        return _find_all(bytearray(self.status.translate(marks)), 1)
+            return positions(self.status, codes[0])
+        return positions(self.status.translate(marks_of(codes)), 1)
 
     def count(self, statuses: Iterable[JobStatus]) -> int:
         return sum(self.counts[s.code] for s in statuses)
@@ -205,8 +209,14 @@ class RunTable:
         return out
 
 
-def _find_all(data: bytearray, code: int) -> list[int]:
-    """Every position of one byte value, found by ``bytearray.find`` (C speed, not a Python loop per run)."""
+def marks_of(codes: Iterable[int]) -> bytes:
+    """A ``bytes.translate`` table that marks the byte values ``codes`` with 1 and every other with 0."""
+    wanted = set(codes)
+    return bytes(1 if c in wanted else 0 for c in range(256))
+
+
+def positions(data: bytes | bytearray, code: int) -> list[int]:
+    """Every position of one byte value, found by ``find`` (C speed, not a Python loop per run)."""
     out: list[int] = []
     needle = bytes([code])
     i = data.find(needle)

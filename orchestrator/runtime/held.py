@@ -22,6 +22,7 @@ from typing import Any
 
 from ..core.ids import as_range
 from ..core.statuses import JobStatus
+from ..core.table import marks_of, positions
 from ..plugin.contract import RunHandle
 
 #: A run as an actor holds it: (job, subjob index or None for a job that runs itself).
@@ -31,15 +32,7 @@ MakeHandle = Callable[[RunKey, str, Mapping[str, Any], JobStatus, int], RunHandl
 
 _ABSENT = 0xFFFFFFFF
 #: Status byte -> 1 for a held run, 0 for a free slot (finds held runs at C speed).
-_HELD = bytes([0] + [1] * 255)
-
-
-def _marked(job: int, marks: bytes | bytearray) -> Iterator[RunKey]:
-    """The runs of ``job`` whose byte in ``marks`` (their status bytes, translated) is 1: found in C, one by one."""
-    k = marks.find(1)
-    while k != -1:
-        yield (job, k)
-        k = marks.find(1, k + 1)
+_HELD = marks_of(range(1, 256))
 
 
 class PackedStrings:
@@ -286,7 +279,7 @@ class HeldRuns:
             if runs.count == len(runs.status):  # every slot held: no search
                 yield from ((j, k) for k in range(len(runs.status)))
             else:
-                yield from _marked(j, runs.status.translate(_HELD))
+                yield from ((j, k) for k in positions(runs.status.translate(_HELD), 1))
 
     def keys_in(self, job: int, statuses: Collection[JobStatus]) -> list[RunKey]:
         """The held runs of ``job`` the core last recorded in one of ``statuses``: a scan in C of the status
@@ -297,7 +290,7 @@ class HeldRuns:
         codes = {s.code for s in statuses}
         if runs.whole:
             return [(job, None)] if runs.status and runs.status[0] in codes else []
-        return list(_marked(job, runs.status.translate(bytes(1 if c in codes else 0 for c in range(256)))))
+        return [(job, k) for k in positions(runs.status.translate(marks_of(codes)), 1)]
 
     # ------------------------------------------------------------ letting go
     def discard(self, key: RunKey) -> bool:

@@ -94,7 +94,7 @@ class LocalDriver(Driver):
         self._rechecks: list[Run] = []
         self._restarts: list[Run] = []
         #: Runs waiting for a slot, taken round-robin by owner (:mod:`orchestrator.plugin.fairshare`).
-        self._queue: FairQueue[Run] = FairQueue(_owner)
+        self._queue: FairQueue[Run] = FairQueue(Run.owner)
         self._occupied = 0
         self._kills: list[tuple[float, int]] = []
         self._pending: dict[str, tuple[Run, StatusUpdate]] = {}
@@ -492,7 +492,3 @@ class LocalDriver(Driver):
         self.journal.close()
         os.close(self._out)
 
-
-def _owner(run: Run) -> str | None:
-    """Whose turn a waiting run takes (a run adopted from an earlier version, without its spec: the service's)."""
-    return run.owner()
