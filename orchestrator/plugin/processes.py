@@ -22,10 +22,11 @@ import resource
 import select
 import signal
 import sys
+from collections.abc import Mapping, Sequence
 
 import anyio
 
-from .wrapper import SpawnError, pid_alive
+from .wrapper import SpawnError, env_entry, pid_alive
 
 #: Signals Python ignores, which a child would inherit ignored: a run gets them back at their defaults.
 RESTORED = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name))
@@ -62,9 +63,9 @@ class _LibcSpawn:
         self.add_open.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint]
         self.add_dup2.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
 
-    def __call__(self, argv: list[str], env: dict[str, str], out: int) -> int:
+    def __call__(self, argv: list[str], env: Mapping[str, str] | Sequence[bytes], out: int) -> int:
         c_argv = (ctypes.c_char_p * (len(argv) + 1))(*[os.fsencode(a) for a in argv], None)
-        c_env = (ctypes.c_char_p * (len(env) + 1))(*[os.fsencode(f"{k}={v}") for k, v in env.items()], None)
+        c_env = (ctypes.c_char_p * (len(env) + 1))(*_entries(env), None)
         attr, actions = ctypes.create_string_buffer(self.OPAQUE), ctypes.create_string_buffer(self.OPAQUE)
         pid = ctypes.c_int()
         if self.init_attr(attr) or self.init_actions(actions):
@@ -83,6 +84,13 @@ class _LibcSpawn:
         return pid.value
 
 
+def _entries(env: Mapping[str, str] | Sequence[bytes]) -> Sequence[bytes]:
+    """``env`` as ``NAME=value`` entries (given so already: :class:`~.wrapper.BaseEnviron`)."""
+    if isinstance(env, Mapping):
+        return [env_entry(k, v) for k, v in env.items()]
+    return env
+
+
 def _libc_spawn() -> _LibcSpawn | None:
     if sys.platform != "linux":
         return None
@@ -95,9 +103,10 @@ def _libc_spawn() -> _LibcSpawn | None:
 _spawn = _libc_spawn()
 
 
-def spawn_detached(argv: list[str], env: dict[str, str], *, out: int) -> int:
-    """Start ``argv`` with ``env`` in a session of its own, stdin ``/dev/null``, stdout and stderr on the open file
-    ``out``, no signal blocked and SIGPIPE and SIGXFSZ at their defaults (as a shell would have them); its pid.
+def spawn_detached(argv: list[str], env: Mapping[str, str] | Sequence[bytes], *, out: int) -> int:
+    """Start ``argv`` with ``env`` (variables by name, or encoded ``NAME=value`` entries) in a session of its own,
+    stdin ``/dev/null``, stdout and stderr on the open file ``out``, no signal blocked and SIGPIPE and SIGXFSZ at
+    their defaults (as a shell would have them); its pid.
     Leading its own session, it outlives the process that started it, and killing its process group ends
     everything it started. Safe to call from worker threads, several at once: the call lets go of the
     interpreter lock (:class:`_LibcSpawn`) where it can. Raises :class:`SpawnError` (the message names the
@@ -105,7 +114,8 @@ def spawn_detached(argv: list[str], env: dict[str, str], *, out: int) -> int:
     try:
         if _spawn is not None:
             return _spawn(argv, env, out)
-        return os.posix_spawn(argv[0], argv, env, setsid=True, setsigdef=RESTORED, setsigmask=(),
+        named = env if isinstance(env, Mapping) else dict(e.split(b"=", 1) for e in env)
+        return os.posix_spawn(argv[0], argv, named, setsid=True, setsigdef=RESTORED, setsigmask=(),
                               file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                                             (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, out, 2)])
     except OSError as exc:

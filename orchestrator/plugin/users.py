@@ -223,6 +223,21 @@ def real_path(path: Path) -> str:
         os.close(fd)
 
 
+#: Where the bases :func:`read_inside` was given really are. A base is a job's own dir, which only the orchestrator
+#: may replace (its parent is the orchestrator's), so where it is does not change; looked up once, not twice a run.
+_bases: dict[Path, str] = {}
+_BASES_KEPT = 4096
+
+
+def _real_base(base: Path) -> str:
+    found = _bases.get(base)
+    if found is None:
+        if len(_bases) >= _BASES_KEPT:
+            _bases.clear()
+        found = _bases[base] = real_path(base)
+    return found
+
+
 def read_inside(path: Path, base: Path, most: int | None = None) -> bytes:
     """The bytes of ``path`` (its last ``most``), a regular file that lies inside ``base`` once every link on the
     way is followed, itself no link: how the orchestrator reads what a run wrote (a run's owner may have made
@@ -230,7 +245,7 @@ def read_inside(path: Path, base: Path, most: int | None = None) -> bytes:
     ``PermissionError`` when it leads out of ``base`` or is no regular file."""
     directory = os.open(path.parent, _DIRECTORY)
     try:
-        real, within = _real(directory, path.parent), real_path(base)
+        real, within = _real(directory, path.parent), _real_base(base)
         if not (real + os.sep).startswith(within + os.sep) and real != within:
             raise PermissionError(f"{path.name} leads out of {base}")
         try:  # in the very directory checked (it cannot be swapped for another meanwhile)

@@ -18,6 +18,7 @@ import platform
 import shlex
 import shutil
 import struct
+import sys
 from array import array
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -110,6 +111,47 @@ def base_environ() -> dict[str, str]:
     """This process's environment without ``ORCH_*`` variables: the base of a run's own (an outer job's values,
     when the orchestrator itself runs inside one, never leak into a run)."""
     return {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
+
+
+_FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
+
+
+def env_entry(name: str, value: str) -> bytes:
+    """``name=value`` as a process's environment holds it (encoded as :func:`os.fsencode` would)."""
+    return f"{name}={value}".encode(_FS_ENCODING, _FS_ERRORS)
+
+
+class BaseEnviron:
+    """:func:`base_environ` as encoded ``NAME=value`` entries by name, ready for a spawn, made again only when
+    ``os.environ`` has changed. Runs start by the thousand; reading ``os.environ`` decodes every variable, and
+    encoding them again for each spawn cost more of the orchestrator's CPU than anything else on a run's way
+    (``benchmarks/README.md``, issue 26). One per driver: it owns its copy."""
+
+    def __init__(self) -> None:
+        self._seen: dict[bytes, bytes] | None = None
+        self._entries: dict[str, bytes] = {}
+
+    def entries(self) -> dict[str, bytes]:
+        """The entries by name (the caller copies before it adds to them)."""
+        data = getattr(os.environ, "_data", None)  # the encoded variables os.environ keeps (CPython's)
+        if not isinstance(data, dict) or data != self._seen:
+            self._entries = {k: env_entry(k, v) for k, v in base_environ().items()}
+            self._seen = dict(data) if isinstance(data, dict) else None
+        return self._entries
+
+
+def wrapper_env_entries(run: RunSpec, base: Mapping[str, bytes], *, bindir: str, notify: str | None = None,
+                        boot: int | None = None) -> list[bytes]:
+    """:func:`wrapper_env` as encoded entries over ``base`` (:meth:`BaseEnviron.entries`): the same variables in
+    the same order, without decoding and encoding the orchestrator's own each time."""
+    env = dict(base)
+    for k, v in run_values(run, bindir=bindir, notify=notify, boot=boot).items():
+        env[k] = env_entry(k, v)
+    for i, arg in enumerate(run.retry_args, 1):
+        env[f"ORCH_RETRY_ARG_{i}"] = env_entry(f"ORCH_RETRY_ARG_{i}", arg)
+    for k, v in run.env.items():
+        env[k] = env_entry(k, v)
+    return list(env.values())
 
 
 def wrapper_env(run: RunSpec, base: Mapping[str, str], *, bindir: str, notify: str | None = None,
@@ -382,6 +424,19 @@ class EventLines:
         with open(path, "rb") as f:
             f.seek(self.offset)
             return self.feed(f.read())
+
+    def read_from(self, fd: int) -> list[list[str]]:
+        """The events appended since the last read to the file open as ``fd`` (kept open by a driver that reads
+        it on every run's end: one ``pread`` where opening it again took ten system calls)."""
+        out: list[list[str]] = []
+        while True:
+            chunk = os.pread(fd, _READ_CHUNK, self.offset)
+            out += self.feed(chunk)
+            if len(chunk) < _READ_CHUNK:
+                return out
+
+
+_READ_CHUNK = 1 << 20
 
 
 async def prepare_runs(runs: Sequence[RunSpec], *, bindir: Path, notify: Path | None = None) -> list[Path]:

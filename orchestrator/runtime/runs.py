@@ -9,6 +9,8 @@ its wrapper log and the tail of its stderr, with its last saved states).
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +98,11 @@ def read_ending(handle: RunHandle) -> Ending:
 
 def stderr_tail(path: Path, within: Path | None = None, lines: int = STDERR_LINES) -> str | None:
     """The last non-empty lines of a file, joined with " | ", or ``None``."""
+    try:
+        if (found := os.lstat(path)).st_size == 0 and stat.S_ISREG(found.st_mode):  # as most: one call, no read
+            return None
+    except OSError:
+        return None
     try:
         data = read_inside(path, within or path.parent, 4096).decode(errors="replace")
     except OSError:

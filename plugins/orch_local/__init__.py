@@ -15,11 +15,11 @@ when it happens (a pidfd per process, in one epoll the event loop waits on),
 reads the wrappers' ``START`` and ``END`` lines from one append-only events
 file then, and hands what changed to the runtime in one report (at most one
 per :data:`REPORT_EVERY`). Nothing is polled, so a thousand running runs cost
-nothing while nothing changes. Before
-each batch of spawns the driver writes their ``INTENT`` lines, so that a run
-is never started twice after a crash, and it notes every run it accepts, so
-that one accepted but not yet started when the process died is started by the
-next (:mod:`.journal`). Written against the public driver API only.
+nothing while nothing changes. Before each batch of spawns the driver writes
+their ``INTENT`` lines, so that a run is never started twice after a crash,
+and it notes every run it accepts, so that one accepted but not yet started
+when the process died is started by the next (:mod:`.journal`). Written
+against the public driver API only.
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ from orchestrator.plugin import (
 )
 from orchestrator.plugin.fairshare import FairQueue
 from orchestrator.plugin.processes import ExitWatcher, find_process, process_args, reap
-from orchestrator.plugin.wrapper import RUNFILE, boot_time, install_scripts, pid_alive
+from orchestrator.plugin.wrapper import RUNFILE, BaseEnviron, boot_time, install_scripts, pid_alive
 
-from .journal import Journal, Record
-from .runs import Run, Seed, ending_of, owner_tag, start_batch, starts_of
+from .journal import Journal
+from .runs import Run, Seed, ending_of, owner_tag, start_batch, starts_inline, starts_of
 
 #: Seconds between two looks at running wrappers no pidfd watches (no pidfds here, or none left).
 LIVENESS_EVERY = 1.0
@@ -86,6 +86,7 @@ class LocalDriver(Driver):
         self._out = os.open(context.statedir / "wrapper.out", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         os.fchmod(self._out, 0o600)
         self._boot = boot_time()
+        self._environ = BaseEnviron()
         self._watcher = ExitWatcher()
         self._active: dict[str, Run] = {}
         self._by_pid: dict[int, Run] = {}
@@ -141,7 +142,7 @@ class LocalDriver(Driver):
             if problem is not None:
                 raise SubmitError(f"executable {problem}")
             self._checked[run.executable] = time.monotonic() + EXECUTABLE_CHECKED_FOR
-        entry = Run.waiting(run, self._record(run.key), self._last_seed)
+        entry = Run.waiting(run, self.journal.record(run.key), self._last_seed)
         self._last_seed = entry.seed or self._last_seed
         self._active[run.key] = entry
         self.journal.accepted(run)
@@ -150,12 +151,6 @@ class LocalDriver(Driver):
         await anyio.lowlevel.checkpoint()  # the other submissions of this tick note theirs meanwhile
         self.journal.flush_accepted()  # one write for all of them (nothing left to write for the ones after)
         return run.key
-
-    def _record(self, key: str) -> Record:
-        rec = self.journal.records.get(key)
-        if rec is None:
-            rec = self.journal.records[key] = Record()
-        return rec
 
     async def lookup(self, runs: Sequence[RunSpec]) -> list[str | None]:
         """A run was got if its launch began (an INTENT line); one only queued in a dead process never ran. Those
@@ -187,7 +182,7 @@ class LocalDriver(Driver):
                 running: bool = False) -> None:
         if key in self._active:
             return
-        rec = self._record(key)
+        rec = self.journal.record(key)
         run = self._active[key] = Run(key, fqid, shell, str(jobdir), rec, spec=spec)
         if rec.intent_at is None:  # accepted, never launched
             self._start_again(run)
@@ -302,16 +297,23 @@ class LocalDriver(Driver):
             tg.start_soon(self._watch_exits)
             tg.start_soon(self._report_loop)
             while not self._closed:
-                self._wake = anyio.Event()
+                if self._wake.is_set():
+                    self._wake = anyio.Event()
                 now = time.time()
                 self._finish_kills(now)
                 self._look_around(now)
                 while self._inflight < SPAWNERS and (batch := self._take()):
                     self._inflight += 1  # counted at once: _take sees the batch's slots taken
                     self._idle = anyio.Event() if self._idle.is_set() else self._idle
-                    tg.start_soon(self._launch, batch)
-                with anyio.move_on_after(self._next_deadline(now)):
+                    if starts_inline(batch):  # started on the loop all the same: no task of its own
+                        await self._launch(batch)
+                    else:
+                        tg.start_soon(self._launch, batch)
+                if (wait := self._next_deadline(now)) == math.inf:  # no cancel scope when nothing is due
                     await self._wake.wait()
+                else:
+                    with anyio.move_on_after(wait):
+                        await self._wake.wait()
             tg.cancel_scope.cancel()
 
     async def _watch_exits(self) -> None:
@@ -360,7 +362,7 @@ class LocalDriver(Driver):
             now = time.time()
             for run in batch:
                 run.record.intent_at = now
-            starts = starts_of(batch, self.wrapper, journal=self.journal, boot=self._boot)
+            starts = starts_of(batch, self.wrapper, journal=self.journal, boot=self._boot, environ=self._environ)
             await start_batch(starts, self._out)
         except OSError as exc:  # no INTENT line could be written (a full disk...): nothing of the batch starts
             for run in batch:

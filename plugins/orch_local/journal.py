@@ -65,6 +65,8 @@ class Journal:
         self._submitted_fd = os.open(self.submitted, flags, 0o600)
         for fd in (self._events_fd, self._submitted_fd):  # made by an earlier version with others' read
             os.fchmod(fd, 0o600)
+        #: The events file open for reading too: it is read on each run's end, and only ever appended to.
+        self._events_in = os.open(self.events, os.O_RDONLY | os.O_CLOEXEC)
         self._lines = EventLines()
         #: The owners' own events files (``events.<owner>.log``), each read on from where it was left.
         self._owner_lines: dict[str, tuple[Path, EventLines]] = {}
@@ -75,6 +77,13 @@ class Journal:
         self.records: dict[str, Record] = {}
         self._unwritten: list[str] = []
         self._closed = False
+
+    def record(self, key: str) -> Record:
+        """The record of the run ``key`` (a new one if the events file has named it nowhere yet)."""
+        rec = self.records.get(key)
+        if rec is None:
+            rec = self.records[key] = Record()
+        return rec
 
     # ------------------------------------------------------------ events.log
     def write(self, events: Iterable[tuple[str, str, object]]) -> None:
@@ -117,7 +126,8 @@ class Journal:
     def read(self) -> list[tuple[str, str, Record]]:
         """The new lines of the events file (then of the owners' files), applied to :attr:`records`:
         ``(key, word, record)`` for each."""
-        out = self._apply(self._lines.read(self.events), None)
+        fresh = self._lines.read(self.events) if self._closed else self._lines.read_from(self._events_in)
+        out = self._apply(fresh, None)
         for owner, (path, lines) in self._owner_lines.items():
             try:
                 fresh = lines.read(path)
@@ -179,7 +189,7 @@ class Journal:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            for fd in (self._events_fd, self._submitted_fd, *self._owner_outs.values()):
+            for fd in (self._events_fd, self._events_in, self._submitted_fd, *self._owner_outs.values()):
                 os.close(fd)
 
 

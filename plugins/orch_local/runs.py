@@ -12,7 +12,15 @@ import anyio
 from orchestrator.plugin import JobStatus, RunSpec, StatusUpdate
 from orchestrator.plugin.processes import spawn_detached
 from orchestrator.plugin.users import Identity, OwnerError, identity, switch_argv
-from orchestrator.plugin.wrapper import SpawnError, base_environ, make_run_dirs, wrapper_argv, wrapper_env
+from orchestrator.plugin.wrapper import (
+    BaseEnviron,
+    SpawnError,
+    base_environ,
+    make_run_dirs,
+    wrapper_argv,
+    wrapper_env,
+    wrapper_env_entries,
+)
 
 from .journal import Journal, Record
 
@@ -128,7 +136,8 @@ class Start:
 
     run: Run
     argv: list[str]
-    env: dict[str, str]
+    #: By name, or encoded entries (:class:`BaseEnviron`).
+    env: dict[str, str] | list[bytes]
     spec: RunSpec | None
     pid: int | None = None
     problem: str | None = None
@@ -146,6 +155,12 @@ def owner_tag(run: Run) -> str:
     """The INTENT line's value: the run's owner (whose events file may tell of it), ``-`` for none."""
     owner = run.owner() if run.spec is not None or run.seed is not None else run.record.owner
     return owner if owner and " " not in owner else "-"
+
+
+def starts_inline(batch: Sequence[Run]) -> bool:
+    """Whether :func:`start_batch` starts ``batch`` on the event loop itself (a run or two of the orchestrator's
+    own user)."""
+    return len(batch) <= INLINE_STARTS and all(run.owner() is None for run in batch)
 
 
 async def start_batch(starts: Sequence[Start], out: int) -> None:
@@ -175,11 +190,13 @@ def start_all(starts: Sequence[Start], out: int) -> None:
             start.problem = str(exc)
 
 
-def starts_of(batch: Sequence[Run], wrapper: Path, *, journal: Journal, boot: int) -> list[Start]:
+def starts_of(batch: Sequence[Run], wrapper: Path, *, journal: Journal, boot: int,
+              environ: BaseEnviron) -> list[Start]:
     """Each run's command line and environment: ``sh wrapper.sh --env KEY COMMAND...`` (or, for a run accepted
     by an earlier version of the driver, ``sh wrapper.sh RUNFILE``). A run of another owner starts under
     ``setpriv`` with the owner's ids and environment, and notifies its owner's own events file."""
-    base, bindir, notify = base_environ(), str(wrapper.parent), str(journal.events)
+    bindir, notify = str(wrapper.parent), str(journal.events)
+    base = environ.entries()
     out = []
     for run in batch:
         if (spec := run.start_spec()) is not None:
@@ -190,7 +207,7 @@ def starts_of(batch: Sequence[Run], wrapper: Path, *, journal: Journal, boot: in
                 continue
             if who is None:  # the single-user way, unchanged
                 out.append(Start(run, wrapper_argv(run.shell, wrapper, spec),
-                                 wrapper_env(spec, base, bindir=bindir, notify=notify, boot=boot), spec))
+                                 wrapper_env_entries(spec, base, bindir=bindir, notify=notify, boot=boot), spec))
                 continue
             try:
                 argv = [*switch_argv(who), *wrapper_argv(run.shell, wrapper, spec)]
@@ -199,7 +216,7 @@ def starts_of(batch: Sequence[Run], wrapper: Path, *, journal: Journal, boot: in
             except (OwnerError, OSError) as exc:
                 out.append(Start(run, [], {}, spec, problem=f"cannot run as owner {who.name}: {exc}"))
                 continue
-            env = wrapper_env(spec, who.env(base), bindir=bindir, notify=own, boot=boot)
+            env = wrapper_env(spec, who.env(base_environ()), bindir=bindir, notify=own, boot=boot)
             out.append(Start(run, argv, env, spec, owner=who, out=last_words))
         else:
             out.append(Start(run, [run.shell, str(wrapper), str(run.runfile)], dict(os.environ), None))

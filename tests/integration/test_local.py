@@ -87,6 +87,26 @@ async def test_wrapper_environment_and_output_files(tmp_path: Path) -> None:
         assert abs(stamp - time.time()) < 120
 
 
+async def test_a_runs_environment_is_the_orchestrators_as_it_is_when_the_run_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver keeps its environment encoded between runs; a change to ``os.environ`` is seen by the next run
+    all the same, and the orchestrator's own ``ORCH_*`` values never are."""
+    script = 'echo "${LOCAL_TEST_SEEN-unset} ${ORCH_OUTER-none} ${LOCAL_TEST_GONE-gone}"'
+    monkeypatch.setenv("LOCAL_TEST_GONE", "here")
+    async with Orchestrator(home=tmp_path / "home") as orch:
+        seen = []
+        for value in ("first", "second"):
+            monkeypatch.setenv("LOCAL_TEST_SEEN", value)
+            monkeypatch.setenv("ORCH_OUTER", "outer job's")
+            j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", script]), backend="local"))
+            await j.submit()
+            await j.wait(timeout=30)
+            assert j.status == "completed"
+            seen.append((j.outputdir / "stdout").read_text())
+            monkeypatch.delenv("LOCAL_TEST_GONE", raising=False)
+    assert seen == ["first none here\n", "second none gone\n"]
+
+
 async def test_missing_executable_is_refused_at_add_or_at_submit(tmp_path: Path) -> None:
     async with Orchestrator(home=tmp_path / "home") as orch:
         with pytest.raises(JobError, match="does not exist.*field application.exe"):

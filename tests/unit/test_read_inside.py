@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.plugin.users import read_inside, real_path
+from orchestrator.runtime.runs import stderr_tail
 
 
 @pytest.fixture
@@ -38,12 +39,17 @@ def test_a_link_as_the_file_is_refused(tree: Path) -> None:
         read_inside(tree / "0" / "output" / "orch.log", tree)
 
 
-def test_a_directory_linked_out_of_the_tree_is_refused(tree: Path) -> None:
+def link_output_out(tree: Path) -> None:
+    """The run's output dir made a link to a dir outside its tree (as its owner could)."""
     outside = tree.parent / "outside"
     outside.mkdir()
     (outside / "stderr").write_bytes(b"secret\n")
     os.rename(tree / "0" / "output", tree / "0" / "was-output")
     (tree / "0" / "output").symlink_to(outside)
+
+
+def test_a_directory_linked_out_of_the_tree_is_refused(tree: Path) -> None:
+    link_output_out(tree)
     with pytest.raises(PermissionError, match="leads out of"):
         read_inside(tree / "0" / "output" / "stderr", tree)
 
@@ -64,3 +70,22 @@ def test_no_regular_file_is_refused(tree: Path) -> None:
     os.mkfifo(tree / "0" / "output" / "fifo")
     with pytest.raises(PermissionError, match="not a regular file"):
         read_inside(tree / "0" / "output" / "fifo", tree)
+
+
+def test_a_base_read_from_before_still_refuses_a_directory_linked_out_later(tree: Path) -> None:
+    assert read_inside(tree / "0" / "output" / "stderr", tree) == b"line 1\nline 2\n"  # its place now known
+    link_output_out(tree)
+    with pytest.raises(PermissionError, match="leads out of"):
+        read_inside(tree / "0" / "output" / "stderr", tree)
+
+
+def test_a_stderr_tail_is_its_last_lines_none_when_empty_and_never_through_a_link(tree: Path) -> None:
+    stderr = tree / "0" / "output" / "stderr"
+    stderr.write_bytes(b"a\n\nb\nc\nd\n")
+    assert stderr_tail(stderr, tree) == "b | c | d"
+    stderr.write_bytes(b"")
+    assert stderr_tail(stderr, tree) is None
+    stderr.unlink()
+    assert stderr_tail(stderr, tree) is None
+    stderr.symlink_to(tree.parent / "secret")
+    assert stderr_tail(stderr, tree) is None

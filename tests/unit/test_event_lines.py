@@ -1,0 +1,29 @@
+"""``EventLines``: the events appended to a file, read on from where the last read stopped."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from orchestrator.plugin.wrapper import EventLines
+
+
+def test_an_open_file_read_on_gives_whole_lines_once_and_waits_for_a_partial_one(tmp_path: Path) -> None:
+    path = tmp_path / "events.log"
+    path.write_bytes(b"")
+    fd = os.open(path, os.O_RDONLY)
+    by_fd, by_path = EventLines(), EventLines()
+    try:
+        with open(path, "ab", buffering=0) as f:
+            f.write(b"k1 START 10 1.0\nshort\nk1 EN")
+            assert by_fd.read_from(fd) == by_path.read(path) == [["k1", "START", "10", "1.0"]]
+            f.write(b"D 0 2.0\n")
+            assert by_fd.read_from(fd) == by_path.read(path) == [["k1", "END", "0", "2.0"]]
+            assert by_fd.read_from(fd) == by_path.read(path) == []
+            many = b"".join(b"k%d END 0 3.0\n" % i for i in range(100_000))  # more than one read's worth
+            f.write(many)
+            got = by_fd.read_from(fd)
+            assert len(got) == 100_000 and got[-1] == ["k99999", "END", "0", "3.0"]
+            assert by_fd.offset == by_path.offset + len(many) == os.path.getsize(path)
+    finally:
+        os.close(fd)
