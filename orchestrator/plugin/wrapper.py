@@ -134,9 +134,13 @@ class BaseEnviron:
     def entries(self) -> dict[str, bytes]:
         """The entries by name (the caller copies before it adds to them)."""
         data = getattr(os.environ, "_data", None)  # the encoded variables os.environ keeps (CPython's)
-        if not isinstance(data, dict) or data != self._seen:
-            self._entries = {k: env_entry(k, v) for k, v in base_environ().items()}
-            self._seen = dict(data) if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            return {k: env_entry(k, v) for k, v in base_environ().items()}
+        if data != self._seen:
+            # made from one copy: a change another thread makes meanwhile is seen at the next call, never missed
+            seen: dict[bytes, bytes] = dict(data)
+            self._entries = {os.fsdecode(k): k + b"=" + v for k, v in seen.items() if not k.startswith(b"ORCH_")}
+            self._seen = seen
         return self._entries
 
 

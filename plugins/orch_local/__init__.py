@@ -305,8 +305,9 @@ class LocalDriver(Driver):
                 while self._inflight < SPAWNERS and (batch := self._take()):
                     self._inflight += 1  # counted at once: _take sees the batch's slots taken
                     self._idle = anyio.Event() if self._idle.is_set() else self._idle
-                    if starts_inline(batch):  # started on the loop all the same: no task of its own
-                        await self._launch(batch)
+                    if starts_inline(batch):  # started on the loop all the same: no task of its own, but a
+                        await self._launch(batch)  # turn for the others after it (a run that fails to start
+                        await anyio.lowlevel.checkpoint()  # frees its slot at once: the queue would drain here)
                     else:
                         tg.start_soon(self._launch, batch)
                 if (wait := self._next_deadline(now)) == math.inf:  # no cancel scope when nothing is due

@@ -7,12 +7,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
 import pytest
+from orch_local import LocalDriver
 
 from orchestrator import ArgSplitter, Backend, Executable, Job, JobError, Orchestrator, RetryPolicy
+from orchestrator.plugin import DriverContext, RunSpec, StatusUpdate
 from orchestrator.plugin.processes import ExitWatcher, reap, spawn_detached
 from orchestrator.plugin.wrapper import SpawnError
 
@@ -247,3 +250,33 @@ async def test_exit_watcher_tells_an_end_when_it_happens(tmp_path: Path) -> None
         await watcher.ended()
     with pytest.raises(SpawnError, match="could not start the wrapper with /no/sh"):
         spawn_detached(["/no/sh"], {}, out=1)
+
+
+async def test_runs_that_cannot_start_leave_the_rest_of_the_process_its_turns(tmp_path: Path) -> None:
+    """One slot, and two thousand queued runs that all fail to start (their job dirs would lie under a file). Each
+    failure frees the slot at once, and the driver starts a run or two on the event loop itself: between starts
+    it must still give the rest of the process its turn. Its first report then comes long before the queue has
+    drained, not once, at the end, with every run in it."""
+    home, blocker, n = tmp_path / "home", tmp_path / "a-file", 2000
+    (home / "backends" / "local").mkdir(parents=True)
+    blocker.write_text("")
+    reports: list[int] = []
+
+    async def report(updates: Sequence[StatusUpdate]) -> None:
+        reports.append(len(updates))
+
+    driver = LocalDriver(DriverContext(home=home, statedir=home / "backends" / "local", config={"max_running": 1},
+                                       report=report))
+    for i in range(n):
+        jd = blocker / str(i)
+        await driver.submit(RunSpec(fqid=f"1.{i}", index=i, attempt=1, key=f"k-1.{i}-1", executable="/bin/true",
+                                    args=(), env={}, settings={}, inputs=(), outputfiles=(), jobdir=jd,
+                                    inputdir=jd / "input", outputdir=jd / "output", workdir=jd / "work"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(driver.serve)
+        with anyio.fail_after(60):
+            while sum(reports) < n:
+                await anyio.sleep(0.01)
+        await driver.aclose()
+        tg.cancel_scope.cancel()
+    assert len(reports) > 1 and reports[0] < n, reports[:5]
