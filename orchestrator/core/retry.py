@@ -63,8 +63,8 @@ def judge(js: JobState, i: int, report: RunReport, now: float) -> Verdict:
     if decision.status == JobStatus.COMPLETED:
         if decision.outputs or runs.peek(i, "outputs"):
             runs.extra(i).outputs = list(decision.outputs)
-        if i in runs.extras:
-            runs.extras[i].reason = None
+        if runs.peek(i, "reason") is not None:
+            runs.extra(i).reason = None
         return Verdict(JobStatus.COMPLETED, False)
     extra = runs.extra(i)
     reason = decision.reason

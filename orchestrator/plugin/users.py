@@ -223,19 +223,12 @@ def real_path(path: Path) -> str:
         os.close(fd)
 
 
-#: Where the bases :func:`read_inside` was given really are. A base is a job's own dir, which only the orchestrator
-#: may replace (its parent is the orchestrator's), so where it is does not change; looked up once, not twice a run.
-_bases: dict[Path, str] = {}
-_BASES_KEPT = 4096
-
-
+@functools.lru_cache(maxsize=4096)
 def _real_base(base: Path) -> str:
-    found = _bases.get(base)
-    if found is None:
-        if len(_bases) >= _BASES_KEPT:
-            _bases.clear()
-        found = _bases[base] = real_path(base)
-    return found
+    """Where a base :func:`read_inside` was given really is. A base is a job's own dir, which only the orchestrator
+    may replace (its parent is the orchestrator's), so where it is does not change: looked up once, not twice a
+    run."""
+    return real_path(base)
 
 
 def read_inside(path: Path, base: Path, most: int | None = None) -> bytes:

@@ -20,7 +20,7 @@ import shutil
 import struct
 import sys
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -144,32 +144,31 @@ class BaseEnviron:
         return self._entries
 
 
+def run_variables(run: RunSpec, *, bindir: str, notify: str | None = None,
+                  boot: int | None = None) -> Iterator[tuple[str, str]]:
+    """What a run's environment adds to the orchestrator's, in the order a run file exports it: the run's
+    ``ORCH_*`` values, its retry arguments, then the user's environment (a later name overrides an earlier one)."""
+    yield from run_values(run, bindir=bindir, notify=notify, boot=boot).items()
+    for i, arg in enumerate(run.retry_args, 1):
+        yield f"ORCH_RETRY_ARG_{i}", arg
+    yield from run.env.items()
+
+
 def wrapper_env_entries(run: RunSpec, base: Mapping[str, bytes], *, bindir: str, notify: str | None = None,
                         boot: int | None = None) -> list[bytes]:
     """:func:`wrapper_env` as encoded entries over ``base`` (:meth:`BaseEnviron.entries`): the same variables in
     the same order, without decoding and encoding the orchestrator's own each time."""
     env = dict(base)
-    for k, v in run_values(run, bindir=bindir, notify=notify, boot=boot).items():
-        env[k] = env_entry(k, v)
-    for i, arg in enumerate(run.retry_args, 1):
-        env[f"ORCH_RETRY_ARG_{i}"] = env_entry(f"ORCH_RETRY_ARG_{i}", arg)
-    for k, v in run.env.items():
-        env[k] = env_entry(k, v)
+    env.update((k, env_entry(k, v)) for k, v in run_variables(run, bindir=bindir, notify=notify, boot=boot))
     return list(env.values())
 
 
 def wrapper_env(run: RunSpec, base: Mapping[str, str], *, bindir: str, notify: str | None = None,
                 boot: int | None = None) -> dict[str, str]:
-    """The environment of ``sh wrapper.sh --env KEY COMMAND...``: what a run file would set, without the file.
-
-    ``base`` (see :func:`base_environ`), then the run's ``ORCH_*`` values and retry arguments, then the
-    user's environment, in the order a run file exports them.
-    """
+    """The environment of ``sh wrapper.sh --env KEY COMMAND...``: what a run file would set, without the file:
+    ``base`` (see :func:`base_environ`), then :func:`run_variables`."""
     env = dict(base)
-    env.update(run_values(run, bindir=bindir, notify=notify, boot=boot))
-    for i, arg in enumerate(run.retry_args, 1):
-        env[f"ORCH_RETRY_ARG_{i}"] = arg
-    env.update(run.env)
+    env.update(run_variables(run, bindir=bindir, notify=notify, boot=boot))
     return env
 
 
@@ -425,9 +424,11 @@ class EventLines:
 
     def read(self, path: Path) -> list[list[str]]:
         """The events appended to the local file at ``path`` since the last read."""
-        with open(path, "rb") as f:
-            f.seek(self.offset)
-            return self.feed(f.read())
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return self.read_from(fd)
+        finally:
+            os.close(fd)
 
     def read_from(self, fd: int) -> list[list[str]]:
         """The events appended since the last read to the file open as ``fd`` (kept open by a driver that reads

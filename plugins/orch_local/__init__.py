@@ -306,8 +306,8 @@ class LocalDriver(Driver):
                     self._inflight += 1  # counted at once: _take sees the batch's slots taken
                     self._idle = anyio.Event() if self._idle.is_set() else self._idle
                     if starts_inline(batch):  # started on the loop all the same: no task of its own, but a
-                        await self._launch(batch)  # turn for the others after it (a run that fails to start
-                        await anyio.lowlevel.checkpoint()  # frees its slot at once: the queue would drain here)
+                        await self._launch(batch, inline=True)  # turn for the others after it (a run that
+                        await anyio.lowlevel.checkpoint()  # fails to start frees its slot: the queue would drain)
                     else:
                         tg.start_soon(self._launch, batch)
                 if (wait := self._next_deadline(now)) == math.inf:  # no cancel scope when nothing is due
@@ -355,7 +355,7 @@ class LocalDriver(Driver):
         self._occupied += len(batch)
         return batch
 
-    async def _launch(self, batch: list[Run]) -> None:
+    async def _launch(self, batch: list[Run], inline: bool = False) -> None:
         """INTENT lines (one write); the directories and the spawns, in a worker thread; LAUNCH lines (one write)."""
         self._counts["batches"] += 1
         try:
@@ -364,7 +364,7 @@ class LocalDriver(Driver):
             for run in batch:
                 run.record.intent_at = now
             starts = starts_of(batch, self.wrapper, journal=self.journal, boot=self._boot, environ=self._environ)
-            await start_batch(starts, self._out)
+            await start_batch(starts, self._out, inline=inline)
         except OSError as exc:  # no INTENT line could be written (a full disk...): nothing of the batch starts
             for run in batch:
                 run.launching = False

@@ -163,13 +163,13 @@ def starts_inline(batch: Sequence[Run]) -> bool:
     return len(batch) <= INLINE_STARTS and all(run.owner() is None for run in batch)
 
 
-async def start_batch(starts: Sequence[Start], out: int) -> None:
-    """:func:`start_all`, in a worker thread; a run or two of the orchestrator's own user (a slot or two just
-    freed) on the event loop itself, where the start costs less than the hop to a thread would."""
-    if len(starts) > INLINE_STARTS or any(start.owner is not None for start in starts):
-        await anyio.to_thread.run_sync(start_all, starts, out)
-    else:
+async def start_batch(starts: Sequence[Start], out: int, *, inline: bool) -> None:
+    """:func:`start_all`, in a worker thread; ``inline`` (:func:`starts_inline`), on the event loop itself, where
+    the start costs less than the hop to a thread would."""
+    if inline:
         start_all(starts, out)
+    else:
+        await anyio.to_thread.run_sync(start_all, starts, out)
 
 
 def start_all(starts: Sequence[Start], out: int) -> None:
