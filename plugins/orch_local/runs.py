@@ -158,9 +158,14 @@ def owner_tag(run: Run) -> str:
 
 
 def starts_inline(batch: Sequence[Run]) -> bool:
-    """Whether :func:`start_batch` starts ``batch`` on the event loop itself (a run or two of the orchestrator's
-    own user)."""
-    return len(batch) <= INLINE_STARTS and all(run.owner() is None for run in batch)
+    """Whether :func:`start_batch` starts ``batch`` on the event loop itself: a run or two run as the
+    orchestrator's own user (no owner, or an owner who is that user: :func:`identity`)."""
+    if len(batch) > INLINE_STARTS:
+        return False
+    try:
+        return all(identity(run.owner()) is None for run in batch)
+    except OwnerError:  # told when it is started, in a thread like any other run of an owner
+        return False
 
 
 async def start_batch(starts: Sequence[Start], out: int, *, inline: bool) -> None:
