@@ -163,6 +163,25 @@ def wrapper_env_entries(run: RunSpec, base: Mapping[str, bytes], *, bindir: str,
     return list(env.values())
 
 
+#: The wrapper's own values, which it takes out of the environment before it starts the application.
+WRAPPER_ONLY = ("ORCH_KEY", "ORCH_OUTDIR", "ORCH_BIN", "ORCH_OUTPUTFILES", "ORCH_NOTIFY", "ORCH_INPUTS")
+
+
+def application_env_entries(run: RunSpec, base: Mapping[str, bytes], *, bindir: str,
+                            boot: int | None = None) -> list[bytes]:
+    """The environment the wrapper gives the application of ``run`` (as encoded entries over ``base``): what it got,
+    less :data:`WRAPPER_ONLY`, with ``ORCH_JOBLOG``, ``ORCH_LOG`` and ``ORCH_STATE``: for a launcher that starts
+    the application without the wrapper's shell (``local``)."""
+    env = dict(base)
+    env.update((k, env_entry(k, v)) for k, v in run_variables(run, bindir=bindir, boot=boot))
+    for name in WRAPPER_ONLY:
+        env.pop(name, None)
+    env["ORCH_JOBLOG"] = env_entry("ORCH_JOBLOG", f"{run.outputdir}/orch.{run.attempt}.log")
+    env["ORCH_LOG"] = env_entry("ORCH_LOG", f"{bindir}/orch-log")
+    env["ORCH_STATE"] = env_entry("ORCH_STATE", f"{bindir}/orch-state")
+    return list(env.values())
+
+
 def wrapper_env(run: RunSpec, base: Mapping[str, str], *, bindir: str, notify: str | None = None,
                 boot: int | None = None) -> dict[str, str]:
     """The environment of ``sh wrapper.sh --env KEY COMMAND...``: what a run file would set, without the file:

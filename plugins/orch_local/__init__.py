@@ -50,8 +50,10 @@ from orchestrator.plugin.fairshare import FairQueue
 from orchestrator.plugin.processes import ExitWatcher, find_process, process_args, reap
 from orchestrator.plugin.wrapper import RUNFILE, BaseEnviron, boot_time, install_scripts, pid_alive
 
+from .hosted import Launcher
 from .journal import Journal
-from .runs import Run, Seed, ending_of, owner_tag, start_batch, starts_inline, starts_of
+from .launcher import frame
+from .runs import Run, Seed, Start, ending_of, owner_tag, start_batch, starts_inline, starts_of
 
 #: Seconds between two looks at running wrappers no pidfd watches (no pidfds here, or none left).
 LIVENESS_EVERY = 1.0
@@ -112,6 +114,10 @@ class LocalDriver(Driver):
         # the seed of the run accepted last: the next one shares its template if it can (Seed)
         self._last_seed: Seed | None = None
         self.journal.read()
+        #: The home's launcher (:mod:`.hosted`): one an earlier process left is found now, with its runs.
+        self._launcher = Launcher(context.statedir, self.journal.events, self._out)
+        if (context.statedir / "launcher.sock").exists():
+            self._launcher.connect(start=False)
 
     @classmethod
     def validate_settings(cls, settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -192,22 +198,26 @@ class LocalDriver(Driver):
             if not self._adopt(run, rec.pid, running):
                 self._gone(run)
         else:  # INTENT, no LAUNCH: the process that meant to start it died around the spawn
-            pid = find_process(key) or (find_process(str(jobdir / RUNFILE)) if jobdir.is_absolute() else None)
+            pid = (self._launcher.runs.get(key) or find_process(key)
+                   or (find_process(str(jobdir / RUNFILE)) if jobdir.is_absolute() else None))
             if pid is None or not self._adopt(run, pid, running):
                 run.recheck_at = rec.intent_at + self.start_timeout
                 self._rechecks.append(run)
 
     def _adopt(self, run: Run, pid: int, running: bool) -> bool:
         """Watch ``pid`` as ``run``'s wrapper if it is that (its key, or its old run file, in its arguments)."""
-        args = process_args(pid)
-        old = run.jobdir.is_absolute() and os.fsencode(run.jobdir / RUNFILE) in args
-        if not (os.fsencode(run.key) in args or old) or not pid_alive(pid):
-            return False
+        if self._launcher.runs.get(run.key) == pid:  # the launcher's: watched through it
+            run.hosted = True
+        else:
+            args = process_args(pid)
+            old = run.jobdir.is_absolute() and os.fsencode(run.jobdir / RUNFILE) in args
+            if not (os.fsencode(run.key) in args or old) or not pid_alive(pid):
+                return False
         run.pid, run.occupies = pid, True
         run.started()
         self._occupied += 1
         self._by_pid[pid] = run
-        if not self._watcher.watch(pid):
+        if not run.hosted and not self._watcher.watch(pid):
             self._unwatched.add(pid)
         if not running:
             self._queue_report(run, StatusUpdate(run.fqid, JobStatus.RUNNING))
@@ -296,6 +306,7 @@ class LocalDriver(Driver):
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch_exits)
             tg.start_soon(self._report_loop)
+            tg.start_soon(self._hear_launcher)
             while not self._closed:
                 if self._wake.is_set():
                     self._wake = anyio.Event()
@@ -363,8 +374,10 @@ class LocalDriver(Driver):
             now = time.time()
             for run in batch:
                 run.record.intent_at = now
-            starts = starts_of(batch, self.wrapper, journal=self.journal, boot=self._boot, environ=self._environ)
+            starts = starts_of(batch, self.wrapper, journal=self.journal, boot=self._boot, environ=self._environ,
+                               hosting=self._launcher.connect(start=True))
             await start_batch(starts, self._out, inline=inline)
+            self._host(starts)
         except OSError as exc:  # no INTENT line could be written (a full disk...): nothing of the batch starts
             for run in batch:
                 run.launching = False
@@ -378,6 +391,8 @@ class LocalDriver(Driver):
         lines: list[tuple[str, str, object]] = []
         for start in starts:
             run = start.run
+            if start.request is not None and start.problem is None and not run.silent:
+                continue  # the launcher tells of its start (_hear_launcher)
             run.launching = False
             if start.pid is None and start.problem is None:  # killed before its turn: it never started
                 lines.append(self._lost(run, JobStatus.KILLED, "killed before it started"))
@@ -395,7 +410,7 @@ class LocalDriver(Driver):
             lines.append((run.key, "LAUNCH", start.pid))
             self._counts["launched"] += 1
             if run.killed:  # killed while it was being started: it is stopped like any other
-                self._signal(run.pid)
+                self._signal(run)
             else:
                 self._queue_report(run, StatusUpdate(run.fqid, JobStatus.RUNNING))
         if lines:
@@ -403,6 +418,79 @@ class LocalDriver(Driver):
                 self.journal.write(lines)
             except OSError as exc:  # they run and are watched; a restart finds them by their key
                 self.context.log.warning("could not write LAUNCH lines", backend=self.name, error=repr(exc))
+
+    def _host(self, starts: Sequence[Start]) -> None:
+        """The hosted runs of a batch to the launcher, in one write. If it cannot be reached they are judged as after
+        a crash around their spawn (a run is never started twice): started again unless the events file says it
+        started."""
+        sent = [s for s in starts if s.request is not None and s.problem is None and not s.run.silent]
+        if sent and not self._launcher.send(b"".join(s.request for s in sent if s.request is not None)):
+            for start in sent:
+                start.run.launching = False
+                start.run.recheck_at = time.time() + self.start_timeout
+                self._rechecks.append(start.run)
+
+    async def _hear_launcher(self) -> None:
+        """The launcher's word: a run started (its LAUNCH line, reported running) or ended (the events file read,
+        as on a wrapper's exit); and, when it has gone, its runs looked after as any no pidfd watches."""
+        while not self._closed:
+            batch = await self._launcher.receive()
+            self._launcher.reap()
+            if self._closed:
+                return
+            if batch is None:
+                self._launcher_lost()
+                await self._launcher.connected.wait()
+                continue
+            lines: list[tuple[str, str, object]] = []
+            ended = []
+            for fields in batch:
+                run = self._active.get(fields[1].decode()) if len(fields) > 1 else None
+                if run is None or run.ended:
+                    continue
+                if fields[0] == b"E":
+                    ended.append(run)
+                elif fields[0] == b"L" and run.launching:
+                    run.launching = False
+                    run.started()
+                    if (pid := int(fields[2])) == 0:  # ended at once (not found, no work dir): its E follows
+                        continue
+                    run.pid = run.record.pid = pid
+                    self._by_pid[pid] = run
+                    lines.append((run.key, "LAUNCH", pid))
+                    self._counts["launched"] += 1
+                    if run.killed:
+                        self._signal(run)
+                    else:
+                        self._queue_report(run, StatusUpdate(run.fqid, JobStatus.RUNNING))
+            if lines:
+                with contextlib.suppress(OSError):  # they run; a restart finds them through the launcher
+                    self.journal.write(lines)
+            if ended:
+                self._read_events()
+                for run in ended:
+                    if run.pid is not None:
+                        self._by_pid.pop(run.pid, None)
+                    self._gone(run)
+
+    def _launcher_lost(self) -> None:
+        """The launcher is gone (killed: it never ends while it has runs). Its runs are looked at as any no pidfd
+        watches; one it never told of is judged as after a crash around its spawn."""
+        self._read_events()
+        for run in [r for r in self._active.values() if r.hosted and not r.ended]:
+            pid = run.pid or run.record.pid
+            if run.launching:
+                run.launching = False
+                if pid is None:
+                    run.recheck_at = time.time() + self.start_timeout
+                    self._rechecks.append(run)
+                    continue
+                run.pid = pid
+                run.started()
+                self._by_pid[pid] = run
+            if pid is not None:
+                self._unwatched.add(pid)
+        self._wake.set()
 
     def _look_around(self, now: float) -> None:
         """Runs nothing tells about: INTENTs without a process whose time came, wrappers no pidfd watches."""
@@ -413,7 +501,7 @@ class LocalDriver(Driver):
             for run in due:
                 if run.ended:
                     continue
-                pid = run.record.pid or find_process(run.key)
+                pid = run.record.pid or self._launcher.runs.get(run.key) or find_process(run.key)
                 if pid is not None and self._adopt(run, pid, False):
                     continue
                 if run.record.started:
@@ -450,15 +538,19 @@ class LocalDriver(Driver):
             if not run.launching:  # queued: it never starts (one being launched is stopped by _launch)
                 self.journal.write([self._lost(run, JobStatus.KILLED, "killed before it started")])
             return
-        self._signal(run.pid)
+        self._signal(run)
         await anyio.lowlevel.checkpoint()
 
-    def _signal(self, pid: int) -> None:
-        """SIGTERM to the run's process group now, SIGKILL after ``kill_grace``."""
-        try:
-            os.killpg(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
+    def _signal(self, run: Run) -> None:
+        """SIGTERM to the run's process group now (by its launcher, which then records its end as killed), SIGKILL
+        after ``kill_grace``."""
+        assert run.pid is not None
+        pid = run.pid
+        if not (run.hosted and self._launcher.send(frame(b"K", run.key.encode()))):
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                return
         self._kills.append((time.time() + self.kill_grace, pid))
         self._wake.set()
 
@@ -492,6 +584,8 @@ class LocalDriver(Driver):
         self._watcher.close()
         for pid in list(self._by_pid):
             reap(pid)
+        self._launcher.drop()  # it goes on while its runs do, then ends
+        self._launcher.reap(wait=True)
         self.journal.close()
         os.close(self._out)
 

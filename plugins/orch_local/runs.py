@@ -15,6 +15,7 @@ from orchestrator.plugin.users import Identity, OwnerError, identity, switch_arg
 from orchestrator.plugin.wrapper import (
     BaseEnviron,
     SpawnError,
+    application_env_entries,
     base_environ,
     make_run_dirs,
     wrapper_argv,
@@ -22,6 +23,7 @@ from orchestrator.plugin.wrapper import (
     wrapper_env_entries,
 )
 
+from .hosted import hostable, start_frame
 from .journal import Journal, Record
 
 
@@ -53,6 +55,8 @@ class Run:
     ended: bool = False
     #: An INTENT without a process (a crash around the spawn): decided at this time.
     recheck_at: float | None = None
+    #: Started by the home's launcher (:mod:`.hosted`), not by a wrapper of its own.
+    hosted: bool = False
 
     @property
     def jobdir(self) -> Path:
@@ -145,6 +149,8 @@ class Start:
     owner: Identity | None = None
     #: Where the wrapper's own stdout and stderr go (``None``: the driver's ``wrapper.out``).
     out: int | None = None
+    #: The launcher's start message, for a hosted run (its directories are made here; the launcher starts it).
+    request: bytes | None = None
 
 
 #: Most runs started on the event loop itself, without the hop to a worker thread.
@@ -189,6 +195,8 @@ def start_all(starts: Sequence[Start], out: int) -> None:
         except OSError as exc:
             start.problem = f"could not make the run's directories: {exc}"
             continue
+        if start.request is not None:
+            continue
         try:
             start.pid = spawn_detached(start.argv, start.env, out=out if start.out is None else start.out)
         except SpawnError as exc:
@@ -196,10 +204,12 @@ def start_all(starts: Sequence[Start], out: int) -> None:
 
 
 def starts_of(batch: Sequence[Run], wrapper: Path, *, journal: Journal, boot: int,
-              environ: BaseEnviron) -> list[Start]:
+              environ: BaseEnviron, hosting: bool = False) -> list[Start]:
     """Each run's command line and environment: ``sh wrapper.sh --env KEY COMMAND...`` (or, for a run accepted
     by an earlier version of the driver, ``sh wrapper.sh RUNFILE``). A run of another owner starts under
-    ``setpriv`` with the owner's ids and environment, and notifies its owner's own events file."""
+    ``setpriv`` with the owner's ids and environment, and notifies its owner's own events file. With
+    ``hosting`` (a launcher is there), a run that can be (:func:`.hosted.hostable`) gets the launcher's message
+    instead: its program and its environment as the wrapper would have started it."""
     bindir, notify = str(wrapper.parent), str(journal.events)
     base = environ.entries()
     out = []
@@ -209,6 +219,11 @@ def starts_of(batch: Sequence[Run], wrapper: Path, *, journal: Journal, boot: in
                 who = identity(spec.owner)
             except OwnerError as exc:
                 out.append(Start(run, [], {}, spec, problem=str(exc)))
+                continue
+            if who is None and hosting and hostable(spec):
+                run.hosted = True
+                request = start_frame(spec, bindir, application_env_entries(spec, base, bindir=bindir, boot=boot))
+                out.append(Start(run, [], {}, spec, request=request))
                 continue
             if who is None:  # the single-user way, unchanged
                 out.append(Start(run, wrapper_argv(run.shell, wrapper, spec),

@@ -1,0 +1,206 @@
+"""The driver's side of its launcher (:mod:`.launcher`): runs started by one long-lived process of the home instead
+of a ``sh wrapper.sh`` each.
+
+The launcher listens on ``launcher.sock`` in the driver's state dir (mode 0600, in a dir of the orchestrator's
+own; each side checks the other is of its user too). The driver starts one when it first needs it, and finds the
+one an earlier process left: a launcher outlives the orchestrator, as wrappers do, and tells a new connection
+first which runs it has. A run is hosted when nothing of the wrapper's shell is asked of it: the orchestrator's
+own user runs it (an owner's run starts under ``setpriv``, through the wrapper), with the default shell, no
+declared output files, and a program, not a shell built-in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import struct
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+
+from orchestrator.plugin import RunSpec
+
+from .launcher import frame, frames
+
+#: Names ``sh`` would take as its own built-ins, not programs: a run of one of them keeps the wrapper.
+SHELL_BUILTINS = frozenset((".", ":", "[", "alias", "bg", "break", "cd", "chdir", "command", "continue", "echo", "eval",
+                            "exec", "exit", "export", "false", "fc", "fg", "getopts", "hash", "jobs", "kill", "local",
+                            "printf", "pwd", "read", "readonly", "return", "set", "shift", "test", "times", "trap",
+                            "true", "type", "ulimit", "umask", "unalias", "unset", "wait"))
+#: Seconds a found launcher has to tell its runs before it is taken for gone.
+HELLO_WITHIN = 5.0
+_PEERCRED = struct.Struct("3i")
+
+
+def hostable(spec: RunSpec) -> bool:
+    """Whether ``spec`` can be started by the launcher, the wrapper's shell doing nothing it alone could."""
+    return ("shell" not in spec.settings and not spec.outputfiles
+            and ("/" in spec.executable or spec.executable not in SHELL_BUILTINS))
+
+
+def start_frame(spec: RunSpec, bindir: str, env: Sequence[bytes]) -> bytes:
+    argv = [os.fsencode(a) for a in (spec.executable, *spec.args)]
+    return frame(b"S", spec.key.encode(), str(spec.attempt).encode(), os.fsencode(spec.outputdir),
+                 os.fsencode(spec.workdir), os.fsencode(bindir), str(len(argv)).encode(), *argv, *env)
+
+
+class Launcher:
+    """A connection to the home's launcher (made, or found, by :meth:`connect`)."""
+
+    def __init__(self, statedir: Path, events: Path, out: int) -> None:
+        self.statedir, self.events, self.out = statedir, events, out
+        self.sock: socket.socket | None = None
+        #: The runs the launcher has, by key (what it told: ``R``, ``L``, ``E``).
+        self.runs: dict[str, int] = {}
+        #: Intermediate processes of launchers started (each forks the launcher and ends): the driver reaps them.
+        self.spawned: list[int] = []
+        self._inbox = bytearray()
+        self._early: list[list[bytes]] = []
+        #: Set while connected (what waits for the launcher's word waits for this between two launchers).
+        self.connected = anyio.Event()
+
+    def _address(self) -> tuple[str, int | None]:
+        """The socket's path, short enough for ``sun_path`` (through the state dir's descriptor when it is not)."""
+        path = str(self.statedir / "launcher.sock")
+        if len(os.fsencode(path)) < 100:
+            return path, None
+        fd = os.open(self.statedir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        return f"/proc/self/fd/{fd}/launcher.sock", fd
+
+    def connect(self, *, start: bool) -> bool:
+        """Connected to the home's launcher: the one running (its runs learnt), or, with ``start``, a new one."""
+        if self.sock is not None:
+            return True
+        address, dirfd = self._address()
+        try:
+            found = self._found(address)
+            if found or not start:
+                return found
+            return self._start(address)
+        finally:
+            if dirfd is not None:
+                os.close(dirfd)
+
+    def _found(self, address: str) -> bool:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.connect(address)
+            if not _same_user(sock):
+                raise OSError(f"{address} is another user's")
+            sock.settimeout(HELLO_WITHIN)
+            while not (batch := frames(self._inbox)):
+                data = sock.recv(1 << 16)
+                if not data:
+                    raise OSError("the launcher ended")
+                self._inbox += data
+        except OSError:
+            sock.close()
+            self._inbox.clear()
+            return False
+        sock.settimeout(None)
+        self.sock = sock
+        self._early = self._apply(batch)  # its runs known at once (a restart adopts them before any await)
+        self.connected.set()
+        return True
+
+    def _start(self, address: str) -> bool:
+        path = self.statedir / "launcher.sock"
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a launcher's that ended (none answered there)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            listener.bind(address)
+            os.chmod(path, 0o600)
+            listener.listen(64)
+            program = str(Path(__file__).with_name("launcher.py"))
+            self.spawned.append(os.posix_spawn(
+                sys.executable, [sys.executable, "-I", "-S", program, str(self.events)], os.environ,
+                file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0), (os.POSIX_SPAWN_DUP2, self.out, 1),
+                              (os.POSIX_SPAWN_DUP2, self.out, 2), (os.POSIX_SPAWN_DUP2, listener.fileno(), 3)],
+                setsid=True))
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            sock.connect(address)  # waits in the listener's backlog until the launcher takes it
+        except OSError:
+            return False
+        finally:
+            listener.close()
+        self.sock = sock
+        self._early = []
+        self.connected.set()
+        return True
+
+    def send(self, data: bytes) -> bool:
+        """One message (or several); False when the launcher is gone (the connection is dropped)."""
+        if self.sock is None:
+            return False
+        try:
+            self.sock.sendall(data)
+            return True
+        except OSError:
+            self.drop()
+            return False
+
+    async def receive(self) -> list[list[bytes]] | None:
+        """The next messages from the launcher; ``None`` once it has ended (the connection dropped)."""
+        if self._early:
+            batch, self._early = self._early, []
+            return self._apply(batch)
+        while self.sock is not None:
+            try:
+                await anyio.wait_readable(self.sock)
+            except anyio.ClosedResourceError:
+                return None
+            if self.sock is None:
+                return None
+            try:
+                data = self.sock.recv(1 << 20, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                self.drop()
+                return None
+            self._inbox += data
+            if batch := frames(self._inbox):
+                return self._apply(batch)
+        return None
+
+    def _apply(self, batch: list[list[bytes]]) -> list[list[bytes]]:
+        for fields in batch:
+            if fields[0] == b"R":
+                pairs = fields[1:]
+                self.runs.update((pairs[i].decode(), int(pairs[i + 1])) for i in range(0, len(pairs) - 1, 2))
+            elif fields[0] == b"L":
+                self.runs[fields[1].decode()] = int(fields[2])
+            elif fields[0] == b"E":
+                self.runs.pop(fields[1].decode(), None)
+        return batch
+
+    def reap(self, *, wait: bool = False) -> None:
+        """Collect the launchers' intermediate processes that have ended (``wait``: all of them)."""
+        for pid in list(self.spawned):
+            try:
+                done, _ = os.waitpid(pid, 0 if wait else os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                self.spawned.remove(pid)
+
+    def drop(self) -> None:
+        if self.connected.is_set():
+            self.connected = anyio.Event()
+        if self.sock is not None:
+            with contextlib.suppress(RuntimeError):  # a task waiting on it is woken (outside the event loop: none)
+                anyio.notify_closing(self.sock)
+            self.sock.close()
+            self.sock = None
+            self._inbox.clear()
+
+
+def _same_user(sock: socket.socket) -> bool:
+    _, uid, _ = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    return bool(uid == os.getuid())

@@ -1,0 +1,395 @@
+"""The ``local`` launcher: one long-lived process per home that starts runs and records their ends, in place of a
+``sh wrapper.sh`` per run.
+
+Started by the driver (:mod:`.hosted`) as ``python -I launcher.py`` with its listening socket as fd 3, it leaves
+the driver's session and process tree at once (a second fork), so that it outlives the orchestrator, as a
+wrapper does. It writes what the wrapper writes, in the same files and the same words (``wrapper.sh`` is the
+reference): ``START pid host``, ``EXIT code`` and ``END code`` in ``orch.<attempt>.log``, ``START`` and ``END``
+in the events file, the attempt's CPU record in ``orch.usage`` (from ``wait4``'s rusage of the run), the
+returned files through ``orch-finish``. A run is its program itself, in a session of its own (``posix_spawn``
+with ``setsid``): killing its process group ends it and all its children. Why: a shell per run cost the machine
+more CPU than the program it started (``benchmarks/README.md``, issue 26).
+
+It serves any number of connections, each from a process of its own user (``SO_PEERCRED``), and ends once it
+has neither a connection nor a run for :data:`IDLE_FOR` seconds. Messages are frames (a 4-byte length, then
+fields joined by NUL bytes). To the launcher: ``S key attempt outdir home bindir argc argv... env...`` (start),
+``K key`` (stop: SIGTERM to the run's group; its end is then recorded as the wrapper's TERM trap does: the CPU
+record with code 143, no ``EXIT`` nor ``END``). From it, to every connection: first ``R key pid...`` (the runs
+it has), then ``L key pid`` (started; pid 0: ended before any process, its ``END`` already written) and
+``E key`` (ended; its lines written). Only the standard library: it starts in milliseconds, beside no
+dependency.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+
+#: Seconds without a connection or a run after which the launcher ends.
+IDLE_FOR = 10.0
+#: A shell's search path when the run's environment has none (dash's).
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: Returned files are moved by the wrapper's own end (``orch-finish``), in a shell started only then.
+FINISH = ('orch_ts() { _ts=$(date +%s); }; cd -P -- "$ORCH_HOME" || exit 96; _home=$PWD; '
+          '. "$ORCH_BIN/orch-finish"')
+_HEAD = struct.Struct(">I")
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
+#: A run's stdout and stderr, opened in the run's own process (so not closed at its exec).
+_OUTPUT = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+#: Signals Python ignores that a shell leaves at their defaults (and SIGCHLD, handled here).
+_DEFAULTS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD)
+
+
+def frame(*fields: bytes) -> bytes:
+    body = b"\0".join(fields)
+    return _HEAD.pack(len(body)) + body
+
+
+def frames(buffer: bytearray) -> list[list[bytes]]:
+    """The whole frames at the head of ``buffer`` (taken out of it), each as its fields."""
+    out, at = [], 0
+    while len(buffer) - at >= 4:
+        (size,) = _HEAD.unpack_from(buffer, at)
+        if len(buffer) - at - 4 < size:
+            break
+        out.append(bytes(buffer[at + 4:at + 4 + size]).split(b"\0"))
+        at += 4 + size
+    del buffer[:at]
+    return out
+
+
+def _now() -> str:
+    return f"{time.time():.2f}"
+
+
+def _first_line(path: bytes) -> bytes:
+    """The first word of a small file (a state number), ``0`` when there is none; never follows a last link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return b"0"
+    try:
+        words = os.read(fd, 64).split()
+        return words[0] if words else b"0"
+    finally:
+        os.close(fd)
+
+
+def _cpu(seconds: float) -> str:
+    minutes, rest = divmod(seconds, 60.0)
+    return f"{int(minutes)}m{rest:.6f}s"
+
+
+class Run:
+    """One run: its request, then its process and its log."""
+
+    __slots__ = ("key", "attempt", "outdir", "home", "bindir", "argv", "env", "pid", "log", "t0", "started_from",
+                 "killed", "code", "finishing")
+
+    def __init__(self, fields: list[bytes]) -> None:
+        self.key, self.attempt, self.outdir, self.home, self.bindir = fields[1:6]
+        argc = int(fields[6])
+        self.argv = fields[7:7 + argc]
+        self.env = fields[7 + argc:]
+        self.pid = 0
+        self.log = -1
+        self.t0 = _now()
+        self.started_from = b"0"
+        self.killed = False
+        self.code = 0
+        self.finishing = False
+
+    def write(self, text: str) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self.log, text.encode())
+
+
+class Launcher:
+    def __init__(self, listener: socket.socket, events: str) -> None:
+        self.listener = listener
+        self.sel = selectors.DefaultSelector()
+        self.clients: dict[socket.socket, tuple[bytearray, bytearray]] = {}  # in, out
+        self.runs: dict[int, Run] = {}
+        self.by_key: dict[bytes, Run] = {}
+        self.host = self._host()
+        self.events = os.open(events, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self.idle_since = time.monotonic()
+        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.wake = r
+        signal.set_wakeup_fd(w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        self.sel.register(r, selectors.EVENT_READ, "wake")
+        listener.setblocking(False)
+        self.sel.register(listener, selectors.EVENT_READ, "listen")
+
+    @staticmethod
+    def _host() -> str:
+        try:
+            with open("/proc/sys/kernel/hostname") as f:
+                return f.read().strip() or "-"
+        except OSError:
+            return os.uname().nodename or "-"
+
+    # ------------------------------------------------------------ connections
+    def serve(self) -> None:
+        while self.clients or self.runs or time.monotonic() - self.idle_since < IDLE_FOR:
+            for key, mask in self.sel.select(timeout=IDLE_FOR / 2):
+                if key.data == "listen":
+                    self._accept()
+                elif key.data == "wake":
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self.wake, 4096)
+                else:
+                    self._io(key.fileobj, mask)  # type: ignore[arg-type]
+            self._reap()
+            if self.clients or self.runs:
+                self.idle_since = time.monotonic()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except BlockingIOError:
+                return
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            if struct.unpack("3i", creds)[1] != os.getuid():  # another user's process: never served
+                conn.close()
+                continue
+            conn.setblocking(False)
+            self.clients[conn] = (bytearray(), bytearray())
+            self.sel.register(conn, selectors.EVENT_READ, "client")
+            self._send(conn, frame(b"R", *(f for run in self.by_key.values() for f in (run.key, b"%d" % run.pid))))
+
+    def _io(self, conn: socket.socket, mask: int) -> None:
+        inbox, outbox = self.clients[conn]
+        if mask & selectors.EVENT_WRITE:
+            self._flush(conn)
+        if not mask & selectors.EVENT_READ:
+            return
+        try:
+            data = conn.recv(1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        inbox += data
+        for fields in frames(inbox):
+            if fields[0] == b"S":
+                self._start(Run(fields))
+            elif fields[0] == b"K":
+                self._kill(fields[1])
+        if not data:
+            self._drop(conn)
+
+    def _drop(self, conn: socket.socket) -> None:
+        self.sel.unregister(conn)
+        del self.clients[conn]
+        conn.close()
+
+    def _broadcast(self, data: bytes) -> None:
+        for conn in list(self.clients):
+            self._send(conn, data)
+
+    def _send(self, conn: socket.socket, data: bytes) -> None:
+        self.clients[conn][1].extend(data)
+        self._flush(conn)
+
+    def _flush(self, conn: socket.socket) -> None:
+        outbox = self.clients[conn][1]
+        try:
+            sent = conn.send(outbox)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._drop(conn)
+            return
+        del outbox[:sent]
+        self.sel.modify(conn, selectors.EVENT_READ | (selectors.EVENT_WRITE if outbox else 0), "client")
+
+    # ------------------------------------------------------------ runs
+    def _start(self, run: Run) -> None:
+        """What ``wrapper.sh`` does before the application, then the application itself."""
+        self.by_key[run.key] = run
+        try:
+            run.log = os.open(run.outdir + b"/orch.%s.log" % run.attempt, _CREATE | os.O_APPEND, 0o666)
+        except OSError as exc:  # its output dir is gone: nothing can be recorded
+            print(f"launcher: {run.key.decode(errors='replace')}: cannot write its log: {exc}", file=sys.stderr)
+            self._ended(run)
+            return
+        state = run.home + b"/.orch-state"
+        run.started_from = _first_line(state + b"/current")
+        with contextlib.suppress(OSError):  # a run resumes from the last *saved* state
+            fd = os.open(state, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.unlink("work", dir_fd=fd)
+            finally:
+                os.close(fd)
+        try:
+            os.chdir(run.home)
+        except OSError as exc:
+            run.write(f"launcher: cannot cd to {os.fsdecode(run.home)}: {exc.strerror}\n")
+            self._started(run, os.getpid())
+            self._exited(run, 96, None)
+            return
+        run.env = [e for e in run.env if not e.startswith(b"PWD=")] + [b"PWD=" + os.getcwdb()]  # as cd sets it
+        problem, pid = self._spawn(run)
+        if pid is None:  # as the shell does: its message on the run's stderr, 127 or 126
+            with contextlib.suppress(OSError):
+                fd = os.open(run.outdir + b"/stderr", os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+                os.write(fd, problem.encode())
+                os.close(fd)
+            self._started(run, os.getpid())
+            self._exited(run, 126 if "denied" in problem else 127, None)
+            return
+        self._started(run, pid)
+        self.runs[pid] = run
+        self._broadcast(frame(b"L", run.key, b"%d" % pid))
+
+    def _started(self, run: Run, pid: int) -> None:
+        run.pid = pid
+        now = _now()
+        run.write(f"{now} START {pid} {self.host}\n")
+        with contextlib.suppress(OSError):
+            os.write(self.events, b"%s START %d %s\n" % (run.key, pid, now.encode()))
+        if pid == os.getpid():
+            self._broadcast(frame(b"L", run.key, b"0"))
+
+    def _spawn(self, run: Run) -> tuple[str, int | None]:
+        """The application, found as ``sh`` finds a command (its PATH, a file without ``#!`` run by ``sh``)."""
+        outs = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 1, run.outdir + b"/stdout", _OUTPUT, 0o666),
+                (os.POSIX_SPAWN_OPEN, 2, run.outdir + b"/stderr", _OUTPUT, 0o666)]
+        name = run.argv[0]
+        if b"/" in name:
+            places = [name]
+        else:
+            path = _env_value(run.env, b"PATH")
+            places = [(d or b".") + b"/" + name for d in (path if path is not None else DEFAULT_PATH.encode())
+                      .split(b":")]
+        denied = False
+        for place in places:
+            try:
+                return "", os.posix_spawn(place, run.argv, _env_map(run.env), file_actions=outs, setsid=True,
+                                          setsigdef=_DEFAULTS, setsigmask=())
+            except OSError as exc:
+                if exc.errno == errno.ENOEXEC:  # a script without "#!": the shell runs it
+                    with contextlib.suppress(OSError):
+                        return "", os.posix_spawn("/bin/sh", [b"sh", place, *run.argv[1:]], _env_map(run.env),
+                                                  file_actions=outs, setsid=True,
+                                                  setsigdef=_DEFAULTS, setsigmask=())
+                denied = denied or exc.errno == errno.EACCES
+        shown = os.fsdecode(name)
+        return (f"launcher: {shown}: Permission denied\n" if denied else f"launcher: {shown}: not found\n"), None
+
+    def _kill(self, key: bytes) -> None:
+        run = self.by_key.get(key)
+        if run is not None and run.pid and run.pid != os.getpid():
+            run.killed = True
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(run.pid, signal.SIGTERM)
+
+    def _reap(self) -> None:
+        while self.runs:
+            try:
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if not pid:
+                return
+            run = self.runs.pop(pid, None)
+            if run is None:
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            code = 128 - code if code < 0 else code  # a signal N: 128 + N, as the shell says it
+            if run.finishing:
+                self._end(run)
+            else:
+                self._exited(run, code, usage)
+
+    def _exited(self, run: Run, code: int, usage: object) -> None:
+        """The wrapper's ``orch_usage``, ``EXIT``, then the returned files and ``END`` (or, stopped by a kill, the
+        CPU record only)."""
+        run.code = 143 if run.killed else code
+        cpu = (getattr(usage, "ru_utime", 0.0), getattr(usage, "ru_stime", 0.0))
+        ended_to = _first_line(run.home + b"/.orch-state/current")
+        now = _now()
+        record = (f"{run.attempt.decode()} {run.started_from.decode()} {ended_to.decode()} {run.t0} {now} "
+                  f"{run.code}\n0m0.000000s 0m0.000000s\n{_cpu(cpu[0])} {_cpu(cpu[1])}\n")
+        with contextlib.suppress(OSError):
+            fd = os.open(run.outdir + b"/orch.usage", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            os.write(fd, record.encode())
+            os.close(fd)
+        if run.killed:
+            self._ended(run)
+            return
+        run.write(f"{now} EXIT {run.code}\n")
+        returns = self._returns(run)
+        if returns:
+            env = [e for e in run.env if e.startswith((b"PATH=", b"ORCH_HOME=", b"ORCH_JOBLOG=", b"ORCH_BIN="))]
+            env += [b"ORCH_OUTDIR=" + run.outdir, b"_returns=" + returns]
+            with contextlib.suppress(OSError):
+                pid = os.posix_spawn("/bin/sh", [b"sh", b"-c", FINISH.encode()], _env_map(env), setsid=True,
+                                     file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)])
+                run.finishing = True
+                self.runs[pid] = run
+                return
+        self._end(run)
+
+    @staticmethod
+    def _returns(run: Run) -> bytes:
+        """The ``RETURN_FILE`` lines of the run's log, one name a line."""
+        try:
+            with open(run.outdir + b"/orch.%s.log" % run.attempt, "rb") as f:
+                found = [parts[2] for line in f if len(parts := line.rstrip(b"\n").split(b" ", 2)) == 3
+                         and parts[1] == b"RETURN_FILE"]
+        except OSError:
+            return b""
+        return b"".join(name + b"\n" for name in found)
+
+    def _end(self, run: Run) -> None:
+        now = _now()
+        run.write(f"{now} END {run.code}\n")
+        with contextlib.suppress(OSError):
+            os.write(self.events, b"%s END %d %s\n" % (run.key, run.code, now.encode()))
+        self._ended(run)
+
+    def _ended(self, run: Run) -> None:
+        if run.log >= 0:
+            os.close(run.log)
+            run.log = -1
+        if self.by_key.get(run.key) is run:
+            del self.by_key[run.key]
+        self._broadcast(frame(b"E", run.key))
+
+
+def _env_value(env: list[bytes], name: bytes) -> bytes | None:
+    prefix = name + b"="
+    for entry in reversed(env):
+        if entry.startswith(prefix):
+            return entry[len(prefix):]
+    return None
+
+
+def _env_map(env: list[bytes]) -> dict[bytes, bytes]:
+    return dict(e.split(b"=", 1) for e in env if b"=" in e)
+
+
+def main() -> None:
+    if os.fork():  # out of the driver's process tree: it outlives the orchestrator, and nobody waits for it
+        os._exit(0)
+    os.setsid()
+    listener = socket.socket(fileno=3)
+    os.set_inheritable(3, False)
+    Launcher(listener, sys.argv[1]).serve()
+
+
+if __name__ == "__main__":
+    main()
