@@ -1,21 +1,23 @@
-"""``local``: run jobs as processes on this machine, through the job wrapper.
+"""``local``: run jobs as processes on this machine, through the home's launcher or the job wrapper.
 
-Each run is ``sh wrapper.sh --env KEY COMMAND...``: one ``posix_spawn`` in a
-session of its own (killing its process group ends the application and all
-its children, and it outlives the orchestrator), its values in its
+A run is its program, started by the home's launcher (:mod:`.launcher`, :mod:`.hosted`): one long-lived process
+that starts each run in a session of its own (killing its process group ends the application and all its
+children, and it outlives the orchestrator) and writes what the wrapper writes. A run that needs the wrapper's
+shell (its own ``shell``, declared output files, another owner, a shell built-in as its program) is
+``sh wrapper.sh --env KEY COMMAND...``: one ``posix_spawn`` in a session of its own, its values in its
 environment, no file written for it beforehand. The driver makes the run's
 directories when it starts it (:func:`make_run_dirs`: the job dir, ``output``
-and ``work``); the wrapper makes the run's files. At most ``max_running`` run
+and ``work``); the launcher or the wrapper makes the run's files. At most ``max_running`` run
 at once (``[backends.local]`` in the config); the rest wait, ``submitted``, in
 a queue per owner, the owners served in turn (fair share, not first come first
 served).
 
 The driver reports (``Capabilities(reports=True)``): it learns of a run's end
-when it happens (a pidfd per process, in one epoll the event loop waits on),
-reads the wrappers' ``START`` and ``END`` lines from one append-only events
+when it happens (from the launcher, or a pidfd per wrapper, in one epoll the event loop waits on),
+reads the ``START`` and ``END`` lines from one append-only events
 file then, and hands what changed to the runtime in one report (at most one
 per :data:`REPORT_EVERY`). Nothing is polled, so a thousand running runs cost
-nothing while nothing changes. Before each batch of spawns the driver writes
+nothing while nothing changes. Before each batch of starts the driver writes
 their ``INTENT`` lines, so that a run is never started twice after a crash,
 and it notes every run it accepts, so that one accepted but not yet started
 when the process died is started by the next (:mod:`.journal`). Written
@@ -50,10 +52,11 @@ from orchestrator.plugin.fairshare import FairQueue
 from orchestrator.plugin.processes import ExitWatcher, find_process, process_args, reap
 from orchestrator.plugin.wrapper import RUNFILE, BaseEnviron, boot_time, install_scripts, pid_alive
 
+from .ends import RunEnds
 from .hosted import Launcher
 from .journal import Journal
 from .launcher import frame
-from .runs import Run, Seed, Start, ending_of, owner_tag, start_batch, starts_inline, starts_of
+from .runs import Run, Seed, ending_of, owner_tag, start_batch, starts_inline, starts_of
 
 #: Seconds between two looks at running wrappers no pidfd watches (no pidfds here, or none left).
 LIVENESS_EVERY = 1.0
@@ -69,7 +72,7 @@ REPORT_EVERY = 0.02
 SPAWNERS = 4
 
 
-class LocalDriver(Driver):
+class LocalDriver(RunEnds, Driver):
     name = "local"
     capabilities = Capabilities(runs_wrapper=True, lookup=True, reports=True)
 
@@ -249,57 +252,6 @@ class LocalDriver(Driver):
             self._queue.append(run)
         self._wake.set()
 
-    # -------------------------------------------------------------- ends
-    def _read_events(self) -> None:
-        for key, word, _ in self.journal.read():
-            if word in ("END", "LOST"):
-                run = self._active.get(key)
-                if run is not None:
-                    self._end(run, ending_of(run))
-
-    def _gone(self, run: Run) -> None:
-        """The run's wrapper is gone, and the events file (read last) has no END for it."""
-        if run.ended:
-            return
-        reason = ("the wrapper ended without an END line (killed or crashed)" if run.record.started
-                  else "the wrapper never started")
-        self.journal.write([self._lost(run, JobStatus.FAILED, reason)])
-
-    def _lost(self, run: Run, status: JobStatus, reason: str) -> tuple[str, str, object]:
-        """The run ended without its wrapper's word (``status``, ``reason``): recorded and reported; the LOST
-        line for the journal, which the caller writes (with others of its batch)."""
-        run.record.ended, run.record.reason = True, reason
-        self._end(run, StatusUpdate(run.fqid, status, reason=reason))
-        return (run.key, "LOST", reason)
-
-    def _end(self, run: Run, update: StatusUpdate) -> None:
-        if run.ended:
-            return
-        run.ended = True
-        if self._active.get(run.key) is run:
-            del self._active[run.key]
-        if run.occupies:
-            run.occupies = False
-            self._occupied -= 1
-            self._wake.set()
-        self._queue_report(run, update)
-
-    def _queue_report(self, run: Run, update: StatusUpdate) -> None:
-        if update.status == JobStatus.RUNNING and run.ended:
-            return  # its end was read first (a short run, ended while its batch was still being started)
-        self._pending[run.key] = (run, update)  # an end replaces a running not yet reported
-        self._report_wake.set()
-
-    def _exited(self, pids: Sequence[int]) -> None:
-        for pid in pids:
-            reap(pid)
-            self._unwatched.discard(pid)
-        self._read_events()  # the END lines of these (a wrapper writes its END before it exits)
-        for pid in pids:
-            run = self._by_pid.pop(pid, None)
-            if run is not None:
-                self._gone(run)
-
     # -------------------------------------------------------------- the loops
     async def serve(self) -> None:
         """Start queued runs as slots free up, learn of ends as they happen, report them, end lingering kills."""
@@ -327,14 +279,6 @@ class LocalDriver(Driver):
                     with anyio.move_on_after(wait):
                         await self._wake.wait()
             tg.cancel_scope.cancel()
-
-    async def _watch_exits(self) -> None:
-        while True:
-            try:
-                pids = await self._watcher.ended()
-            except anyio.ClosedResourceError:
-                return
-            self._exited(pids)
 
     async def _report_loop(self) -> None:
         """What changed since the last report, in one report (while one is being taken in, the next gathers)."""
@@ -375,7 +319,7 @@ class LocalDriver(Driver):
             for run in batch:
                 run.record.intent_at = now
             starts = starts_of(batch, self.wrapper, journal=self.journal, boot=self._boot, environ=self._environ,
-                               hosting=self._launcher.connect(start=True))
+                               hosting=lambda: self._launcher.connect(start=True))
             await start_batch(starts, self._out, inline=inline)
             self._host(starts)
         except OSError as exc:  # no INTENT line could be written (a full disk...): nothing of the batch starts
@@ -418,79 +362,6 @@ class LocalDriver(Driver):
                 self.journal.write(lines)
             except OSError as exc:  # they run and are watched; a restart finds them by their key
                 self.context.log.warning("could not write LAUNCH lines", backend=self.name, error=repr(exc))
-
-    def _host(self, starts: Sequence[Start]) -> None:
-        """The hosted runs of a batch to the launcher, in one write. If it cannot be reached they are judged as after
-        a crash around their spawn (a run is never started twice): started again unless the events file says it
-        started."""
-        sent = [s for s in starts if s.request is not None and s.problem is None and not s.run.silent]
-        if sent and not self._launcher.send(b"".join(s.request for s in sent if s.request is not None)):
-            for start in sent:
-                start.run.launching = False
-                start.run.recheck_at = time.time() + self.start_timeout
-                self._rechecks.append(start.run)
-
-    async def _hear_launcher(self) -> None:
-        """The launcher's word: a run started (its LAUNCH line, reported running) or ended (the events file read,
-        as on a wrapper's exit); and, when it has gone, its runs looked after as any no pidfd watches."""
-        while not self._closed:
-            batch = await self._launcher.receive()
-            self._launcher.reap()
-            if self._closed:
-                return
-            if batch is None:
-                self._launcher_lost()
-                await self._launcher.connected.wait()
-                continue
-            lines: list[tuple[str, str, object]] = []
-            ended = []
-            for fields in batch:
-                run = self._active.get(fields[1].decode()) if len(fields) > 1 else None
-                if run is None or run.ended:
-                    continue
-                if fields[0] == b"E":
-                    ended.append(run)
-                elif fields[0] == b"L" and run.launching:
-                    run.launching = False
-                    run.started()
-                    if (pid := int(fields[2])) == 0:  # ended at once (not found, no work dir): its E follows
-                        continue
-                    run.pid = run.record.pid = pid
-                    self._by_pid[pid] = run
-                    lines.append((run.key, "LAUNCH", pid))
-                    self._counts["launched"] += 1
-                    if run.killed:
-                        self._signal(run)
-                    else:
-                        self._queue_report(run, StatusUpdate(run.fqid, JobStatus.RUNNING))
-            if lines:
-                with contextlib.suppress(OSError):  # they run; a restart finds them through the launcher
-                    self.journal.write(lines)
-            if ended:
-                self._read_events()
-                for run in ended:
-                    if run.pid is not None:
-                        self._by_pid.pop(run.pid, None)
-                    self._gone(run)
-
-    def _launcher_lost(self) -> None:
-        """The launcher is gone (killed: it never ends while it has runs). Its runs are looked at as any no pidfd
-        watches; one it never told of is judged as after a crash around its spawn."""
-        self._read_events()
-        for run in [r for r in self._active.values() if r.hosted and not r.ended]:
-            pid = run.pid or run.record.pid
-            if run.launching:
-                run.launching = False
-                if pid is None:
-                    run.recheck_at = time.time() + self.start_timeout
-                    self._rechecks.append(run)
-                    continue
-                run.pid = pid
-                run.started()
-                self._by_pid[pid] = run
-            if pid is not None:
-                self._unwatched.add(pid)
-        self._wake.set()
 
     def _look_around(self, now: float) -> None:
         """Runs nothing tells about: INTENTs without a process whose time came, wrappers no pidfd watches."""

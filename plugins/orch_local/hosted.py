@@ -199,6 +199,7 @@ class Launcher:
             self.sock.close()
             self.sock = None
             self._inbox.clear()
+            self.runs.clear()
 
 
 def _same_user(sock: socket.socket) -> bool:

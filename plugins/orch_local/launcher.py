@@ -11,10 +11,12 @@ with ``setsid``): killing its process group ends it and all its children. Why: a
 more CPU than the program it started (``benchmarks/README.md``, issue 26).
 
 It serves any number of connections, each from a process of its own user (``SO_PEERCRED``), and ends once it
-has neither a connection nor a run for :data:`IDLE_FOR` seconds. Messages are frames (a 4-byte length, then
+has neither a connection nor a run. Messages are frames (a 4-byte length, then
 fields joined by NUL bytes). To the launcher: ``S key attempt outdir home bindir argc argv... env...`` (start),
-``K key`` (stop: SIGTERM to the run's group; its end is then recorded as the wrapper's TERM trap does: the CPU
-record with code 143, no ``EXIT`` nor ``END``). From it, to every connection: first ``R key pid...`` (the runs
+``K key`` (stop: SIGTERM to the run's group). A run ended by SIGTERM (this stop, or one from outside: a
+batch system's preemption) is recorded as the wrapper's TERM trap does: the CPU record with code 143, no
+``EXIT`` nor ``END``; one ended by a SIGKILL it was not asked for, as a wrapper killed with its process group
+is: not at all (its run is then failed as lost, "without an END line"). From it, to every connection: first ``R key pid...`` (the runs
 it has), then ``L key pid`` (started; pid 0: ended before any process, its ``END`` already written) and
 ``E key`` (ended; its lines written). Only the standard library: it starts in milliseconds, beside no
 dependency.
@@ -32,7 +34,7 @@ import struct
 import sys
 import time
 
-#: Seconds without a connection or a run after which the launcher ends.
+#: Seconds a launcher waits for its first connection.
 IDLE_FOR = 10.0
 #: A shell's search path when the run's environment has none (dash's).
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -140,8 +142,17 @@ class Launcher:
 
     # ------------------------------------------------------------ connections
     def serve(self) -> None:
-        while self.clients or self.runs or time.monotonic() - self.idle_since < IDLE_FOR:
-            for key, mask in self.sel.select(timeout=IDLE_FOR / 2):
+        """Until it has neither a connection nor a run (or, never connected to, for :data:`IDLE_FOR`)."""
+        served = False
+        while True:
+            busy = bool(self.clients or self.runs)
+            served = served or busy
+            if not busy and (served or time.monotonic() - self.idle_since >= IDLE_FOR):
+                self._accept()  # a connection that came meanwhile keeps it
+                if not self.clients:
+                    return
+                continue
+            for key, mask in self.sel.select(timeout=None if busy else IDLE_FOR):
                 if key.data == "listen":
                     self._accept()
                 elif key.data == "wake":
@@ -150,8 +161,6 @@ class Launcher:
                 else:
                     self._io(key.fileobj, mask)  # type: ignore[arg-type]
             self._reap()
-            if self.clients or self.runs:
-                self.idle_since = time.monotonic()
 
     def _accept(self) -> None:
         while True:
@@ -208,9 +217,8 @@ class Launcher:
             sent = conn.send(outbox)
         except BlockingIOError:
             sent = 0
-        except OSError:
-            self._drop(conn)
-            return
+        except OSError:  # it hears no more (gone): what it sent before is read all the same, up to its end
+            sent = len(outbox)
         del outbox[:sent]
         self.sel.modify(conn, selectors.EVENT_READ | (selectors.EVENT_WRITE if outbox else 0), "client")
 
@@ -308,11 +316,14 @@ class Launcher:
             if run is None:
                 continue
             code = os.waitstatus_to_exitcode(status)
-            code = 128 - code if code < 0 else code  # a signal N: 128 + N, as the shell says it
             if run.finishing:
                 self._end(run)
+            elif code == -signal.SIGKILL and not run.killed:  # as the wrapper, killed with its group: no word
+                self._ended(run)
             else:
-                self._exited(run, code, usage)
+                # SIGTERM is a stop from outside (a kill, a batch system's preemption), as the wrapper's trap has it
+                run.killed = run.killed or code == -signal.SIGTERM
+                self._exited(run, 128 - code if code < 0 else code, usage)  # a signal N: 128 + N, as sh says it
 
     def _exited(self, run: Run, code: int, usage: object) -> None:
         """The wrapper's ``orch_usage``, ``EXIT``, then the returned files and ``END`` (or, stopped by a kill, the
@@ -333,8 +344,8 @@ class Launcher:
         run.write(f"{now} EXIT {run.code}\n")
         returns = self._returns(run)
         if returns:
-            env = [e for e in run.env if e.startswith((b"PATH=", b"ORCH_HOME=", b"ORCH_JOBLOG=", b"ORCH_BIN="))]
-            env += [b"ORCH_OUTDIR=" + run.outdir, b"_returns=" + returns]
+            env = [e for e in run.env if e.startswith((b"PATH=", b"ORCH_HOME=", b"ORCH_JOBLOG="))]
+            env += [b"ORCH_OUTDIR=" + run.outdir, b"ORCH_BIN=" + run.bindir, b"_returns=" + returns]
             with contextlib.suppress(OSError):
                 pid = os.posix_spawn("/bin/sh", [b"sh", b"-c", FINISH.encode()], _env_map(env), setsid=True,
                                      file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)])
@@ -386,6 +397,7 @@ def main() -> None:
     if os.fork():  # out of the driver's process tree: it outlives the orchestrator, and nobody waits for it
         os._exit(0)
     os.setsid()
+    os.closerange(4, os.sysconf("SC_OPEN_MAX"))  # what the starting process left open is not the launcher's
     listener = socket.socket(fileno=3)
     os.set_inheritable(3, False)
     Launcher(listener, sys.argv[1]).serve()

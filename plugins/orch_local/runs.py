@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -204,15 +204,16 @@ def start_all(starts: Sequence[Start], out: int) -> None:
 
 
 def starts_of(batch: Sequence[Run], wrapper: Path, *, journal: Journal, boot: int,
-              environ: BaseEnviron, hosting: bool = False) -> list[Start]:
+              environ: BaseEnviron, hosting: Callable[[], bool] | None = None) -> list[Start]:
     """Each run's command line and environment: ``sh wrapper.sh --env KEY COMMAND...`` (or, for a run accepted
     by an earlier version of the driver, ``sh wrapper.sh RUNFILE``). A run of another owner starts under
-    ``setpriv`` with the owner's ids and environment, and notifies its owner's own events file. With
-    ``hosting`` (a launcher is there), a run that can be (:func:`.hosted.hostable`) gets the launcher's message
-    instead: its program and its environment as the wrapper would have started it."""
+    ``setpriv`` with the owner's ids and environment, and notifies its owner's own events file. A run that can
+    be hosted (:func:`.hosted.hostable`) gets the launcher's message instead, its program and its environment as
+    the wrapper would have started it, when ``hosting`` (asked at the first such run) says a launcher is there."""
     bindir, notify = str(wrapper.parent), str(journal.events)
     base = environ.entries()
     out = []
+    launcher: bool | None = None
     for run in batch:
         if (spec := run.start_spec()) is not None:
             try:
@@ -220,7 +221,8 @@ def starts_of(batch: Sequence[Run], wrapper: Path, *, journal: Journal, boot: in
             except OwnerError as exc:
                 out.append(Start(run, [], {}, spec, problem=str(exc)))
                 continue
-            if who is None and hosting and hostable(spec):
+            if who is None and hosting is not None and hostable(spec) and (
+                    launcher if launcher is not None else (launcher := hosting())):
                 run.hosted = True
                 request = start_frame(spec, bindir, application_env_entries(spec, base, bindir=bindir, boot=boot))
                 out.append(Start(run, [], {}, spec, request=request))

@@ -130,10 +130,12 @@ async def test_a_failures_reason_quotes_the_end_of_stderr(tmp_path: Path) -> Non
 
 
 async def test_application_killed_by_a_signal(tmp_path: Path) -> None:
+    """A program that crashes (SIGSEGV): the application level, with 128 + N. (SIGKILL and SIGTERM are taken as a
+    stop of the run's process group from outside, as they stop its wrapper: docs/reference.md, "local".)"""
     async with Orchestrator(home=tmp_path, config=FAST) as orch:
-        j = await run(orch, sh("kill -KILL $$", retry=RetryPolicy(max_early=1)))
+        j = await run(orch, sh("kill -SEGV $$", retry=RetryPolicy(max_early=1)))
         assert j.status == "failed" and j.info.submit_counter == 2
-        assert last(j)["level"] == "application" and last(j)["exit_code"] == 137
+        assert last(j)["level"] == "application" and last(j)["exit_code"] == 139
         assert "max_early" in last(j)["limit"]
 
 

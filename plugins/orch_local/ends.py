@@ -1,0 +1,176 @@
+"""How the ``local`` driver learns that its runs started and ended, and what it does then: a wrapper's exit (its
+pidfd), the launcher's word, the events file read on either; a run's end recorded and reported.
+
+A part of :class:`~orch_local.LocalDriver` (its base class): one object owns the driver's state, which
+``LocalDriver.__init__`` makes; this file only holds the methods that deal with ends, for the driver's file to
+stay readable. The attributes below are the driver's, named here for the type checker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+
+import anyio
+
+from orchestrator.plugin import DriverContext, JobStatus, StatusUpdate
+from orchestrator.plugin.fairshare import FairQueue
+from orchestrator.plugin.processes import ExitWatcher, reap
+
+from .hosted import Launcher
+from .journal import Journal
+from .runs import Run, Start, ending_of
+
+
+class RunEnds:
+    context: DriverContext
+    journal: Journal
+    start_timeout: float
+    _launcher: Launcher
+    _watcher: ExitWatcher
+    _active: dict[str, Run]
+    _by_pid: dict[int, Run]
+    _unwatched: set[int]
+    _rechecks: list[Run]
+    _queue: FairQueue[Run]
+    _pending: dict[str, tuple[Run, StatusUpdate]]
+    _occupied: int
+    _counts: dict[str, int]
+    _closed: bool
+    _wake: anyio.Event
+    _report_wake: anyio.Event
+
+    def _signal(self, run: Run) -> None:
+        raise NotImplementedError  # the driver's (stopping a run)
+
+    async def _watch_exits(self) -> None:
+        while True:
+            try:
+                pids = await self._watcher.ended()
+            except anyio.ClosedResourceError:
+                return
+            self._exited(pids)
+
+    def _read_events(self) -> None:
+        for key, word, _ in self.journal.read():
+            if word in ("END", "LOST"):
+                run = self._active.get(key)
+                if run is not None:
+                    self._end(run, ending_of(run))
+
+    def _gone(self, run: Run) -> None:
+        """The run's wrapper is gone, and the events file (read last) has no END for it."""
+        if run.ended:
+            return
+        reason = ("the wrapper ended without an END line (killed or crashed)" if run.record.started
+                  else "the wrapper never started")
+        self.journal.write([self._lost(run, JobStatus.FAILED, reason)])
+
+    def _lost(self, run: Run, status: JobStatus, reason: str) -> tuple[str, str, object]:
+        """The run ended without its wrapper's word (``status``, ``reason``): recorded and reported; the LOST
+        line for the journal, which the caller writes (with others of its batch)."""
+        run.record.ended, run.record.reason = True, reason
+        self._end(run, StatusUpdate(run.fqid, status, reason=reason))
+        return (run.key, "LOST", reason)
+
+    def _end(self, run: Run, update: StatusUpdate) -> None:
+        if run.ended:
+            return
+        run.ended = True
+        if self._active.get(run.key) is run:
+            del self._active[run.key]
+        if run.occupies:
+            run.occupies = False
+            self._occupied -= 1
+            self._wake.set()
+        self._queue_report(run, update)
+
+    def _queue_report(self, run: Run, update: StatusUpdate) -> None:
+        if update.status == JobStatus.RUNNING and run.ended:
+            return  # its end was read first (a short run, ended while its batch was still being started)
+        self._pending[run.key] = (run, update)  # an end replaces a running not yet reported
+        self._report_wake.set()
+
+    def _exited(self, pids: Sequence[int]) -> None:
+        for pid in pids:
+            reap(pid)
+            self._unwatched.discard(pid)
+        self._read_events()  # the END lines of these (a wrapper writes its END before it exits)
+        for pid in pids:
+            run = self._by_pid.pop(pid, None)
+            if run is not None:
+                self._gone(run)
+
+    def _host(self, starts: Sequence[Start]) -> None:
+        """The hosted runs of a batch to the launcher, in one write. If it cannot be reached they are judged as after
+        a crash around their spawn (a run is never started twice): started again unless the events file says it
+        started."""
+        sent = [s for s in starts if s.request is not None and s.problem is None and not s.run.silent]
+        if sent and not self._launcher.send(b"".join(s.request for s in sent if s.request is not None)):
+            for start in sent:
+                start.run.launching = False
+                start.run.recheck_at = time.time() + self.start_timeout
+                self._rechecks.append(start.run)
+
+    async def _hear_launcher(self) -> None:
+        """The launcher's word: a run started (its LAUNCH line, reported running) or ended (the events file read,
+        as on a wrapper's exit); and, when it has gone, its runs looked after as any no pidfd watches."""
+        while not self._closed:
+            batch = await self._launcher.receive()
+            self._launcher.reap()
+            if self._closed:
+                return
+            if batch is None:
+                self._launcher_lost()
+                await self._launcher.connected.wait()
+                continue
+            lines: list[tuple[str, str, object]] = []
+            ended = []
+            for fields in batch:
+                run = self._active.get(fields[1].decode()) if len(fields) > 1 else None
+                if run is None or run.ended:
+                    continue
+                if fields[0] == b"E":
+                    ended.append(run)
+                elif fields[0] == b"L" and run.launching:
+                    run.launching = False
+                    run.started()
+                    if (pid := int(fields[2])) == 0:  # ended at once (not found, no work dir): its E follows
+                        continue
+                    run.pid = run.record.pid = pid
+                    self._by_pid[pid] = run
+                    lines.append((run.key, "LAUNCH", pid))
+                    self._counts["launched"] += 1
+                    if run.killed:
+                        self._signal(run)
+                    else:
+                        self._queue_report(run, StatusUpdate(run.fqid, JobStatus.RUNNING))
+            if lines:
+                with contextlib.suppress(OSError):  # they run; a restart finds them through the launcher
+                    self.journal.write(lines)
+            if ended:
+                self._read_events()
+                for run in ended:
+                    if run.pid is not None:
+                        self._by_pid.pop(run.pid, None)
+                    self._gone(run)
+
+    def _launcher_lost(self) -> None:
+        """The launcher is gone (killed: it never ends while it has runs). Its runs are looked at as any no pidfd
+        watches; one it never told of is judged as after a crash around its spawn."""
+        self._read_events()
+        for run in [r for r in self._active.values() if r.hosted and not r.ended]:
+            pid = run.pid or run.record.pid
+            if run.launching:
+                run.launching = False
+                if pid is None:
+                    run.recheck_at = time.time() + self.start_timeout
+                    self._rechecks.append(run)
+                    continue
+                run.pid = pid
+                run.started()
+                self._by_pid[pid] = run
+            if pid is not None:
+                self._unwatched.add(pid)
+        self._wake.set()

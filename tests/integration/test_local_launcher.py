@@ -1,0 +1,237 @@
+"""``local``'s launcher: one long-lived process of the home starts the runs that need nothing of the wrapper's
+shell, and writes what the wrapper writes (``docs/reference.md``, "local")."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from orchestrator import ArgSplitter, Backend, Executable, Job, Orchestrator
+from orchestrator.core.usage import parse_usage
+
+pytestmark = pytest.mark.anyio
+
+
+def parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+async def test_a_run_is_its_program_started_by_the_homes_launcher_with_the_wrappers_records(tmp_path: Path) -> None:
+    """No shell between: the run's process is its program, a child of one launcher for the whole home; its log,
+    events and CPU record are the wrapper's, word for word in form; the wrapper's environment reaches it."""
+    script = 'echo $$ > ../output/me; echo $PPID > ../output/parent; pwd -L > ../output/pwd; env > ../output/env.txt'
+    async with Orchestrator(home=tmp_path / "home") as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", script]), backend="local",
+                                    splitter=ArgSplitter([["-c", script]] * 3)))
+        await j.submit()
+        await j.wait(timeout=30)
+        assert j.status == "completed"
+        parents = set()
+        for sub in j.subjobs:
+            out = sub.outputdir
+            me, parent = int((out / "me").read_text()), int((out / "parent").read_text())
+            parents.add(parent)
+            log = (out / "orch.log").read_text().splitlines()
+            assert log[0].split()[1:3] == ["START", str(me)] and log[-2].split()[1:] == ["EXIT", "0"]
+            assert log[-1].split()[1:] == ["END", "0"]
+            [attempt] = parse_usage((out / "orch.usage").read_text())
+            assert (attempt.attempt, attempt.code) == (1, 0) and attempt.end >= attempt.start
+            assert (out / "pwd").read_text().strip() == str((sub.workspace / "work").resolve())
+            seen = dict(line.split("=", 1) for line in (out / "env.txt").read_text().splitlines() if "=" in line)
+            assert seen["ORCH_FQID"] == sub.fqid and seen["ORCH_JOBLOG"] == f"{out}/orch.1.log"
+            assert seen["ORCH_LOG"].endswith("/orch-log") and seen["ORCH_STATE"].endswith("/orch-state")
+            assert not {"ORCH_KEY", "ORCH_OUTDIR", "ORCH_NOTIFY", "ORCH_BIN", "ORCH_OUTPUTFILES"} & seen.keys()
+        [launcher] = parents
+        assert launcher != os.getpid()
+        events = (tmp_path / "home" / "backends" / "local" / "events.log").read_text()
+        assert events.count(" START ") == 3 and events.count(" END 0 ") == 3
+
+
+async def test_programs_are_found_as_the_shell_finds_them(tmp_path: Path) -> None:
+    """A name without a slash is looked up in the run's PATH; a script without ``#!`` runs under ``sh``; a name
+    found nowhere ends the run with 127 and the shell's words on its stderr, as the wrapper's shell would."""
+    plain = tmp_path / "plain-script"
+    plain.write_text('echo "plain $1"\n')
+    plain.chmod(0o755)
+    async with Orchestrator(home=tmp_path / "home") as orch:
+        found = await orch.jobs.add(Job(application=Executable("env"), backend="local"))
+        script = await orch.jobs.add(Job(application=Executable(str(plain), args=["ran"]), backend="local"))
+        missing = await orch.jobs.add(Job(application=Executable("no-such-program-anywhere"), backend="local"))
+        for j in (found, script, missing):
+            await j.submit()
+        for j in (found, script, missing):
+            await j.wait(timeout=30)
+        assert found.status == "completed" and "PATH=" in (found.outputdir / "stdout").read_text()
+        assert script.status == "completed" and (script.outputdir / "stdout").read_text() == "plain ran\n"
+        assert missing.status == "failed" and missing.info.history[-1]["exit_code"] == 127
+        assert "no-such-program-anywhere: not found" in (missing.outputdir / "stderr").read_text()
+
+
+CRASH_WHILE_RUNNING = '''
+import anyio, os, signal, sys
+from orchestrator import Executable, Job, Orchestrator
+
+async def main(home):
+    async with Orchestrator(home=home) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", "sleep 1; exit 3"]),
+                                    backend="local"))
+        await j.submit()
+        with anyio.fail_after(20):
+            while not (j.workspace / "output" / "orch.1.log").exists():
+                await anyio.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+anyio.run(main, sys.argv[1])
+'''
+
+
+async def test_the_launcher_records_an_end_while_no_orchestrator_runs(tmp_path: Path) -> None:
+    """The orchestrator is killed while its run runs: the launcher, not in the orchestrator's process tree, writes
+    the run's EXIT, END and CPU record all the same, and the next process reads them."""
+    home = tmp_path / "home"
+    proc = subprocess.run([sys.executable, "-c", CRASH_WHILE_RUNNING, str(home)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    log = home / "workspace" / "0" / "output" / "orch.1.log"
+    with anyio.fail_after(20):
+        while "END" not in log.read_text():
+            await anyio.sleep(0.05)
+    assert [line.split()[1:] for line in log.read_text().splitlines()][-2:] == [["EXIT", "3"], ["END", "3"]]
+    async with Orchestrator(home=home) as orch:
+        j = orch.jobs[0]
+        await j.wait(timeout=30)
+        assert j.status == "failed" and j.info.history[-1]["exit_code"] == 3
+
+
+async def test_a_killed_launcher_loses_its_runs_and_the_next_runs_get_a_new_one(tmp_path: Path) -> None:
+    """SIGKILL to the launcher: its runs go on, watched by their pids, and are failed as lost when they end (no
+    one recorded their end); the runs after them start under a new launcher."""
+    async with Orchestrator(home=tmp_path / "home") as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", "sleep 0.6"]), backend="local"))
+        await j.submit()
+        log = j.outputdir / "orch.1.log"
+        with anyio.fail_after(20):
+            while not log.exists() or "START" not in log.read_text():
+                await anyio.sleep(0.02)
+        run = int(log.read_text().split()[2])
+        launcher = parent_of(run)
+        os.kill(launcher, signal.SIGKILL)
+        await j.wait(timeout=30)
+        assert j.status == "failed" and "without an END line" in (j.info.reason or "")
+        again = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", "echo $PPID"]),
+                                        backend="local"))
+        await again.submit()
+        await again.wait(timeout=30)
+        assert again.status == "completed"
+        assert int((again.outputdir / "stdout").read_text()) not in (launcher, os.getpid())
+
+
+async def test_a_run_the_launcher_cannot_take_keeps_the_wrapper(tmp_path: Path) -> None:
+    """A run with its own shell starts as ``shell wrapper.sh --env KEY ...``, as before (the launcher takes only
+    runs that need nothing of the wrapper's shell)."""
+    script = 'tr "\\0" " " < /proc/$PPID/cmdline > ../output/parent'
+    async with Orchestrator(home=tmp_path / "home") as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", script]),
+                                    backend=Backend("local", shell="/bin/dash")))
+        await j.submit()
+        await j.wait(timeout=30)
+        assert j.status == "completed"
+        assert (j.outputdir / "parent").read_text().startswith("/bin/dash ")
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory other users may traverse (pytest's tmp_path is 0700), so only the socket's own mode counts."""
+    path = Path(tempfile.mkdtemp(prefix="orch-launcher-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_another_user_cannot_reach_the_launcher(open_dir: Path) -> None:
+    """The launcher starts whatever it is sent, as the orchestrator's user: its socket is 0600, and another OS user
+    who can reach the directory is refused."""
+    if os.geteuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("needs root and runuser: the client must run as another OS user")
+    try:
+        import pwd
+        pwd.getpwnam("orch-alice")
+    except KeyError:
+        pytest.skip("no OS user orch-alice")
+    home = open_dir / "home"
+    async with Orchestrator(home=home) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", "sleep 1"]), backend="local"))
+        await j.submit()
+        sock = home / "backends" / "local" / "launcher.sock"
+        with anyio.fail_after(20):
+            while not sock.exists():
+                await anyio.sleep(0.02)
+        assert sock.stat().st_mode & 0o777 == 0o600
+        probe = ("import socket, sys\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect(sys.argv[1])\n"
+                 "except OSError as e:\n    print(type(e).__name__)\nelse:\n    print('connected')")
+        done = subprocess.run(["runuser", "-u", "orch-alice", "--", "/usr/bin/python3", "-c", probe, str(sock)],
+                              capture_output=True, text=True, timeout=30)
+        assert done.stdout.strip() == "PermissionError", done
+        await j.wait(timeout=30)
+        assert j.status == "completed"
+
+
+def test_the_launcher_serves_only_its_own_user(tmp_path: Path) -> None:
+    """Should the socket be reachable, a process of another user is answered by a closed connection: the launcher
+    checks its peer's uid (``SO_PEERCRED``) before it reads a word."""
+    if os.geteuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("needs root and runuser")
+    try:
+        import pwd
+        pwd.getpwnam("orch-alice")
+    except KeyError:
+        pytest.skip("no OS user orch-alice")
+    where = Path(tempfile.mkdtemp(prefix="orch-launcher-"))
+    try:
+        where.chmod(0o755)
+        address = where / "l.sock"
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(address))
+        address.chmod(0o666)  # reachable by anyone: only the launcher's own check stands
+        listener.listen(4)
+        program = Path(__file__).parents[2] / "plugins" / "orch_local" / "launcher.py"
+        pid = os.posix_spawn(sys.executable, [sys.executable, "-I", "-S", str(program), str(where / "events.log")],
+                             os.environ, file_actions=[(os.POSIX_SPAWN_DUP2, listener.fileno(), 3)])
+        assert os.waitpid(pid, 0)[1] == 0  # it forks and leaves: the launcher lives on
+        listener.close()
+        probe = ("import socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\ns.settimeout(10)\n"
+                 "print(repr(s.recv(100)))")
+        done = subprocess.run(["runuser", "-u", "orch-alice", "--", "/usr/bin/python3", "-c", probe, str(address)],
+                              capture_output=True, text=True, timeout=30)
+        assert done.stdout.strip() == "b''", done  # closed at once: no R, nothing started
+        mine = socket.socket(socket.AF_UNIX)
+        mine.connect(str(address))
+        mine.settimeout(10)
+        assert mine.recv(100) == b"\0\0\0\x01R"  # its own user is told its runs (none)
+        mine.close()
+        deadline = time.monotonic() + 20
+        while any(alive(int(p)) and str(where) in Path(f"/proc/{p}/cmdline").read_text(errors="replace")
+                  for p in os.listdir("/proc") if p.isdigit()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
