@@ -98,6 +98,9 @@ async def ours(n: int, config: dict[str, Any], profile: cProfile.Profile | None)
             counts = status_counts(orch, j)
             if counts != {"completed": n}:
                 raise SystemExit(f"FAILED: master {j.status.value}, counts {counts}")
+        deadline = time.monotonic() + 10  # the launcher ends once the orchestrator has let go of it
+        while launcher_usage(home)[4] and time.monotonic() < deadline:
+            time.sleep(0.01)
         peak = peak_mib()  # before the count below, whose listing of a 100,000-entry directory is not ours to pay
         entries = sum(len(dirs) + len(files) for _, dirs, files in os.walk(home))
     finally:
@@ -107,12 +110,13 @@ async def ours(n: int, config: dict[str, Any], profile: cProfile.Profile | None)
             "cpu_launcher_s": launcher[0], "entries": entries, "rss_mib": peak + launcher[3]}
 
 
-def launcher_usage(home: Path) -> tuple[float, float, float, float]:
+def launcher_usage(home: Path) -> tuple[float, float, float, float, int]:
     """The CPU of the home's ``local`` launcher (its own, its system part, its reaped runs') and its peak RSS in
     MiB: the orchestrator's process too, though not a child of this one (it started within the timed part, so all
-    of it counts). Read in ``/proc`` while it still runs."""
+    of it counts). Read in ``/proc`` while it still runs; the last field counts the launchers found."""
     tick = os.sysconf("SC_CLK_TCK")
     own = sys_ = kids = rss = 0.0
+    found = 0
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -129,8 +133,8 @@ def launcher_usage(home: Path) -> tuple[float, float, float, float]:
         except OSError:
             continue
         utime, stime, cutime, cstime = (int(x) / tick for x in fields[11:15])
-        own, sys_, kids = own + utime + stime, sys_ + stime, kids + cutime + cstime
-    return own, sys_, kids, rss
+        own, sys_, kids, found = own + utime + stime, sys_ + stime, kids + cutime + cstime, found + 1
+    return own, sys_, kids, rss, found
 
 
 def peak_mib() -> float:

@@ -22,12 +22,15 @@ runs untimed, then N timed from the first submission to the last completion
 (ours and HyperQueue define their job before that). Measured per side:
 
 * wall: that time;
-* own CPU: the side's process (threads included), plus, for HTEX, its
+* own CPU: the side's process (threads included), plus, for ours, the
+  home's ``local`` launcher (``bench_local_spawn.launcher_usage``: started
+  within the timed part, not a child of the side's process), for HTEX, its
   interchange and worker processes: every process other than the side's own
   that carries the round's marker in its environment and lives through the
   timed part, read in ``/proc/PID/stat`` before and after; for xargs, xargs;
 * runs' CPU: what those processes' reaped children used (the runs, with the
-  job wrapper, Parsl's ``/bin/sh -c`` or nothing between);
+  job wrapper, Parsl's ``/bin/sh -c`` or nothing between; ours: the runs the
+  launcher reaped);
 * peak RSS: the sum of those processes' peaks (``ru_maxrss``, ``VmHWM``); for
   xargs, the largest of xargs and its runs (``wait4``);
 * entries per run: files and directories the side left in its directory

@@ -167,18 +167,23 @@ def wrapper_env_entries(run: RunSpec, base: Mapping[str, bytes], *, bindir: str,
 WRAPPER_ONLY = ("ORCH_KEY", "ORCH_OUTDIR", "ORCH_BIN", "ORCH_OUTPUTFILES", "ORCH_NOTIFY", "ORCH_INPUTS")
 
 
+def application_entries(run: RunSpec, *, bindir: str, boot: int | None = None) -> list[bytes]:
+    """What the wrapper adds to the orchestrator's environment for the application of ``run``, as encoded entries
+    (a later one overrides an earlier one): :func:`run_variables` less :data:`WRAPPER_ONLY`, then ``ORCH_JOBLOG``,
+    ``ORCH_LOG`` and ``ORCH_STATE``. For a launcher that starts the application without the wrapper's shell and
+    keeps the orchestrator's own variables once (``local``). ``PWD`` is the work dir's: the starter sets it."""
+    out = [env_entry(k, v) for k, v in run_variables(run, bindir=bindir, boot=boot) if k not in WRAPPER_ONLY]
+    out += [env_entry("ORCH_JOBLOG", f"{run.outputdir}/orch.{run.attempt}.log"),
+            env_entry("ORCH_LOG", f"{bindir}/orch-log"), env_entry("ORCH_STATE", f"{bindir}/orch-state")]
+    return out
+
+
 def application_env_entries(run: RunSpec, base: Mapping[str, bytes], *, bindir: str,
                             boot: int | None = None) -> list[bytes]:
     """The environment the wrapper gives the application of ``run`` (as encoded entries over ``base``): what it got,
-    less :data:`WRAPPER_ONLY`, with ``ORCH_JOBLOG``, ``ORCH_LOG`` and ``ORCH_STATE``: for a launcher that starts
-    the application without the wrapper's shell (``local``)."""
-    env = dict(base)
-    env.update((k, env_entry(k, v)) for k, v in run_variables(run, bindir=bindir, boot=boot))
-    for name in WRAPPER_ONLY:
-        env.pop(name, None)
-    env["ORCH_JOBLOG"] = env_entry("ORCH_JOBLOG", f"{run.outputdir}/orch.{run.attempt}.log")
-    env["ORCH_LOG"] = env_entry("ORCH_LOG", f"{bindir}/orch-log")
-    env["ORCH_STATE"] = env_entry("ORCH_STATE", f"{bindir}/orch-state")
+    less :data:`WRAPPER_ONLY`, with ``ORCH_JOBLOG``, ``ORCH_LOG`` and ``ORCH_STATE`` (:func:`application_entries`)."""
+    env = {k: v for k, v in base.items() if k not in WRAPPER_ONLY}
+    env.update((os.fsdecode(e.split(b"=", 1)[0]), e) for e in application_entries(run, bindir=bindir, boot=boot))
     return list(env.values())
 
 

@@ -319,7 +319,7 @@ class LocalDriver(RunEnds, Driver):
             for run in batch:
                 run.record.intent_at = now
             starts = starts_of(batch, self.wrapper, journal=self.journal, boot=self._boot, environ=self._environ,
-                               hosting=lambda: self._launcher.connect(start=True))
+                               hosting=lambda: self._launcher if self._launcher.connect(start=True) else None)
             await start_batch(starts, self._out, inline=inline)
             self._host(starts)
         except OSError as exc:  # no INTENT line could be written (a full disk...): nothing of the batch starts

@@ -16,7 +16,7 @@ import os
 import socket
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import anyio
@@ -41,10 +41,12 @@ def hostable(spec: RunSpec) -> bool:
             and ("/" in spec.executable or spec.executable not in SHELL_BUILTINS))
 
 
-def start_frame(spec: RunSpec, bindir: str, env: Sequence[bytes]) -> bytes:
+def start_frame(spec: RunSpec, bindir: str, base: bytes, own: Sequence[bytes]) -> bytes:
+    """The launcher's ``S`` message: the run's program, its dirs, and its environment as the base named ``base``
+    (:meth:`Launcher.base_token`) and its own entries over it."""
     argv = [os.fsencode(a) for a in (spec.executable, *spec.args)]
     return frame(b"S", spec.key.encode(), str(spec.attempt).encode(), os.fsencode(spec.outputdir),
-                 os.fsencode(spec.workdir), os.fsencode(bindir), str(len(argv)).encode(), *argv, *env)
+                 os.fsencode(spec.workdir), os.fsencode(bindir), base, str(len(argv)).encode(), *argv, *own)
 
 
 class Launcher:
@@ -61,6 +63,11 @@ class Launcher:
         self._early: list[list[bytes]] = []
         #: Set while connected (what waits for the launcher's word waits for this between two launchers).
         self.connected = anyio.Event()
+        #: The orchestrator's environment as last named to the launcher (``B``), by the object that holds it
+        #: (:meth:`~orchestrator.plugin.wrapper.BaseEnviron.entries` gives the same one until it changes).
+        self._base: tuple[object, bytes] | None = None
+        self._base_count = 0
+        self._unsent_base = b""
 
     def _address(self) -> tuple[str, int | None]:
         """The socket's path, short enough for ``sun_path`` (through the state dir's descriptor when it is not)."""
@@ -103,6 +110,7 @@ class Launcher:
         sock.settimeout(None)
         self.sock = sock
         self._early = self._apply(batch)  # its runs known at once (a restart adopts them before any await)
+        self._base = None  # named again on this connection
         self.connected.set()
         return True
 
@@ -129,8 +137,24 @@ class Launcher:
             listener.close()
         self.sock = sock
         self._early = []
+        self._base = None  # named again on this connection
         self.connected.set()
         return True
+
+    def base_token(self, base: Mapping[str, bytes]) -> bytes:
+        """The name under which the launcher knows ``base`` (the entries every run shares: sent once, in a ``B``
+        message, by :meth:`base_frame`, and not with each run)."""
+        if self._base is None or self._base[0] is not base:
+            self._base_count += 1
+            token = b"%d.%d" % (os.getpid(), self._base_count)  # never another driver's, on a launcher they share
+            self._base = (base, token)
+            self._unsent_base = frame(b"B", token, *(v for k, v in base.items() if k != "PWD"))
+        return self._base[1]
+
+    def base_frame(self) -> bytes:
+        """The ``B`` message not yet sent on this connection (empty when there is none)."""
+        data, self._unsent_base = self._unsent_base, b""
+        return data
 
     def send(self, data: bytes) -> bool:
         """One message (or several); False when the launcher is gone (the connection is dropped)."""

@@ -12,13 +12,16 @@ more CPU than the program it started (``benchmarks/README.md``, issue 26).
 
 It serves any number of connections, each from a process of its own user (``SO_PEERCRED``), and ends once it
 has neither a connection nor a run. Messages are frames (a 4-byte length, then
-fields joined by NUL bytes). To the launcher: ``S key attempt outdir home bindir argc argv... env...`` (start),
-``K key`` (stop: SIGTERM to the run's group). A run ended by SIGTERM (this stop, or one from outside: a
-batch system's preemption) is recorded as the wrapper's TERM trap does: the CPU record with code 143, no
-``EXIT`` nor ``END``; one ended by a SIGKILL it was not asked for, as a wrapper killed with its process group
-is: not at all (its run is then failed as lost, "without an END line"). From it, to every connection: first ``R key pid...`` (the runs
-it has), then ``L key pid`` (started; pid 0: ended before any process, its ``END`` already written) and
-``E key`` (ended; its lines written). Only the standard library: it starts in milliseconds, beside no
+fields joined by NUL bytes). To the launcher:
+``B name env...`` (the orchestrator's environment, named), ``S key attempt outdir home bindir base argc
+argv... env...`` (start: the named environment, then the run's own entries over it), ``K key`` (stop: SIGTERM
+to the run's group).
+A run ended by SIGTERM (this stop, or one from outside: a batch system's preemption) is recorded as the
+wrapper's TERM trap does: the CPU record with code 143, no ``EXIT`` nor ``END``; one ended by a SIGKILL it was
+not asked for, as a wrapper killed with its process group is: not at all (its run is then failed as lost,
+"without an END line"). From it, to every connection: first ``R key pid...`` (the runs it has), then
+``L key pid`` (started; pid 0: ended before any process, its ``END`` already written) and ``E key`` (ended;
+its lines written). Only the standard library: it starts in milliseconds, beside no
 dependency.
 """
 
@@ -71,10 +74,10 @@ def _now() -> str:
     return f"{time.time():.2f}"
 
 
-def _first_line(path: bytes) -> bytes:
+def _first_line(path: bytes, dir_fd: int | None = None) -> bytes:
     """The first word of a small file (a state number), ``0`` when there is none; never follows a last link."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return b"0"
     try:
@@ -92,15 +95,18 @@ def _cpu(seconds: float) -> str:
 class Run:
     """One run: its request, then its process and its log."""
 
-    __slots__ = ("key", "attempt", "outdir", "home", "bindir", "argv", "env", "pid", "log", "t0", "started_from",
-                 "killed", "code", "finishing")
+    __slots__ = ("key", "attempt", "outdir", "home", "bindir", "base", "argv", "env", "pid", "log", "written", "t0",
+                 "started_from", "killed", "code", "finishing")
 
-    def __init__(self, fields: list[bytes]) -> None:
-        self.key, self.attempt, self.outdir, self.home, self.bindir = fields[1:6]
-        argc = int(fields[6])
-        self.argv = fields[7:7 + argc]
-        self.env = fields[7 + argc:]
+    def __init__(self, fields: list[bytes], bases: dict[bytes, dict[bytes, bytes]]) -> None:
+        self.key, self.attempt, self.outdir, self.home, self.bindir, base = fields[1:7]
+        argc = int(fields[7])
+        self.argv = fields[8:8 + argc]
+        self.env = dict(bases.get(base, ()))  # the orchestrator's variables, then the run's own over them
+        self.env.update(e.partition(b"=")[::2] for e in fields[8 + argc:] if b"=" in e)
+        self.env.pop(b"PWD", None)
         self.pid = 0
+        self.written = 0
         self.log = -1
         self.t0 = _now()
         self.started_from = b"0"
@@ -110,7 +116,7 @@ class Run:
 
     def write(self, text: str) -> None:
         with contextlib.suppress(OSError):
-            os.write(self.log, text.encode())
+            self.written += os.write(self.log, text.encode())
 
 
 class Launcher:
@@ -120,6 +126,8 @@ class Launcher:
         self.clients: dict[socket.socket, tuple[bytearray, bytearray]] = {}  # in, out
         self.runs: dict[int, Run] = {}
         self.by_key: dict[bytes, Run] = {}
+        #: The orchestrator's environments (``B``), by name: the last few.
+        self.bases: dict[bytes, dict[bytes, bytes]] = {}
         self.host = self._host()
         self.events = os.open(events, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self.idle_since = time.monotonic()
@@ -161,6 +169,9 @@ class Launcher:
                 else:
                     self._io(key.fileobj, mask)  # type: ignore[arg-type]
             self._reap()
+            for conn, (_, outbox) in list(self.clients.items()):
+                if outbox:
+                    self._flush(conn)
 
     def _accept(self) -> None:
         while True:
@@ -192,9 +203,13 @@ class Launcher:
         inbox += data
         for fields in frames(inbox):
             if fields[0] == b"S":
-                self._start(Run(fields))
+                self._start(Run(fields, self.bases))
             elif fields[0] == b"K":
                 self._kill(fields[1])
+            elif fields[0] == b"B":
+                self.bases[fields[1]] = dict(e.partition(b"=")[::2] for e in fields[2:] if b"=" in e)
+                while len(self.bases) > 8:
+                    del self.bases[next(iter(self.bases))]
         if not data:
             self._drop(conn)
 
@@ -208,8 +223,8 @@ class Launcher:
             self._send(conn, data)
 
     def _send(self, conn: socket.socket, data: bytes) -> None:
+        """Queued: what a turn of the loop has to say goes out in one send a connection, at its end."""
         self.clients[conn][1].extend(data)
-        self._flush(conn)
 
     def _flush(self, conn: socket.socket) -> None:
         outbox = self.clients[conn][1]
@@ -232,12 +247,12 @@ class Launcher:
             print(f"launcher: {run.key.decode(errors='replace')}: cannot write its log: {exc}", file=sys.stderr)
             self._ended(run)
             return
-        state = run.home + b"/.orch-state"
-        run.started_from = _first_line(state + b"/current")
-        with contextlib.suppress(OSError):  # a run resumes from the last *saved* state
-            fd = os.open(state, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with contextlib.suppress(OSError):  # its checkpoint states, when it has some
+            fd = os.open(run.home + b"/.orch-state", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
-                os.unlink("work", dir_fd=fd)
+                run.started_from = _first_line(b"current", fd)
+                with contextlib.suppress(FileNotFoundError):  # a run resumes from the last *saved* state
+                    os.unlink("work", dir_fd=fd)
             finally:
                 os.close(fd)
         try:
@@ -247,7 +262,7 @@ class Launcher:
             self._started(run, os.getpid())
             self._exited(run, 96, None)
             return
-        run.env = [e for e in run.env if not e.startswith(b"PWD=")] + [b"PWD=" + os.getcwdb()]  # as cd sets it
+        run.env[b"PWD"] = os.getcwdb()  # as cd sets it
         problem, pid = self._spawn(run)
         if pid is None:  # as the shell does: its message on the run's stderr, 127 or 126
             with contextlib.suppress(OSError):
@@ -279,18 +294,18 @@ class Launcher:
         if b"/" in name:
             places = [name]
         else:
-            path = _env_value(run.env, b"PATH")
+            path = run.env.get(b"PATH")
             places = [(d or b".") + b"/" + name for d in (path if path is not None else DEFAULT_PATH.encode())
                       .split(b":")]
         denied = False
         for place in places:
             try:
-                return "", os.posix_spawn(place, run.argv, _env_map(run.env), file_actions=outs, setsid=True,
+                return "", os.posix_spawn(place, run.argv, run.env, file_actions=outs, setsid=True,
                                           setsigdef=_DEFAULTS, setsigmask=())
             except OSError as exc:
                 if exc.errno == errno.ENOEXEC:  # a script without "#!": the shell runs it
                     with contextlib.suppress(OSError):
-                        return "", os.posix_spawn("/bin/sh", [b"sh", place, *run.argv[1:]], _env_map(run.env),
+                        return "", os.posix_spawn("/bin/sh", [b"sh", place, *run.argv[1:]], run.env,
                                                   file_actions=outs, setsid=True,
                                                   setsigdef=_DEFAULTS, setsigmask=())
                 denied = denied or exc.errno == errno.EACCES
@@ -330,7 +345,7 @@ class Launcher:
         CPU record only)."""
         run.code = 143 if run.killed else code
         cpu = (getattr(usage, "ru_utime", 0.0), getattr(usage, "ru_stime", 0.0))
-        ended_to = _first_line(run.home + b"/.orch-state/current")
+        ended_to = _first_line(run.home + b"/.orch-state/current")  # the newest state, when it stopped
         now = _now()
         record = (f"{run.attempt.decode()} {run.started_from.decode()} {ended_to.decode()} {run.t0} {now} "
                   f"{run.code}\n0m0.000000s 0m0.000000s\n{_cpu(cpu[0])} {_cpu(cpu[1])}\n")
@@ -344,10 +359,10 @@ class Launcher:
         run.write(f"{now} EXIT {run.code}\n")
         returns = self._returns(run)
         if returns:
-            env = [e for e in run.env if e.startswith((b"PATH=", b"ORCH_HOME=", b"ORCH_JOBLOG="))]
-            env += [b"ORCH_OUTDIR=" + run.outdir, b"ORCH_BIN=" + run.bindir, b"_returns=" + returns]
+            env = {k: v for k, v in run.env.items() if k in (b"PATH", b"ORCH_HOME", b"ORCH_JOBLOG")}
+            env.update({b"ORCH_OUTDIR": run.outdir, b"ORCH_BIN": run.bindir, b"_returns": returns})
             with contextlib.suppress(OSError):
-                pid = os.posix_spawn("/bin/sh", [b"sh", b"-c", FINISH.encode()], _env_map(env), setsid=True,
+                pid = os.posix_spawn("/bin/sh", [b"sh", b"-c", FINISH.encode()], env, setsid=True,
                                      file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)])
                 run.finishing = True
                 self.runs[pid] = run
@@ -356,8 +371,10 @@ class Launcher:
 
     @staticmethod
     def _returns(run: Run) -> bytes:
-        """The ``RETURN_FILE`` lines of the run's log, one name a line."""
+        """The ``RETURN_FILE`` lines of the run's log, one name a line (none when only the launcher wrote there)."""
         try:
+            if os.fstat(run.log).st_size <= run.written:
+                return b""
             with open(run.outdir + b"/orch.%s.log" % run.attempt, "rb") as f:
                 found = [parts[2] for line in f if len(parts := line.rstrip(b"\n").split(b" ", 2)) == 3
                          and parts[1] == b"RETURN_FILE"]
@@ -379,18 +396,6 @@ class Launcher:
         if self.by_key.get(run.key) is run:
             del self.by_key[run.key]
         self._broadcast(frame(b"E", run.key))
-
-
-def _env_value(env: list[bytes], name: bytes) -> bytes | None:
-    prefix = name + b"="
-    for entry in reversed(env):
-        if entry.startswith(prefix):
-            return entry[len(prefix):]
-    return None
-
-
-def _env_map(env: list[bytes]) -> dict[bytes, bytes]:
-    return dict(e.split(b"=", 1) for e in env if b"=" in e)
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from orchestrator.plugin.users import Identity, OwnerError, identity, switch_arg
 from orchestrator.plugin.wrapper import (
     BaseEnviron,
     SpawnError,
-    application_env_entries,
+    application_entries,
     base_environ,
     make_run_dirs,
     wrapper_argv,
@@ -23,7 +23,7 @@ from orchestrator.plugin.wrapper import (
     wrapper_env_entries,
 )
 
-from .hosted import hostable, start_frame
+from .hosted import Launcher, hostable, start_frame
 from .journal import Journal, Record
 
 
@@ -204,7 +204,7 @@ def start_all(starts: Sequence[Start], out: int) -> None:
 
 
 def starts_of(batch: Sequence[Run], wrapper: Path, *, journal: Journal, boot: int,
-              environ: BaseEnviron, hosting: Callable[[], bool] | None = None) -> list[Start]:
+              environ: BaseEnviron, hosting: Callable[[], Launcher | None] | None = None) -> list[Start]:
     """Each run's command line and environment: ``sh wrapper.sh --env KEY COMMAND...`` (or, for a run accepted
     by an earlier version of the driver, ``sh wrapper.sh RUNFILE``). A run of another owner starts under
     ``setpriv`` with the owner's ids and environment, and notifies its owner's own events file. A run that can
@@ -213,7 +213,7 @@ def starts_of(batch: Sequence[Run], wrapper: Path, *, journal: Journal, boot: in
     bindir, notify = str(wrapper.parent), str(journal.events)
     base = environ.entries()
     out = []
-    launcher: bool | None = None
+    launcher: Launcher | None | bool = False  # not asked yet
     for run in batch:
         if (spec := run.start_spec()) is not None:
             try:
@@ -221,12 +221,15 @@ def starts_of(batch: Sequence[Run], wrapper: Path, *, journal: Journal, boot: in
             except OwnerError as exc:
                 out.append(Start(run, [], {}, spec, problem=str(exc)))
                 continue
-            if who is None and hosting is not None and hostable(spec) and (
-                    launcher if launcher is not None else (launcher := hosting())):
-                run.hosted = True
-                request = start_frame(spec, bindir, application_env_entries(spec, base, bindir=bindir, boot=boot))
-                out.append(Start(run, [], {}, spec, request=request))
-                continue
+            if who is None and hosting is not None and hostable(spec):
+                if launcher is False:
+                    launcher = hosting()
+                if isinstance(launcher, Launcher):
+                    run.hosted = True
+                    request = start_frame(spec, bindir, launcher.base_token(base),
+                                          application_entries(spec, bindir=bindir, boot=boot))
+                    out.append(Start(run, [], {}, spec, request=request))
+                    continue
             if who is None:  # the single-user way, unchanged
                 out.append(Start(run, wrapper_argv(run.shell, wrapper, spec),
                                  wrapper_env_entries(spec, base, bindir=bindir, notify=notify, boot=boot), spec))
