@@ -142,7 +142,7 @@ class LocalDriver(RunEnds, Driver):
 
     def metrics(self) -> dict[str, Any]:
         return {**self._counts, "queued": len(self._queue), "running": self._occupied, "watched": len(self._watcher),
-                "polled": len(self._unwatched)}
+                "polled": len(self._unwatched), "tracked": len(self._by_pid)}
 
     # -------------------------------------------------------------- submit
     async def submit(self, run: RunSpec) -> str:
