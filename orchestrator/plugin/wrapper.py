@@ -178,15 +178,6 @@ def application_entries(run: RunSpec, *, bindir: str, boot: int | None = None) -
     return out
 
 
-def application_env_entries(run: RunSpec, base: Mapping[str, bytes], *, bindir: str,
-                            boot: int | None = None) -> list[bytes]:
-    """The environment the wrapper gives the application of ``run`` (as encoded entries over ``base``): what it got,
-    less :data:`WRAPPER_ONLY`, with ``ORCH_JOBLOG``, ``ORCH_LOG`` and ``ORCH_STATE`` (:func:`application_entries`)."""
-    env = {k: v for k, v in base.items() if k not in WRAPPER_ONLY}
-    env.update((os.fsdecode(e.split(b"=", 1)[0]), e) for e in application_entries(run, bindir=bindir, boot=boot))
-    return list(env.values())
-
-
 def wrapper_env(run: RunSpec, base: Mapping[str, str], *, bindir: str, notify: str | None = None,
                 boot: int | None = None) -> dict[str, str]:
     """The environment of ``sh wrapper.sh --env KEY COMMAND...``: what a run file would set, without the file:

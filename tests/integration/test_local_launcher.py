@@ -4,6 +4,7 @@ shell, and writes what the wrapper writes (``docs/reference.md``, "local")."""
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -11,16 +12,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 import pytest
+from test_local import alive
+from test_service_owners import open_dir
 
 from orchestrator import ArgSplitter, Backend, Executable, Job, Orchestrator
 from orchestrator.core.usage import parse_usage
 
 pytestmark = pytest.mark.anyio
+__all__ = ["open_dir"]  # a fixture, used by name
 
 
 def parent_of(pid: int) -> int:
@@ -28,12 +31,14 @@ def parent_of(pid: int) -> int:
         return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
-def alive(pid: int) -> bool:
+def other_user() -> None:
+    """Skips unless another OS user (orch-alice) can be run as: root, ``runuser`` and the user exist."""
+    if os.geteuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("needs root and runuser: the client must run as another OS user")
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
+        pwd.getpwnam("orch-alice")
+    except KeyError:
+        pytest.skip("no OS user orch-alice")
 
 
 async def test_a_run_is_its_program_started_by_the_homes_launcher_with_the_wrappers_records(tmp_path: Path) -> None:
@@ -159,25 +164,10 @@ async def test_a_run_the_launcher_cannot_take_keeps_the_wrapper(tmp_path: Path) 
         assert (j.outputdir / "parent").read_text().startswith("/bin/dash ")
 
 
-@pytest.fixture
-def open_dir() -> Iterator[Path]:
-    """A directory other users may traverse (pytest's tmp_path is 0700), so only the socket's own mode counts."""
-    path = Path(tempfile.mkdtemp(prefix="orch-launcher-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 async def test_another_user_cannot_reach_the_launcher(open_dir: Path) -> None:
     """The launcher starts whatever it is sent, as the orchestrator's user: its socket is 0600, and another OS user
     who can reach the directory is refused."""
-    if os.geteuid() != 0 or shutil.which("runuser") is None:
-        pytest.skip("needs root and runuser: the client must run as another OS user")
-    try:
-        import pwd
-        pwd.getpwnam("orch-alice")
-    except KeyError:
-        pytest.skip("no OS user orch-alice")
+    other_user()
     home = open_dir / "home"
     async with Orchestrator(home=home) as orch:
         j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", "sleep 1"]), backend="local"))
@@ -199,13 +189,7 @@ async def test_another_user_cannot_reach_the_launcher(open_dir: Path) -> None:
 def test_the_launcher_serves_only_its_own_user(tmp_path: Path) -> None:
     """Should the socket be reachable, a process of another user is answered by a closed connection: the launcher
     checks its peer's uid (``SO_PEERCRED``) before it reads a word."""
-    if os.geteuid() != 0 or shutil.which("runuser") is None:
-        pytest.skip("needs root and runuser")
-    try:
-        import pwd
-        pwd.getpwnam("orch-alice")
-    except KeyError:
-        pytest.skip("no OS user orch-alice")
+    other_user()
     where = Path(tempfile.mkdtemp(prefix="orch-launcher-"))
     try:
         where.chmod(0o755)
