@@ -104,3 +104,37 @@ def persisted_completed(db_path: Path, master: int) -> int:
         (done,) = db.execute("SELECT COUNT(*) FROM subjobs WHERE master=? AND status='completed'",
                              (master,)).fetchone()
         return int(done)
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_times(pid: int) -> tuple[float, float, float, float] | None:
+    """CPU seconds of a process read in ``/proc``: its user and system time (all its threads), and its reaped
+    children's user and system time; ``None`` when it is gone. A zombie keeps them until reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    utime, stime, cutime, cstime = (int(x) / _TICK for x in fields[11:15])
+    return utime, stime, cutime, cstime
+
+
+def cpu_of(pid: int) -> tuple[float, float] | None:
+    """CPU seconds of a process (all its threads) and of its reaped children (:func:`proc_times`)."""
+    times = proc_times(pid)
+    return None if times is None else (times[0] + times[1], times[2] + times[3])
+
+
+def peak_of(pid: int) -> float:
+    """A live process's peak RSS in MiB (``VmHWM``).
+
+    Not ``ru_maxrss``: a process started by a fork or vfork keeps in it the peak of the process it was forked
+    from (Linux records the old memory's peak at ``exec``), so every side would count this script's parent.
+    """
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:")), 0.0)
+    except OSError:
+        return 0.0

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import peak_rss_mib, record, status_counts
+from _common import peak_of, peak_rss_mib, proc_times, record, status_counts
 
 TARGET_RATIO = 2.5
 EXE = "/bin/true"
@@ -114,7 +114,6 @@ def launcher_usage(home: Path) -> tuple[float, float, float, float, int]:
     """The CPU of the home's ``local`` launcher (its own, its system part, its reaped runs') and its peak RSS in
     MiB: the orchestrator's process too, though not a child of this one (it started within the timed part, so all
     of it counts). Read in ``/proc`` while it still runs; the last field counts the launchers found."""
-    tick = os.sysconf("SC_CLK_TCK")
     own = sys_ = kids = rss = 0.0
     found = 0
     for entry in os.scandir("/proc"):
@@ -123,17 +122,16 @@ def launcher_usage(home: Path) -> tuple[float, float, float, float, int]:
         try:
             with open(f"/proc/{entry.name}/cmdline", "rb") as f:
                 args = f.read().split(b"\0")
-            if not (any(a.endswith(b"orch_local/launcher.py") for a in args)
-                    and any(a.startswith(os.fsencode(home)) for a in args)):
-                continue
-            with open(f"/proc/{entry.name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{entry.name}/status") as f:
-                rss += next((int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:")), 0.0)
         except OSError:
             continue
-        utime, stime, cutime, cstime = (int(x) / tick for x in fields[11:15])
+        if not (any(a.endswith(b"orch_local/launcher.py") for a in args)
+                and any(a.startswith(os.fsencode(home)) for a in args)):
+            continue
+        if (times := proc_times(int(entry.name))) is None:
+            continue
+        utime, stime, cutime, cstime = times
         own, sys_, kids, found = own + utime + stime, sys_ + stime, kids + cutime + cstime, found + 1
+        rss += peak_of(int(entry.name))
     return own, sys_, kids, rss, found
 
 

@@ -67,14 +67,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _common import record
+from _common import cpu_of, peak_of, record
 from bench_local_spawn import EXE, Meter, ours, raw
 from bench_vs_parsl import parsl_round
 
 SIDES = ("ours", "raw", "xargs", "parsl-tp", "parsl-htex", "hq")
 CONCURRENCY = 2
 MARK = "ORCH_BENCH_PEERS"
-TICK = os.sysconf("SC_CLK_TCK")
 Result = dict[str, Any]  # floats; entries_per_run None where a side has no directory
 
 
@@ -102,30 +101,6 @@ def marked(token: str, root: int | None = None) -> list[int]:
     while more := {pid for pid, ppid in parent.items() if ppid in tree and pid not in tree}:
         tree |= more
     return sorted(tree - {os.getpid()})
-
-
-def cpu_of(pid: int) -> tuple[float, float] | None:
-    """CPU seconds of a process (all its threads) and of its reaped children; a zombie keeps both until reaped."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
-    return (utime + stime) / TICK, (cutime + cstime) / TICK
-
-
-def peak_of(pid: int) -> float:
-    """A live process's peak RSS in MiB (``VmHWM``).
-
-    Not ``ru_maxrss``: a process started by a fork or vfork keeps in it the peak of the process it was forked
-    from (Linux records the old memory's peak at ``exec``), so every side would count this script's parent.
-    """
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return next((int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:")), 0.0)
-    except OSError:
-        return 0.0
 
 
 def entries(where: Path) -> int:

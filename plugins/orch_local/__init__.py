@@ -55,7 +55,6 @@ from orchestrator.plugin.wrapper import RUNFILE, BaseEnviron, boot_time, install
 from .ends import RunEnds
 from .hosted import Launcher
 from .journal import Journal
-from .launcher import frame
 from .runs import Run, Seed, ending_of, owner_tag, start_batch, starts_inline, starts_of
 
 #: Seconds between two looks at running wrappers no pidfd watches (no pidfds here, or none left).
@@ -345,18 +344,7 @@ class LocalDriver(RunEnds, Driver):
                 lines.append(self._lost(run, JobStatus.FAILED, start.problem))
                 continue
             assert start.pid is not None
-            run.pid = start.pid
-            run.started()
-            run.record.pid = start.pid
-            self._by_pid[start.pid] = run
-            if not self._watcher.watch(start.pid):
-                self._unwatched.add(start.pid)
-            lines.append((run.key, "LAUNCH", start.pid))
-            self._counts["launched"] += 1
-            if run.killed:  # killed while it was being started: it is stopped like any other
-                self._signal(run)
-            else:
-                self._queue_report(run, StatusUpdate(run.fqid, JobStatus.RUNNING))
+            lines.append(self._launched(run, start.pid))
         if lines:
             try:
                 self.journal.write(lines)
@@ -417,7 +405,7 @@ class LocalDriver(RunEnds, Driver):
         after ``kill_grace``."""
         assert run.pid is not None
         pid = run.pid
-        if not (run.hosted and self._launcher.send(frame(b"K", run.key.encode()))):
+        if not (run.hosted and self._launcher.kill(run.key)):
             try:
                 os.killpg(pid, signal.SIGTERM)
             except ProcessLookupError:

@@ -138,17 +138,10 @@ class RunEnds:
                     ended.append(run)
                 elif fields[0] == b"L" and run.launching:
                     run.launching = False
-                    run.started()
                     if (pid := int(fields[2])) == 0:  # ended at once (not found, no work dir): its E follows
+                        run.started()
                         continue
-                    run.pid = run.record.pid = pid
-                    self._by_pid[pid] = run
-                    lines.append((run.key, "LAUNCH", pid))
-                    self._counts["launched"] += 1
-                    if run.killed:
-                        self._signal(run)
-                    else:
-                        self._queue_report(run, StatusUpdate(run.fqid, JobStatus.RUNNING))
+                    lines.append(self._launched(run, pid))
             if lines:
                 with contextlib.suppress(OSError):  # they run; a restart finds them through the launcher
                     self.journal.write(lines)
@@ -158,6 +151,22 @@ class RunEnds:
                     if run.pid is not None:
                         self._by_pid.pop(run.pid, None)
                     self._gone(run)
+
+    def _launched(self, run: Run, pid: int) -> tuple[str, str, object]:
+        """``run`` runs as ``pid`` (its wrapper's, or its program's under the launcher): watched, reported running
+        (stopped at once if it was killed while it started); its LAUNCH line, which the caller writes with its
+        batch's."""
+        run.pid = run.record.pid = pid
+        run.started()
+        self._by_pid[pid] = run
+        if not run.hosted and not self._watcher.watch(pid):
+            self._unwatched.add(pid)
+        self._counts["launched"] += 1
+        if run.killed:
+            self._signal(run)
+        else:
+            self._queue_report(run, StatusUpdate(run.fqid, JobStatus.RUNNING))
+        return (run.key, "LAUNCH", pid)
 
     def _launcher_lost(self) -> None:
         """The launcher is gone (killed: it never ends while it has runs). Its runs are looked at as any no pidfd

@@ -156,6 +156,11 @@ class Launcher:
         data, self._unsent_base = self._unsent_base, b""
         return data
 
+    def kill(self, key: str) -> bool:
+        """SIGTERM to the run's process group, by the launcher (which then records its end as a stop); False when
+        the launcher is gone (the caller signals the group itself)."""
+        return self.send(frame(b"K", key.encode()))
+
     def send(self, data: bytes) -> bool:
         """One message (or several); False when the launcher is gone (the connection is dropped)."""
         if self.sock is None:
