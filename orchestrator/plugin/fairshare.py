@@ -54,6 +54,12 @@ class FairQueue(Generic[T]):
         self._len -= 1
         return item
 
+    def peek(self) -> T:
+        """The item :meth:`popleft` would take, left in place (a taker that may not take it yet looks first)."""
+        if not self._turn:
+            raise IndexError("peek at an empty FairQueue")
+        return self._queues[self._turn[0]][0]
+
     def waiting(self) -> dict[Hashable, int]:
         """Items waiting, per owner."""
         return {owner: len(queue) for owner, queue in self._queues.items()}

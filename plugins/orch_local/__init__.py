@@ -10,7 +10,8 @@ directories when it starts it (:func:`make_run_dirs`: the job dir, ``output``
 and ``work``); the launcher or the wrapper makes the run's files. At most ``max_running`` run
 at once (``[backends.local]`` in the config); the rest wait, ``submitted``, in
 a queue per owner, the owners served in turn (fair share, not first come first
-served).
+served), but for up to :data:`AHEAD` runs sent on to the launcher, which waits
+for a slot itself and starts each without a round trip through this process.
 
 The driver reports (``Capabilities(reports=True)``): it learns of a run's end
 when it happens (from the launcher, or a pidfd per wrapper, in one epoll the event loop waits on),
@@ -50,10 +51,11 @@ from orchestrator.plugin import (
 )
 from orchestrator.plugin.fairshare import FairQueue
 from orchestrator.plugin.processes import ExitWatcher, find_process, process_args, reap
+from orchestrator.plugin.users import OwnerError, identity
 from orchestrator.plugin.wrapper import RUNFILE, BaseEnviron, boot_time, install_scripts, pid_alive
 
 from .ends import RunEnds
-from .hosted import Launcher
+from .hosted import Launcher, hostable
 from .journal import Journal
 from .runs import Run, Seed, ending_of, owner_tag, start_batch, starts_inline, starts_of
 
@@ -61,6 +63,9 @@ from .runs import Run, Seed, ending_of, owner_tag, start_batch, starts_inline, s
 LIVENESS_EVERY = 1.0
 #: Most runs started in one go by one worker thread (their INTENT lines in one write, then their LAUNCH lines).
 LAUNCH_BATCH = 16
+#: Runs sent to the launcher past ``max_running``: it starts each as soon as one of its runs ends, where the driver
+#: would start it only at its event loop's next turn, after the core's step on the last report (``_take``).
+AHEAD = 32
 #: Seconds an executable found runnable is not looked at again (a tick's thousand runs of it: one ``stat``).
 EXECUTABLE_CHECKED_FOR = 1.0
 #: Seconds between two reports: ends that come faster are gathered into one (a core step, a read of their logs
@@ -101,6 +106,8 @@ class LocalDriver(RunEnds, Driver):
         #: Runs waiting for a slot, taken round-robin by owner (:mod:`orchestrator.plugin.fairshare`).
         self._queue: FairQueue[Run] = FairQueue(Run.owner)
         self._occupied = 0
+        #: Of the slots taken, those of runs started by a wrapper of their own (none: runs may go ahead).
+        self._wrapped = 0
         self._kills: list[tuple[float, int]] = []
         self._pending: dict[str, tuple[Run, StatusUpdate]] = {}
         self._wake = anyio.Event()
@@ -117,7 +124,7 @@ class LocalDriver(RunEnds, Driver):
         self._last_seed: Seed | None = None
         self.journal.read()
         #: The home's launcher (:mod:`.hosted`): one an earlier process left is found now, with its runs.
-        self._launcher = Launcher(context.statedir, self.journal.events, self._out)
+        self._launcher = Launcher(context.statedir, self.journal.events, self._out, most=self.max_running)
         if (context.statedir / "launcher.sock").exists():
             self._launcher.connect(start=False)
 
@@ -140,7 +147,8 @@ class LocalDriver(RunEnds, Driver):
         return None
 
     def metrics(self) -> dict[str, Any]:
-        return {**self._counts, "queued": len(self._queue), "running": self._occupied, "watched": len(self._watcher),
+        return {**self._counts, "queued": len(self._queue), "running": min(self._occupied, self.max_running),
+                "ahead": max(0, self._occupied - self.max_running), "watched": len(self._watcher),
                 "polled": len(self._unwatched), "tracked": len(self._by_pid)}
 
     # -------------------------------------------------------------- submit
@@ -199,7 +207,7 @@ class LocalDriver(RunEnds, Driver):
         elif rec.pid is not None:
             if not self._adopt(run, rec.pid, running):
                 self._gone(run)
-        else:  # INTENT, no LAUNCH: the process that meant to start it died around the spawn
+        elif not self._wait_for_launcher(run):  # INTENT, no LAUNCH: its starter died around the spawn
             pid = (self._launcher.runs.get(key) or find_process(key)
                    or (find_process(str(jobdir / RUNFILE)) if jobdir.is_absolute() else None))
             if pid is None or not self._adopt(run, pid, running):
@@ -215,9 +223,9 @@ class LocalDriver(RunEnds, Driver):
             old = run.jobdir.is_absolute() and os.fsencode(run.jobdir / RUNFILE) in args
             if not (os.fsencode(run.key) in args or old) or not pid_alive(pid):
                 return False
-        run.pid, run.occupies = pid, True
+        run.pid = pid
         run.started()
-        self._occupied += 1
+        self._occupy(run, run.hosted)
         self._by_pid[pid] = run
         if not run.hosted and not self._watcher.watch(pid):
             self._unwatched.add(pid)
@@ -298,16 +306,38 @@ class LocalDriver(RunEnds, Driver):
                     self.context.log.warning("report failed", backend=self.name, error=repr(exc), runs=len(updates))
 
     def _take(self) -> list[Run]:
-        """The next batch to start; its runs take their slots now."""
-        free = min(self.max_running - self._occupied, LAUNCH_BATCH)
+        """The next batch to start; its runs take their slots now. Past ``max_running``, up to :data:`AHEAD` runs
+        more go to the launcher, which starts each when one of its runs ends (no round trip through this loop):
+        only runs it hosts, only while no wrapper holds a slot (a wrapper starts only in a free one: never more
+        than ``max_running`` run at once), and only while no other owner's runs wait (theirs would wait behind)."""
         batch: list[Run] = []
-        while self._queue and len(batch) < free:
-            run = self._queue.popleft()
-            if not run.ended and run.pid is None and not run.launching and self._active.get(run.key) is run:
-                run.launching = run.occupies = True
-                batch.append(run)
-        self._occupied += len(batch)
+        while self._queue and len(batch) < LAUNCH_BATCH:
+            run = self._queue.peek()
+            if run.ended or run.pid is not None or run.launching or self._active.get(run.key) is not run:
+                self._queue.popleft()
+                continue
+            hosted = self._hostable(run)
+            ahead = AHEAD if hosted and not self._wrapped and len(self._queue.waiting()) == 1 else 0
+            if self._occupied >= self.max_running + ahead:
+                break
+            self._queue.popleft()
+            run.launching = True
+            self._occupy(run, hosted)
+            batch.append(run)
         return batch
+
+    def _hostable(self, run: Run) -> bool:
+        """Whether the launcher starts ``run`` (:func:`.hosted.hostable`, the orchestrator's own user's, and a
+        launcher there, started if need be)."""
+        spec = run.seed.template if run.seed is not None else run.spec
+        if spec is None or not hostable(spec):
+            return False
+        try:
+            if identity(spec.owner) is not None:
+                return False
+        except OwnerError:
+            return False
+        return self._launcher.connect(start=True)
 
     async def _launch(self, batch: list[Run], inline: bool = False) -> None:
         """INTENT lines (one write); the directories and the spawns, in a worker thread; LAUNCH lines (one write)."""
@@ -318,7 +348,7 @@ class LocalDriver(RunEnds, Driver):
             for run in batch:
                 run.record.intent_at = now
             starts = starts_of(batch, self.wrapper, journal=self.journal, boot=self._boot, environ=self._environ,
-                               hosting=lambda: self._launcher if self._launcher.connect(start=True) else None)
+                               launcher=self._launcher)
             await start_batch(starts, self._out, inline=inline)
             self._host(starts)
         except OSError as exc:  # no INTENT line could be written (a full disk...): nothing of the batch starts
@@ -358,7 +388,7 @@ class LocalDriver(RunEnds, Driver):
             self._rechecks = [r for r in self._rechecks if r not in due]
             self._read_events()
             for run in due:
-                if run.ended:
+                if run.ended or self._wait_for_launcher(run):
                     continue
                 pid = run.record.pid or self._launcher.runs.get(run.key) or find_process(run.key)
                 if pid is not None and self._adopt(run, pid, False):
@@ -396,6 +426,8 @@ class LocalDriver(RunEnds, Driver):
         if run.pid is None:
             if not run.launching:  # queued: it never starts (one being launched is stopped by _launch)
                 self.journal.write([self._lost(run, JobStatus.KILLED, "killed before it started")])
+            elif run.hosted:  # waiting at the launcher: dropped there (its E), or, started meanwhile, stopped
+                self._launcher.kill(run.key)
             return
         self._signal(run)
         await anyio.lowlevel.checkpoint()

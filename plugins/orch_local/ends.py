@@ -1,5 +1,6 @@
 """How the ``local`` driver learns that its runs started and ended, and what it does then: a wrapper's exit (its
-pidfd), the launcher's word, the events file read on either; a run's end recorded and reported.
+pidfd), the launcher's word, the events file read on either; a run's end recorded and reported, its slot taken
+(:meth:`RunEnds._occupy`) and given back.
 
 A part of :class:`~orch_local.LocalDriver` (its base class): one object owns the driver's state, which
 ``LocalDriver.__init__`` makes; this file only holds the methods that deal with ends, for the driver's file to
@@ -36,6 +37,7 @@ class RunEnds:
     _queue: FairQueue[Run]
     _pending: dict[str, tuple[Run, StatusUpdate]]
     _occupied: int
+    _wrapped: int
     _counts: dict[str, int]
     _closed: bool
     _wake: anyio.Event
@@ -82,9 +84,14 @@ class RunEnds:
             del self._active[run.key]
         if run.hosted and run.pid is not None and self._by_pid.get(run.pid) is run:
             del self._by_pid[run.pid]  # its END may be read before the launcher's word of it: no E to drop it then
+        if run.hosted and run.launching:  # its START and END read before the launcher's word of its start
+            run.launching = False
+            self._counts["launched"] += run.record.started
         if run.occupies:
             run.occupies = False
             self._occupied -= 1
+            if not run.hosted:
+                self._wrapped -= 1
             self._wake.set()
         self._queue_report(run, update)
 
@@ -134,7 +141,10 @@ class RunEnds:
                 run = self._active.get(fields[1].decode()) if len(fields) > 1 else None
                 if run is None or run.ended:
                     continue
-                if fields[0] == b"E":
+                if fields[0] == b"E" and run.launching and run.killed:  # dropped while it waited its turn
+                    run.launching = False
+                    lines.append(self._lost(run, JobStatus.KILLED, "killed before it started"))
+                elif fields[0] == b"E":
                     ended.append(run)
                 elif fields[0] == b"L" and run.launching:
                     run.launching = False
@@ -167,6 +177,26 @@ class RunEnds:
         else:
             self._queue_report(run, StatusUpdate(run.fqid, JobStatus.RUNNING))
         return (run.key, "LAUNCH", pid)
+
+    def _wait_for_launcher(self, run: Run) -> bool:
+        """Whether the launcher holds ``run``, waiting its turn (sent ahead by an earlier process): its start is
+        told then, as any of its runs'."""
+        if self._launcher.runs.get(run.key) != 0:
+            return False
+        run.launching = True
+        self._occupy(run, True)
+        return True
+
+    def _occupy(self, run: Run, hosted: bool) -> None:
+        """``run`` holds a slot (once), started by the launcher (``hosted``) or by a wrapper of its own."""
+        if not run.occupies:
+            run.occupies = True
+            self._occupied += 1
+        elif not run.hosted:
+            self._wrapped -= 1
+        run.hosted = hosted
+        if not hosted:
+            self._wrapped += 1
 
     def _launcher_lost(self) -> None:
         """The launcher is gone (killed: it never ends while it has runs). Its runs are looked at as any no pidfd

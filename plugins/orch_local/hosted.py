@@ -52,10 +52,14 @@ def start_frame(spec: RunSpec, bindir: str, base: bytes, own: Sequence[bytes]) -
 class Launcher:
     """A connection to the home's launcher (made, or found, by :meth:`connect`)."""
 
-    def __init__(self, statedir: Path, events: Path, out: int) -> None:
+    def __init__(self, statedir: Path, events: Path, out: int, *, most: int = 0) -> None:
         self.statedir, self.events, self.out = statedir, events, out
+        #: At most this many of the runs sent run at once (the launcher keeps the others waiting): ``M``.
+        self.most = most
+        #: What a new connection says first (``M``), with its first message.
+        self._hello = b""
         self.sock: socket.socket | None = None
-        #: The runs the launcher has, by key (what it told: ``R``, ``L``, ``E``).
+        #: The runs the launcher has, by key (what it told: ``R``, ``L``, ``E``); pid 0 for one waiting its turn.
         self.runs: dict[str, int] = {}
         #: Intermediate processes of launchers started (each forks the launcher and ends): the driver reaps them.
         self.spawned: list[int] = []
@@ -111,6 +115,7 @@ class Launcher:
         self.sock = sock
         self._early = self._apply(batch)  # its runs known at once (a restart adopts them before any await)
         self._base = None  # named again on this connection
+        self._hello = frame(b"M", b"%d" % self.most)
         self.connected.set()
         return True
 
@@ -138,6 +143,7 @@ class Launcher:
         self.sock = sock
         self._early = []
         self._base = None  # named again on this connection
+        self._hello = frame(b"M", b"%d" % self.most)
         self.connected.set()
         return True
 
@@ -166,7 +172,8 @@ class Launcher:
         if self.sock is None:
             return False
         try:
-            self.sock.sendall(data)
+            self.sock.sendall(self._hello + data if self._hello else data)
+            self._hello = b""
             return True
         except OSError:
             self.drop()

@@ -13,16 +13,19 @@ more CPU than the program it started (``benchmarks/README.md``, issue 26).
 It serves any number of connections, each from a process of its own user (``SO_PEERCRED``), and ends once it
 has neither a connection nor a run. Messages are frames (a 4-byte length, then
 fields joined by NUL bytes). To the launcher:
-``B name env...`` (the orchestrator's environment, named), ``S key attempt outdir home bindir base argc
-argv... env...`` (start: the named environment, then the run's own entries over it), ``K key`` (stop: SIGTERM
-to the run's group).
+``B name env...`` (the orchestrator's environment, named), ``M most`` (at most ``most`` runs at once; 0: no
+limit), ``S key attempt outdir home bindir base argc argv... env...`` (start: the named environment, then the
+run's own entries over it; past ``most`` running, it waits its turn here, first come first started), ``K key``
+(stop: SIGTERM to the run's group; a run still waiting is dropped, never started).
 A run ended by SIGTERM (this stop, or one from outside: a batch system's preemption) is recorded as the
 wrapper's TERM trap does: the CPU record with code 143, no ``EXIT`` nor ``END``; one ended by a SIGKILL it was
 not asked for, as a wrapper killed with its process group is: not at all (its run is then failed as lost,
-"without an END line"). From it, to every connection: first ``R key pid...`` (the runs it has), then
-``L key pid`` (started; pid 0: ended before any process, its ``END`` already written) and ``E key`` (ended;
-its lines written). Only the standard library: it starts in milliseconds, beside no
-dependency.
+"without an END line"). From it, to every connection: first ``R key pid...`` (the runs it has, pid 0 for one
+waiting its turn), then ``L key pid`` (started; pid 0: ended before any process, its ``END`` already written) and
+``E key`` (ended; its lines written; or, never started, dropped by a ``K``). Why a run may wait here: the driver
+sends a few runs ahead of its free slots, so that a run that ends is followed at once by the next, without a
+round trip through the orchestrator's busy event loop (``benchmarks/README.md``, issue 26). Only the standard
+library: it starts in milliseconds, beside no dependency.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import socket
 import struct
 import sys
 import time
+from collections import deque
 
 #: Seconds a launcher waits for its first connection.
 IDLE_FOR = 10.0
@@ -96,7 +100,7 @@ class Run:
     """One run: its request, then its process and its log."""
 
     __slots__ = ("key", "attempt", "outdir", "home", "bindir", "base", "argv", "env", "pid", "log", "written", "t0",
-                 "started_from", "killed", "code", "finishing")
+                 "started_from", "killed", "code", "finishing", "counted")
 
     def __init__(self, fields: list[bytes], bases: dict[bytes, dict[bytes, bytes]]) -> None:
         self.key, self.attempt, self.outdir, self.home, self.bindir, base = fields[1:7]
@@ -113,6 +117,8 @@ class Run:
         self.killed = False
         self.code = 0
         self.finishing = False
+        #: Started: counted against the launcher's ``most``.
+        self.counted = False
 
     def write(self, text: str) -> None:
         with contextlib.suppress(OSError):
@@ -126,6 +132,11 @@ class Launcher:
         self.clients: dict[socket.socket, tuple[bytearray, bytearray]] = {}  # in, out
         self.runs: dict[int, Run] = {}
         self.by_key: dict[bytes, Run] = {}
+        #: Runs sent past ``most`` running, in the order they came.
+        self.waiting: deque[Run] = deque()
+        #: At most this many runs at once (0: no limit), and how many there are.
+        self.most = 0
+        self.active = 0
         #: The orchestrator's environments (``B``), by name: the last few.
         self.bases: dict[bytes, dict[bytes, bytes]] = {}
         self.host = self._host()
@@ -153,7 +164,7 @@ class Launcher:
         """Until it has neither a connection nor a run (or, never connected to, for :data:`IDLE_FOR`)."""
         served = False
         while True:
-            busy = bool(self.clients or self.runs)
+            busy = bool(self.clients or self.runs or self.waiting)
             served = served or busy
             if not busy and (served or time.monotonic() - self.idle_since >= IDLE_FOR):
                 self._accept()  # a connection that came meanwhile keeps it
@@ -169,6 +180,7 @@ class Launcher:
                 else:
                     self._io(key.fileobj, mask)  # type: ignore[arg-type]
             self._reap()
+            self._fill()
             for conn, (_, outbox) in list(self.clients.items()):
                 if outbox:
                     self._flush(conn)
@@ -203,9 +215,13 @@ class Launcher:
         inbox += data
         for fields in frames(inbox):
             if fields[0] == b"S":
-                self._start(Run(fields, self.bases))
+                run = Run(fields, self.bases)
+                self.by_key[run.key] = run
+                self.waiting.append(run)  # started at the end of this turn, when a slot is free (_fill)
             elif fields[0] == b"K":
                 self._kill(fields[1])
+            elif fields[0] == b"M":
+                self.most = int(fields[1])
             elif fields[0] == b"B":
                 self.bases[fields[1]] = dict(e.partition(b"=")[::2] for e in fields[2:] if b"=" in e)
                 while len(self.bases) > 8:
@@ -238,9 +254,15 @@ class Launcher:
         self.sel.modify(conn, selectors.EVENT_READ | (selectors.EVENT_WRITE if outbox else 0), "client")
 
     # ------------------------------------------------------------ runs
+    def _fill(self) -> None:
+        """The waiting runs, oldest first, while fewer than ``most`` run."""
+        while self.waiting and (not self.most or self.active < self.most):
+            self._start(self.waiting.popleft())
+
     def _start(self, run: Run) -> None:
         """What ``wrapper.sh`` does before the application, then the application itself."""
-        self.by_key[run.key] = run
+        run.counted = True
+        self.active += 1
         try:
             run.log = os.open(run.outdir + b"/orch.%s.log" % run.attempt, _CREATE | os.O_APPEND, 0o666)
         except OSError as exc:  # its output dir is gone: nothing can be recorded
@@ -314,7 +336,10 @@ class Launcher:
 
     def _kill(self, key: bytes) -> None:
         run = self.by_key.get(key)
-        if run is not None and run.pid and run.pid != os.getpid():
+        if run is not None and not run.counted:  # still waiting: it never starts
+            self.waiting.remove(run)
+            self._ended(run)
+        elif run is not None and run.pid and run.pid != os.getpid():
             run.killed = True
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(run.pid, signal.SIGTERM)
@@ -390,6 +415,9 @@ class Launcher:
         self._ended(run)
 
     def _ended(self, run: Run) -> None:
+        if run.counted:
+            run.counted = False
+            self.active -= 1
         if run.log >= 0:
             os.close(run.log)
             run.log = -1

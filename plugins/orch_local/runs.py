@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from orchestrator.plugin.wrapper import (
     wrapper_env_entries,
 )
 
-from .hosted import Launcher, hostable, start_frame
+from .hosted import Launcher, start_frame
 from .journal import Journal, Record
 
 
@@ -204,16 +204,15 @@ def start_all(starts: Sequence[Start], out: int) -> None:
 
 
 def starts_of(batch: Sequence[Run], wrapper: Path, *, journal: Journal, boot: int,
-              environ: BaseEnviron, hosting: Callable[[], Launcher | None] | None = None) -> list[Start]:
+              environ: BaseEnviron, launcher: Launcher | None = None) -> list[Start]:
     """Each run's command line and environment: ``sh wrapper.sh --env KEY COMMAND...`` (or, for a run accepted
     by an earlier version of the driver, ``sh wrapper.sh RUNFILE``). A run of another owner starts under
     ``setpriv`` with the owner's ids and environment, and notifies its owner's own events file. A run that can
-    be hosted (:func:`.hosted.hostable`) gets the launcher's message instead, its program and its environment as
-    the wrapper would have started it, when ``hosting`` (asked at the first such run) says a launcher is there."""
+    is hosted (:attr:`Run.hosted`, decided when it took its slot) gets the ``launcher``'s message instead, its
+    program and its environment as the wrapper would have started it."""
     bindir, notify = str(wrapper.parent), str(journal.events)
     base = environ.entries()
     out = []
-    launcher: Launcher | None | bool = False  # not asked yet
     for run in batch:
         if (spec := run.start_spec()) is not None:
             try:
@@ -221,15 +220,11 @@ def starts_of(batch: Sequence[Run], wrapper: Path, *, journal: Journal, boot: in
             except OwnerError as exc:
                 out.append(Start(run, [], {}, spec, problem=str(exc)))
                 continue
-            if who is None and hosting is not None and hostable(spec):
-                if launcher is False:
-                    launcher = hosting()
-                if isinstance(launcher, Launcher):
-                    run.hosted = True
-                    request = start_frame(spec, bindir, launcher.base_token(base),
-                                          application_entries(spec, bindir=bindir, boot=boot))
-                    out.append(Start(run, [], {}, spec, request=request))
-                    continue
+            if who is None and run.hosted and launcher is not None:
+                request = start_frame(spec, bindir, launcher.base_token(base),
+                                      application_entries(spec, bindir=bindir, boot=boot))
+                out.append(Start(run, [], {}, spec, request=request))
+                continue
             if who is None:  # the single-user way, unchanged
                 out.append(Start(run, wrapper_argv(run.shell, wrapper, spec),
                                  wrapper_env_entries(spec, base, bindir=bindir, notify=notify, boot=boot), spec))

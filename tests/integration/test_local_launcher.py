@@ -232,3 +232,65 @@ async def test_the_driver_lets_go_of_every_ended_run(tmp_path: Path) -> None:
         assert j.status == "completed"
         driver = (await orch.metrics())["backends"]["local"]["driver"]
         assert driver["launched"] == 300 and driver["running"] == 0 and driver["tracked"] == 0, driver
+
+
+async def test_runs_sent_ahead_wait_at_the_launcher_and_one_killed_there_never_starts(tmp_path: Path) -> None:
+    """Past ``max_running``, runs wait at the launcher, which starts each as a slot frees up (never more than
+    ``max_running`` at once); a run killed while it waits there is killed without ever starting."""
+    side = tmp_path / "log"
+    script = f'echo start >> {side}; sleep 0.4; echo end >> {side}'
+    config = {"backends": {"local": {"max_running": 1}}}
+    async with Orchestrator(home=tmp_path / "home", config=config) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", script]), backend="local",
+                                    splitter=ArgSplitter([["-c", script]] * 4)))
+        await j.submit()
+        with anyio.fail_after(20):
+            while j.subjobs[0].status != "running":
+                await anyio.sleep(0.02)
+        driver = (await orch.metrics())["backends"]["local"]["driver"]
+        assert (driver["running"], driver["ahead"], driver["queued"]) == (1, 3, 0), driver
+        await j.subjobs[3].kill()
+        await j.wait(timeout=30)
+        assert [s.status for s in j.subjobs] == ["completed", "completed", "completed", "killed"]
+        assert not (j.subjobs[3].outputdir / "orch.1.log").exists()  # never started: nothing was written
+    lines = side.read_text().split()
+    assert lines == ["start", "end"] * 3  # one at a time
+
+
+CRASH_WITH_RUNS_AHEAD = '''
+import anyio, os, signal, sys
+from orchestrator import ArgSplitter, Executable, Job, Orchestrator
+
+async def main(home, side):
+    script = 'echo "$1 $PPID" >> "$2"; sleep 0.2'
+    args = [["-c", script, "sh", str(i), side] for i in range(5)]
+    async with Orchestrator(home=home, config={"backends": {"local": {"max_running": 1}}}) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh"), splitter=ArgSplitter(args), backend="local"))
+        await j.submit()
+        with anyio.fail_after(20):
+            while not os.path.exists(side):
+                await anyio.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGKILL)  # one running, four waiting at the launcher
+
+anyio.run(main, sys.argv[1], sys.argv[2])
+'''
+
+
+async def test_runs_waiting_at_the_launcher_run_while_no_orchestrator_does_each_once(tmp_path: Path) -> None:
+    """The orchestrator is killed while runs wait at the launcher: the launcher starts them all the same, one at a
+    time, and the next process finds them ended, each run once."""
+    home, side = tmp_path / "home", tmp_path / "ran"
+    proc = subprocess.run([sys.executable, "-c", CRASH_WITH_RUNS_AHEAD, str(home), str(side)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    with anyio.fail_after(20):  # no orchestrator runs meanwhile
+        while len(side.read_text().splitlines()) < 5:
+            await anyio.sleep(0.05)
+    ran = [line.split() for line in side.read_text().splitlines()]
+    assert sorted(i for i, _ in ran) == [str(i) for i in range(5)]
+    assert len({parent for _, parent in ran}) == 1  # the one launcher
+    async with Orchestrator(home=home, config={"backends": {"local": {"max_running": 1}}}) as orch:
+        j = orch.jobs[0]
+        await j.wait(timeout=30)
+        assert j.status == "completed" and {s.info.submit_counter for s in j.subjobs} == {1}
+    assert len(side.read_text().splitlines()) == 5
