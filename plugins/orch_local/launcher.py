@@ -207,7 +207,7 @@ class Launcher:
         if not mask & selectors.EVENT_READ:
             return
         try:
-            data = conn.recv(1 << 20)
+            data = conn.recv(1 << 16)  # not more: a mebibyte buffer costs a mmap a call
         except BlockingIOError:
             return
         except OSError:
