@@ -463,6 +463,8 @@ class LocalDriver(RunEnds, Driver):
                 run.silent = True
                 if run.pid is None and not run.launching:
                     self._end(run, StatusUpdate(run.fqid, JobStatus.KILLED))
+                elif run.pid is None and run.hosted:  # waiting at the launcher: it never starts there either
+                    self._launcher.withdraw(run.key)
 
     async def aclose(self) -> None:
         if self._closed:

@@ -141,7 +141,7 @@ class RunEnds:
                 run = self._active.get(fields[1].decode()) if len(fields) > 1 else None
                 if run is None or run.ended:
                     continue
-                if fields[0] == b"E" and run.launching and run.killed:  # dropped while it waited its turn
+                if fields[0] == b"E" and run.launching and run.silent:  # dropped while it waited (K, D)
                     run.launching = False
                     lines.append(self._lost(run, JobStatus.KILLED, "killed before it started"))
                 elif fields[0] == b"E":

@@ -167,6 +167,10 @@ class Launcher:
         the launcher is gone (the caller signals the group itself)."""
         return self.send(frame(b"K", key.encode()))
 
+    def withdraw(self, key: str) -> bool:
+        """The run dropped if it still waits at the launcher (never started); one started goes on."""
+        return self.send(frame(b"D", key.encode()))
+
     def send(self, data: bytes) -> bool:
         """One message (or several); False when the launcher is gone (the connection is dropped)."""
         if self.sock is None:

@@ -16,16 +16,17 @@ fields joined by NUL bytes). To the launcher:
 ``B name env...`` (the orchestrator's environment, named), ``M most`` (at most ``most`` runs at once; 0: no
 limit), ``S key attempt outdir home bindir base argc argv... env...`` (start: the named environment, then the
 run's own entries over it; past ``most`` running, it waits its turn here, first come first started), ``K key``
-(stop: SIGTERM to the run's group; a run still waiting is dropped, never started).
+(stop: SIGTERM to the run's group; a run still waiting is dropped, never started), ``D key`` (a run still
+waiting dropped; one started goes on).
 A run ended by SIGTERM (this stop, or one from outside: a batch system's preemption) is recorded as the
 wrapper's TERM trap does: the CPU record with code 143, no ``EXIT`` nor ``END``; one ended by a SIGKILL it was
 not asked for, as a wrapper killed with its process group is: not at all (its run is then failed as lost,
 "without an END line"). From it, to every connection: first ``R key pid...`` (the runs it has, pid 0 for one
 waiting its turn), then ``L key pid`` (started; pid 0: ended before any process, its ``END`` already written) and
-``E key`` (ended; its lines written; or, never started, dropped by a ``K``). Why a run may wait here: the driver
-sends a few runs ahead of its free slots, so that a run that ends is followed at once by the next, without a
-round trip through the orchestrator's busy event loop (``benchmarks/README.md``, issue 26). Only the standard
-library: it starts in milliseconds, beside no dependency.
+``E key`` (ended; its lines written; or, never started, dropped by a ``K`` or a ``D``). Why a run may wait
+here: the driver sends a few runs ahead of its free slots, so that a run that ends is followed at once by the
+next, without a round trip through the orchestrator's busy event loop (``benchmarks/README.md``, issue 26). Only
+the standard library: it starts in milliseconds, beside no dependency.
 """
 
 from __future__ import annotations
@@ -218,8 +219,8 @@ class Launcher:
                 run = Run(fields, self.bases)
                 self.by_key[run.key] = run
                 self.waiting.append(run)  # started at the end of this turn, when a slot is free (_fill)
-            elif fields[0] == b"K":
-                self._kill(fields[1])
+            elif fields[0] in (b"K", b"D"):
+                self._kill(fields[1], drop_only=fields[0] == b"D")
             elif fields[0] == b"M":
                 self.most = int(fields[1])
             elif fields[0] == b"B":
@@ -334,12 +335,12 @@ class Launcher:
         shown = os.fsdecode(name)
         return (f"launcher: {shown}: Permission denied\n" if denied else f"launcher: {shown}: not found\n"), None
 
-    def _kill(self, key: bytes) -> None:
+    def _kill(self, key: bytes, *, drop_only: bool = False) -> None:
         run = self.by_key.get(key)
         if run is not None and not run.counted:  # still waiting: it never starts
             self.waiting.remove(run)
             self._ended(run)
-        elif run is not None and run.pid and run.pid != os.getpid():
+        elif run is not None and run.pid and run.pid != os.getpid() and not drop_only:
             run.killed = True
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(run.pid, signal.SIGTERM)

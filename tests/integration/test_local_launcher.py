@@ -236,7 +236,7 @@ async def test_the_driver_lets_go_of_every_ended_run(tmp_path: Path) -> None:
 
 async def test_runs_sent_ahead_wait_at_the_launcher_and_one_killed_there_never_starts(tmp_path: Path) -> None:
     """Past ``max_running``, runs wait at the launcher, which starts each as a slot frees up (never more than
-    ``max_running`` at once); a run killed while it waits there is killed without ever starting."""
+    ``max_running`` at once); a run killed, or forced to an end, while it waits there never starts."""
     side = tmp_path / "log"
     script = f'echo start >> {side}; sleep 0.4; echo end >> {side}'
     config = {"backends": {"local": {"max_running": 1}}}
@@ -250,11 +250,13 @@ async def test_runs_sent_ahead_wait_at_the_launcher_and_one_killed_there_never_s
         driver = (await orch.metrics())["backends"]["local"]["driver"]
         assert (driver["running"], driver["ahead"], driver["queued"]) == (1, 3, 0), driver
         await j.subjobs[3].kill()
+        await j.subjobs[2].force_status("failed", force=True)  # the driver lets go of it: it never starts either
         await j.wait(timeout=30)
-        assert [s.status for s in j.subjobs] == ["completed", "completed", "completed", "killed"]
-        assert not (j.subjobs[3].outputdir / "orch.1.log").exists()  # never started: nothing was written
+        assert [s.status for s in j.subjobs] == ["completed", "completed", "failed", "killed"]
+        for sub in j.subjobs[2:]:
+            assert not (sub.outputdir / "orch.1.log").exists()  # never started: nothing was written
     lines = side.read_text().split()
-    assert lines == ["start", "end"] * 3  # one at a time
+    assert lines == ["start", "end"] * 2  # one at a time
 
 
 CRASH_WITH_RUNS_AHEAD = '''
