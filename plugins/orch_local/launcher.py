@@ -113,7 +113,7 @@ class Run:
         self.pid = 0
         self.written = 0
         self.log = -1
-        self.t0 = _now()
+        self.t0 = ""  # when it starts (it may wait its turn first)
         self.started_from = b"0"
         self.killed = False
         self.code = 0
@@ -264,6 +264,7 @@ class Launcher:
         """What ``wrapper.sh`` does before the application, then the application itself."""
         run.counted = True
         self.active += 1
+        run.t0 = _now()
         try:
             run.log = os.open(run.outdir + b"/orch.%s.log" % run.attempt, _CREATE | os.O_APPEND, 0o666)
         except OSError as exc:  # its output dir is gone: nothing can be recorded

@@ -255,6 +255,8 @@ async def test_runs_sent_ahead_wait_at_the_launcher_and_one_killed_there_never_s
         assert [s.status for s in j.subjobs] == ["completed", "completed", "failed", "killed"]
         for sub in j.subjobs[2:]:
             assert not (sub.outputdir / "orch.1.log").exists()  # never started: nothing was written
+        [first], [second] = (parse_usage((sub.outputdir / "orch.usage").read_text()) for sub in j.subjobs[:2])
+        assert second.start >= first.end  # its start is when it started, not when it was sent
     lines = side.read_text().split()
     assert lines == ["start", "end"] * 2  # one at a time
 
