@@ -204,10 +204,12 @@ class LocalDriver(RunEnds, Driver):
             self._start_again(run)
         elif rec.ended:
             self._end(run, ending_of(run))
+        elif self._wait_for_launcher(run):  # first: it may have started since the launcher said (its L comes)
+            pass
         elif rec.pid is not None:
             if not self._adopt(run, rec.pid, running):
                 self._gone(run)
-        elif not self._wait_for_launcher(run):  # INTENT, no LAUNCH: its starter died around the spawn
+        else:  # INTENT, no LAUNCH: its starter died around the spawn
             pid = (self._launcher.runs.get(key) or find_process(key)
                    or (find_process(str(jobdir / RUNFILE)) if jobdir.is_absolute() else None))
             if pid is None or not self._adopt(run, pid, running):
@@ -234,8 +236,10 @@ class LocalDriver(RunEnds, Driver):
         return True
 
     def _start_again(self, run: Run) -> None:
-        """Start a run that never ran (with the others of the moment: :meth:`_restart`)."""
+        """Start a run that never ran (with the others of the moment: :meth:`_restart`); it takes a slot again
+        when its turn comes."""
         run.record.intent_at = None
+        self._release(run)
         self._restarts.append(run)
 
     def _restart(self) -> None:

@@ -87,12 +87,7 @@ class RunEnds:
         if run.hosted and run.launching:  # its START and END read before the launcher's word of its start
             run.launching = False
             self._counts["launched"] += run.record.started
-        if run.occupies:
-            run.occupies = False
-            self._occupied -= 1
-            if not run.hosted:
-                self._wrapped -= 1
-            self._wake.set()
+        self._release(run)
         self._queue_report(run, update)
 
     def _queue_report(self, run: Run, update: StatusUpdate) -> None:
@@ -198,9 +193,19 @@ class RunEnds:
         if not hosted:
             self._wrapped += 1
 
+    def _release(self, run: Run) -> None:
+        """``run``'s slot given back (ended, or to wait its turn again)."""
+        if run.occupies:
+            run.occupies = False
+            self._occupied -= 1
+            if not run.hosted:
+                self._wrapped -= 1
+            self._wake.set()
+
     def _launcher_lost(self) -> None:
         """The launcher is gone (killed: it never ends while it has runs). Its runs are looked at as any no pidfd
-        watches; one it never told of is judged as after a crash around its spawn."""
+        watches (signalled by the driver itself); one it never told of is judged as after a crash around its spawn,
+        its slot held until then."""
         self._read_events()
         for run in [r for r in self._active.values() if r.hosted and not r.ended]:
             pid = run.pid or run.record.pid
@@ -213,6 +218,7 @@ class RunEnds:
                 run.pid = pid
                 run.started()
                 self._by_pid[pid] = run
-            if pid is not None:
+            if pid is not None:  # a process of its own now, as a wrapper's: none goes ahead while it runs, as a
+                self._occupy(run, False)  # new launcher would not count it against its ``most``
                 self._unwatched.add(pid)
         self._wake.set()

@@ -16,6 +16,7 @@ import os
 import socket
 import struct
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -30,8 +31,10 @@ SHELL_BUILTINS = frozenset((".", ":", "[", "alias", "bg", "break", "cd", "chdir"
                             "exec", "exit", "export", "false", "fc", "fg", "getopts", "hash", "jobs", "kill", "local",
                             "printf", "pwd", "read", "readonly", "return", "set", "shift", "test", "times", "trap",
                             "true", "type", "ulimit", "umask", "unalias", "unset", "wait"))
-#: Seconds a found launcher has to tell its runs before it is taken for gone.
+#: Seconds a found launcher has to tell its runs; one that did not is asked again only after :data:`ASK_AGAIN_AFTER`
+#: (its runs start through the wrapper meanwhile).
 HELLO_WITHIN = 5.0
+ASK_AGAIN_AFTER = 30.0
 _PEERCRED = struct.Struct("3i")
 
 
@@ -58,6 +61,8 @@ class Launcher:
         self.most = most
         #: What a new connection says first (``M``), with its first message.
         self._hello = b""
+        #: Until when a launcher that did not answer in time is not asked again.
+        self._silent_until = 0.0
         self.sock: socket.socket | None = None
         #: The runs the launcher has, by key (what it told: ``R``, ``L``, ``E``); pid 0 for one waiting its turn.
         self.runs: dict[str, int] = {}
@@ -85,9 +90,14 @@ class Launcher:
         """Connected to the home's launcher: the one running (its runs learnt), or, with ``start``, a new one."""
         if self.sock is not None:
             return True
+        if time.monotonic() < self._silent_until:
+            return False
         address, dirfd = self._address()
         try:
             found = self._found(address)
+            if found is None:  # one is there, slow to answer: none is started beside it (its runs would be
+                self._silent_until = time.monotonic() + ASK_AGAIN_AFTER  # taken for never started, and started
+                return False  # twice)
             if found or not start:
                 return found
             return self._start(address)
@@ -95,7 +105,9 @@ class Launcher:
             if dirfd is not None:
                 os.close(dirfd)
 
-    def _found(self, address: str) -> bool:
+    def _found(self, address: str) -> bool | None:
+        """Connected to the launcher listening at ``address``; ``None`` when one is there but has not told its runs
+        within :data:`HELLO_WITHIN` (the caller starts no other: the next call asks again)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             sock.connect(address)
@@ -107,10 +119,10 @@ class Launcher:
                 if not data:
                     raise OSError("the launcher ended")
                 self._inbox += data
-        except OSError:
+        except OSError as exc:
             sock.close()
             self._inbox.clear()
-            return False
+            return None if isinstance(exc, TimeoutError) else False
         sock.settimeout(None)
         self.sock = sock
         self._early = self._apply(batch)  # its runs known at once (a restart adopts them before any await)

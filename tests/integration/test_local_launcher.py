@@ -298,3 +298,53 @@ async def test_runs_waiting_at_the_launcher_run_while_no_orchestrator_does_each_
         await j.wait(timeout=30)
         assert j.status == "completed" and {s.info.submit_counter for s in j.subjobs} == {1}
     assert len(side.read_text().splitlines()) == 5
+
+
+async def test_a_launcher_killed_with_runs_waiting_in_it_never_lets_more_than_max_running_run(tmp_path: Path) -> None:
+    """SIGKILL to the launcher while two runs run in it and more wait there: the two go on, on their own, and
+    count against ``max_running`` until they end (lost); the waiting ones are judged after ``start_timeout`` and
+    started under a new launcher; never more than two run at once, and every other run completes."""
+    side = tmp_path / "log"
+    script = f'echo start >> {side}; sleep "$1"; echo end >> {side}'
+    config = {"backends": {"local": {"max_running": 2, "start_timeout": 1.0}}}
+    seconds = ["3"] * 2 + ["0.2"] * 38  # the first two outlive start_timeout
+    async with Orchestrator(home=tmp_path / "home", config=config) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh"), backend="local",
+                                    splitter=ArgSplitter([["-c", script, "sh", t] for t in seconds])))
+        await j.submit()
+        logs = [sub.outputdir / "orch.1.log" for sub in j.subjobs[:2]]
+        with anyio.fail_after(20):
+            while not all(log.exists() and "START" in log.read_text() for log in logs):
+                await anyio.sleep(0.01)
+        os.kill(parent_of(int(logs[0].read_text().split()[2])), signal.SIGKILL)
+        await j.wait(timeout=60)
+        statuses = [s.status for s in j.subjobs]
+        assert statuses[:2] == ["failed"] * 2 and statuses[2:] == ["completed"] * 38, statuses
+    running = peak = 0
+    for line in side.read_text().split():
+        running += 1 if line == "start" else -1
+        peak = max(peak, running)
+    assert peak <= 2
+
+
+async def test_a_launcher_slow_to_answer_is_not_replaced(tmp_path: Path) -> None:
+    """Something listens on the launcher's socket but does not answer: no second launcher is started beside it
+    (runs waiting in a slow one would be taken for never started); the runs start through the wrapper."""
+    statedir = tmp_path / "home" / "backends" / "local"
+    statedir.mkdir(parents=True)
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.bind(str(statedir / "launcher.sock"))
+    os.chmod(statedir / "launcher.sock", 0o600)
+    silent.listen(8)
+    made = os.stat(statedir / "launcher.sock").st_ino
+    try:
+        async with Orchestrator(home=tmp_path / "home") as orch:
+            j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", "echo ran"]), backend="local",
+                                        splitter=ArgSplitter([["-c", "echo ran"]] * 3)))
+            await j.submit()
+            await j.wait(timeout=60)
+            assert j.status == "completed"
+            assert all((s.outputdir / "stdout").read_text() == "ran\n" for s in j.subjobs)
+        assert os.stat(statedir / "launcher.sock").st_ino == made  # the same socket: no launcher was started
+    finally:
+        silent.close()
