@@ -51,7 +51,6 @@ from orchestrator.plugin import (
 )
 from orchestrator.plugin.fairshare import FairQueue
 from orchestrator.plugin.processes import ExitWatcher, find_process, process_args, reap
-from orchestrator.plugin.users import OwnerError, identity
 from orchestrator.plugin.wrapper import RUNFILE, BaseEnviron, boot_time, install_scripts, pid_alive
 
 from .ends import RunEnds
@@ -315,13 +314,14 @@ class LocalDriver(RunEnds, Driver):
         only runs it hosts, only while no wrapper holds a slot (a wrapper starts only in a free one: never more
         than ``max_running`` run at once), and only while no other owner's runs wait (theirs would wait behind)."""
         batch: list[Run] = []
+        one_owner = len(self._queue.waiting()) == 1  # (once a batch: an owner that leaves only allows more)
         while self._queue and len(batch) < LAUNCH_BATCH:
             run = self._queue.peek()
             if run.ended or run.pid is not None or run.launching or self._active.get(run.key) is not run:
                 self._queue.popleft()
                 continue
             hosted = self._hostable(run)
-            ahead = AHEAD if hosted and not self._wrapped and len(self._queue.waiting()) == 1 else 0
+            ahead = AHEAD if hosted and not self._wrapped and one_owner else 0
             if self._occupied >= self.max_running + ahead:
                 break
             self._queue.popleft()
@@ -331,17 +331,10 @@ class LocalDriver(RunEnds, Driver):
         return batch
 
     def _hostable(self, run: Run) -> bool:
-        """Whether the launcher starts ``run`` (:func:`.hosted.hostable`, the orchestrator's own user's, and a
-        launcher there, started if need be)."""
+        """Whether the launcher starts ``run`` (:func:`.hosted.hostable`, and a launcher there, started if need be;
+        a seed's template stands for its run: the fields it is judged on are shared)."""
         spec = run.seed.template if run.seed is not None else run.spec
-        if spec is None or not hostable(spec):
-            return False
-        try:
-            if identity(spec.owner) is not None:
-                return False
-        except OwnerError:
-            return False
-        return self._launcher.connect(start=True)
+        return spec is not None and hostable(spec) and self._launcher.connect(start=True)
 
     async def _launch(self, batch: list[Run], inline: bool = False) -> None:
         """INTENT lines (one write); the directories and the spawns, in a worker thread; LAUNCH lines (one write)."""

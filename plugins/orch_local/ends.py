@@ -111,8 +111,7 @@ class RunEnds:
         a crash around their spawn (a run is never started twice): started again unless the events file says it
         started."""
         sent = [s for s in starts if s.request is not None and s.problem is None and not s.run.silent]
-        if sent and not self._launcher.send(self._launcher.base_frame()
-                                            + b"".join(s.request for s in sent if s.request is not None)):
+        if sent and not self._launcher.send(b"".join(s.request for s in sent if s.request is not None)):
             for start in sent:
                 start.run.launching = False
                 start.run.recheck_at = time.time() + self.start_timeout

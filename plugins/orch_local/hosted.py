@@ -23,6 +23,7 @@ from pathlib import Path
 import anyio
 
 from orchestrator.plugin import RunSpec
+from orchestrator.plugin.users import OwnerError, identity
 
 from .launcher import frame, frames
 
@@ -39,9 +40,15 @@ _PEERCRED = struct.Struct("3i")
 
 
 def hostable(spec: RunSpec) -> bool:
-    """Whether ``spec`` can be started by the launcher, the wrapper's shell doing nothing it alone could."""
-    return ("shell" not in spec.settings and not spec.outputfiles
-            and ("/" in spec.executable or spec.executable not in SHELL_BUILTINS))
+    """Whether ``spec`` can be started by the launcher, the wrapper's shell doing nothing it alone could: the
+    orchestrator's own user's run (another owner's starts under ``setpriv``, through the wrapper)."""
+    if "shell" in spec.settings or spec.outputfiles or ("/" not in spec.executable
+                                                         and spec.executable in SHELL_BUILTINS):
+        return False
+    try:
+        return identity(spec.owner) is None
+    except OwnerError:  # told when it is started, through the wrapper
+        return False
 
 
 def start_frame(spec: RunSpec, bindir: str, base: bytes, own: Sequence[bytes]) -> bytes:
@@ -124,11 +131,7 @@ class Launcher:
             self._inbox.clear()
             return None if isinstance(exc, TimeoutError) else False
         sock.settimeout(None)
-        self.sock = sock
-        self._early = self._apply(batch)  # its runs known at once (a restart adopts them before any await)
-        self._base = None  # named again on this connection
-        self._hello = frame(b"M", b"%d" % self.most)
-        self.connected.set()
+        self._connected(sock, self._apply(batch))  # its runs known at once (a restart adopts them before any await)
         return True
 
     def _start(self, address: str) -> bool:
@@ -152,27 +155,27 @@ class Launcher:
             return False
         finally:
             listener.close()
+        self._connected(sock, [])
+        return True
+
+    def _connected(self, sock: socket.socket, early: list[list[bytes]]) -> None:
+        """``sock`` is the connection from now on: its first message says ``M``, the environment is named again on
+        it (a ``B`` still unsent goes too: messages made for it may be on their way)."""
         self.sock = sock
-        self._early = []
-        self._base = None  # named again on this connection
+        self._early = early
+        self._base = None
         self._hello = frame(b"M", b"%d" % self.most)
         self.connected.set()
-        return True
 
     def base_token(self, base: Mapping[str, bytes]) -> bytes:
         """The name under which the launcher knows ``base`` (the entries every run shares: sent once, in a ``B``
-        message, by :meth:`base_frame`, and not with each run)."""
+        message ahead of the next :meth:`send`, and not with each run)."""
         if self._base is None or self._base[0] is not base:
             self._base_count += 1
             token = b"%d.%d" % (os.getpid(), self._base_count)  # never another driver's, on a launcher they share
             self._base = (base, token)
             self._unsent_base = frame(b"B", token, *(v for k, v in base.items() if k != "PWD"))
         return self._base[1]
-
-    def base_frame(self) -> bytes:
-        """The ``B`` message not yet sent on this connection (empty when there is none)."""
-        data, self._unsent_base = self._unsent_base, b""
-        return data
 
     def kill(self, key: str) -> bool:
         """SIGTERM to the run's process group, by the launcher (which then records its end as a stop); False when
@@ -184,12 +187,13 @@ class Launcher:
         return self.send(frame(b"D", key.encode()))
 
     def send(self, data: bytes) -> bool:
-        """One message (or several); False when the launcher is gone (the connection is dropped)."""
+        """One message (or several), after what the launcher must hear first (``M``, ``B``); False when the launcher
+        is gone (the connection is dropped)."""
         if self.sock is None:
             return False
         try:
-            self.sock.sendall(self._hello + data if self._hello else data)
-            self._hello = b""
+            self.sock.sendall(self._hello + self._unsent_base + data)
+            self._hello = self._unsent_base = b""
             return True
         except OSError:
             self.drop()

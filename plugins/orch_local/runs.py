@@ -207,7 +207,7 @@ def starts_of(batch: Sequence[Run], wrapper: Path, *, journal: Journal, boot: in
               environ: BaseEnviron, launcher: Launcher | None = None) -> list[Start]:
     """Each run's command line and environment: ``sh wrapper.sh --env KEY COMMAND...`` (or, for a run accepted
     by an earlier version of the driver, ``sh wrapper.sh RUNFILE``). A run of another owner starts under
-    ``setpriv`` with the owner's ids and environment, and notifies its owner's own events file. A run that can
+    ``setpriv`` with the owner's ids and environment, and notifies its owner's own events file. A run that
     is hosted (:attr:`Run.hosted`, decided when it took its slot) gets the ``launcher``'s message instead, its
     program and its environment as the wrapper would have started it."""
     bindir, notify = str(wrapper.parent), str(journal.events)
