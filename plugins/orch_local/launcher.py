@@ -76,7 +76,10 @@ def frames(buffer: bytearray) -> list[list[bytes]]:
 
 
 def _now() -> str:
-    return f"{time.time():.2f}"
+    """Now, in hundredths of a second, cut, not rounded (as the wrapper's clock is): a time written is never later
+    than the moment it stands for, which the orchestrator may already have passed."""
+    seconds, hundredths = divmod(int(time.time() * 100), 100)
+    return f"{seconds}.{hundredths:02d}"
 
 
 def _first_line(path: bytes, dir_fd: int | None = None) -> bytes:
