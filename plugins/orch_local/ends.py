@@ -82,6 +82,7 @@ class RunEnds:
         run.ended = True
         if self._active.get(run.key) is run:
             del self._active[run.key]
+            self.journal.settle(run.key)
         if run.hosted and run.pid is not None and self._by_pid.get(run.pid) is run:
             del self._by_pid[run.pid]  # its END may be read before the launcher's word of it: no E to drop it then
         if run.hosted and run.launching:  # its START and END read before the launcher's word of its start

@@ -1,0 +1,64 @@
+"""``local``'s events journal: a run that ended with exit code 0 keeps no record of its own, and is still known ended.
+
+A hundred thousand ended runs' records were some 16 MiB of the orchestrator's peak; they now share one
+(``Journal.settle``). What must hold all the same: the key is still found ended (a ``lookup`` or ``track`` of it
+after a restart never starts it again), a failed run keeps what it says, and a line read after the end changes the
+key's record only, never the shared one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orch_local.journal import COMPLETED, Journal
+
+
+def append(journal: Journal, *lines: str) -> None:
+    with open(journal.events, "a") as f:
+        f.writelines(f"{line} 1.0\n" for line in lines)
+
+
+def test_a_run_ended_with_zero_shares_the_completed_record_and_stays_ended(tmp_path: Path) -> None:
+    journal = Journal(tmp_path)
+    append(journal, "k1 INTENT alice", "k1 START 41", "k1 END 0", "k2 INTENT -", "k2 START 42", "k2 END 3")
+    journal.read()
+    own = journal.records["k1"]
+    assert (own.owner, own.pid, own.ended, own.end_code) == ("alice", 41, True, 0)
+    journal.settle("k1")
+    journal.settle("k2")
+    journal.settle("never-named")
+    assert journal.records["k1"] is COMPLETED
+    assert journal.record("k1").ended and journal.record("k1").intent_at is not None  # began, ended: not started again
+    assert "never-named" not in journal.records
+    failed = journal.records["k2"]  # what a failed run says is kept
+    assert failed is not COMPLETED and failed.end_code == 3
+    journal.close()
+
+
+def test_a_line_after_the_end_changes_the_key_alone(tmp_path: Path) -> None:
+    journal = Journal(tmp_path)
+    append(journal, "k1 INTENT -", "k1 START 41", "k1 END 0", "k2 INTENT -", "k2 START 42", "k2 END 0")
+    journal.read()
+    journal.settle("k1")
+    journal.settle("k2")
+    append(journal, "k1 LOST the wrapper ended without an END line")
+    [(key, word, rec)] = journal.read()
+    assert (key, word) == ("k1", "LOST") and rec is journal.records["k1"] and rec is not COMPLETED
+    assert rec.reason == "the wrapper ended without an END line" and rec.ended
+    assert journal.records["k2"] is COMPLETED
+    assert (COMPLETED.reason, COMPLETED.end_code, COMPLETED.ended) == (None, 0, True)
+    journal.close()
+
+
+def test_an_owners_file_cannot_touch_a_settled_run(tmp_path: Path) -> None:
+    """An owner's events file speaks for that owner's runs only; a settled record names no owner, so none of its
+    lines is taken for the run any more."""
+    (tmp_path / "events.alice.log").write_text("")
+    journal = Journal(tmp_path)
+    append(journal, "k1 INTENT alice", "k1 START 41", "k1 END 0")
+    journal.read()
+    journal.settle("k1")
+    (tmp_path / "events.alice.log").write_text("k1 START 99 1.0\nk1 END 7 1.0\n")
+    assert journal.read() == []
+    assert journal.records["k1"] is COMPLETED and COMPLETED.pid is None
+    journal.close()
