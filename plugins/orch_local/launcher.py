@@ -200,20 +200,32 @@ class Launcher:
                 conn.close()
                 continue
             conn.setblocking(False)
+            for other in list(self.clients):  # what the others sent first is taken first: see _drain
+                self._drain(other)
             self.clients[conn] = (bytearray(), bytearray())
             self.sel.register(conn, selectors.EVENT_READ, "client")
             self._send(conn, frame(b"R", *(f for run in self.by_key.values() for f in (run.key, b"%d" % run.pid))))
 
-    def _io(self, conn: socket.socket, mask: int) -> None:
+    def _drain(self, conn: socket.socket) -> None:
+        """Every message already in ``conn``'s buffer, taken now. A connection comes from an orchestrator that
+        starts after another was killed: the dead one's last runs (``S``) may still wait in its socket. Told in
+        ``R`` only once taken, they are the new one's to adopt (waiting, or started: ``L`` follows); told in no
+        ``R``, they were started all the same, and the new one, finding their START with no launcher's word of
+        them, judged them lost while they ran."""
+        while conn in self.clients and self._io(conn, selectors.EVENT_READ):
+            pass
+
+    def _io(self, conn: socket.socket, mask: int) -> bool:
+        """Whether anything was read from ``conn`` (at most 64 KiB: a read at a time)."""
         inbox, outbox = self.clients[conn]
         if mask & selectors.EVENT_WRITE:
             self._flush(conn)
         if not mask & selectors.EVENT_READ:
-            return
+            return False
         try:
             data = conn.recv(1 << 16)  # not more: a mebibyte buffer costs a mmap a call
         except BlockingIOError:
-            return
+            return False
         except OSError:
             data = b""
         inbox += data
@@ -232,6 +244,7 @@ class Launcher:
                     del self.bases[next(iter(self.bases))]
         if not data:
             self._drop(conn)
+        return bool(data)
 
     def _drop(self, conn: socket.socket) -> None:
         self.sel.unregister(conn)

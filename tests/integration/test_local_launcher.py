@@ -348,3 +348,40 @@ async def test_a_launcher_slow_to_answer_is_not_replaced(tmp_path: Path) -> None
         assert os.stat(statedir / "launcher.sock").st_ino == made  # the same socket: no launcher was started
     finally:
         silent.close()
+
+
+async def test_runs_a_killed_orchestrator_sent_last_are_told_to_the_next_connection(tmp_path: Path) -> None:
+    """An orchestrator sends its runs and is killed before the launcher has read them; the next one connects. The
+    launcher takes what the dead connection holds before it tells the new one its runs (``R``): every run sent is
+    named there, started or waiting. Told nothing of a run it then started, the next orchestrator found its START
+    with no launcher's word of it and judged it lost while it ran (the conformance kit's
+    ``test_orchestrator_killed_mid_submission_then_reopened`` failed on it, about one time in three, under load)."""
+    from orch_local.hosted import Launcher
+    from orch_local.launcher import frame
+
+    state = tmp_path / "state"
+    state.mkdir()
+    out = os.open(tmp_path / "wrapper.out", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    first = Launcher(state, state / "events.log", out, most=1)
+    assert first.connect(start=True)  # a launcher of its own, still starting: it has accepted nobody yet
+    sent = b""
+    for i in range(3):
+        (tmp_path / str(i) / "output").mkdir(parents=True)
+        (tmp_path / str(i) / "work").mkdir()
+        sent += frame(b"S", b"key-%d" % i, b"1", b"%s/%d/output" % (os.fsencode(tmp_path), i),
+                      b"%s/%d/work" % (os.fsencode(tmp_path), i), os.fsencode(tmp_path), b"-", b"3",
+                      b"/bin/sh", b"-c", b"sleep 0.2")
+    assert first.send(sent)
+    assert first.sock is not None
+    first.sock.close()  # killed: its last runs wait in its socket
+    second = Launcher(state, state / "events.log", out, most=1)
+    try:
+        assert second.connect(start=False)
+        assert sorted(second.runs) == ["key-0", "key-1", "key-2"]  # from its first message, before any await
+        with anyio.fail_after(20):
+            while (state / "events.log").read_text().count(" END ") < 3:
+                await anyio.sleep(0.05)
+    finally:
+        second.drop()
+        first.reap(wait=True)
+        os.close(out)
