@@ -28,7 +28,7 @@ import json
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +50,9 @@ class Record:
     owner: str | None = None
 
 
-#: The record every run that ended with exit code 0 shares once it is reported (:meth:`Journal.settle`): what a
-#: later look at its key needs (it began, it ended, with 0), without an object a run. Never changed in place.
+#: The record every run that ended with exit code 0 in this process shares (:meth:`Journal.settle`): what a later
+#: look at its key needs (it began, it ended, with 0), without an object a run. It never leaves the journal:
+#: :meth:`Journal.record` hands out a copy of it, the key's own to change.
 COMPLETED = Record(intent_at=0.0, started=True, ended=True, end_code=0)
 
 
@@ -84,10 +85,11 @@ class Journal:
         self._closed = False
 
     def record(self, key: str) -> Record:
-        """The record of the run ``key`` (a new one if the events file has named it nowhere yet)."""
+        """The record of the run ``key``, its own to change: a new one if the events file has named it nowhere yet,
+        a copy of :data:`COMPLETED` if it was settled."""
         rec = self.records.get(key)
-        if rec is None:
-            rec = self.records[key] = Record()
+        if rec is None or rec is COMPLETED:
+            rec = self.records[key] = Record() if rec is None else replace(COMPLETED)
         return rec
 
     def settle(self, key: str) -> None:
@@ -158,10 +160,8 @@ class Journal:
             rec = self.records.get(key)
             if owner is not None and (rec is None or rec.owner != owner or word not in ("START", "END")):
                 continue
-            if rec is None:
-                rec = self.records[key] = Record()
-            elif rec is COMPLETED:  # a line after its end (its own again, after a restart): a record of its own
-                rec = self.records[key] = Record(intent_at=0.0, started=True, ended=True, end_code=0)
+            if rec is None or rec is COMPLETED:  # (settled: a line after its end makes the record its own again)
+                rec = self.record(key)
             if word == "INTENT":
                 rec.intent_at = float(parts[3]) if len(parts) > 3 else time.time()
                 rec.owner = value if value != "-" else None
