@@ -121,12 +121,6 @@ def proc_times(pid: int) -> tuple[float, float, float, float] | None:
     return utime, stime, cutime, cstime
 
 
-def cpu_of(pid: int) -> tuple[float, float] | None:
-    """CPU seconds of a process (all its threads) and of its reaped children (:func:`proc_times`)."""
-    times = proc_times(pid)
-    return None if times is None else (times[0] + times[1], times[2] + times[3])
-
-
 def peak_of(pid: int) -> float:
     """A live process's peak RSS in MiB (``VmHWM``).
 

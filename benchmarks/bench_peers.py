@@ -28,6 +28,8 @@ runs untimed, then N timed from the first submission to the last completion
   interchange and worker processes: every process other than the side's own
   that carries the round's marker in its environment and lives through the
   timed part, read in ``/proc/PID/stat`` before and after; for xargs, xargs;
+* own system CPU: the part of own CPU the kernel spent on those processes'
+  behalf (system calls, page faults): where a side's file system work shows;
 * runs' CPU: what those processes' reaped children used (the runs, with the
   job wrapper, Parsl's ``/bin/sh -c`` or nothing between; ours: the runs the
   launcher reaped);
@@ -67,7 +69,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _common import cpu_of, peak_of, record
+from _common import peak_of, proc_times, record
 from bench_local_spawn import EXE, Meter, ours, raw
 from bench_vs_parsl import parsl_round
 
@@ -112,23 +114,27 @@ def entries(where: Path) -> int:
 def measure(n: int, phase: Callable[[], Result], where: Path | None = None) -> Result:
     """Run the timed part; add the CPU and peaks of the side's other processes to what the part measured itself."""
     token = os.environ[MARK]
-    before = {pid: t for pid in marked(token, os.getpid()) if (t := cpu_of(pid)) is not None}
+    before = {pid: t for pid in marked(token, os.getpid()) if (t := proc_times(pid)) is not None}
     count0 = entries(where) if where else 0
-    got = phase()  # total_s, cpu_self_s, cpu_children_s, maybe rss_mib and entries
-    own, kids, helpers = got["cpu_self_s"], got["cpu_children_s"], 0
+    got = phase()  # total_s, cpu_self_s, cpu_self_sys_s, cpu_children_s, maybe rss_mib and entries
+    own, sys_, kids, helpers = got["cpu_self_s"], got["cpu_self_sys_s"], got["cpu_children_s"], 0
     rss = got["rss_mib"] if "rss_mib" in got else peak_of(os.getpid())  # not ru_maxrss: see peak_of
-    for pid, (own0, kids0) in before.items():
-        if (now := cpu_of(pid)) is not None:
-            own, kids, rss, helpers = own + now[0] - own0, kids + now[1] - kids0, rss + peak_of(pid), helpers + 1
+    for pid, (user0, sys0, kuser0, ksys0) in before.items():
+        if (now := proc_times(pid)) is not None:
+            own += now[0] - user0 + now[1] - sys0
+            sys_ += now[1] - sys0
+            kids += now[2] - kuser0 + now[3] - ksys0
+            rss, helpers = rss + peak_of(pid), helpers + 1
     made = got.get("entries", entries(where) - count0 if where else None)
-    return {"wall_s": got["total_s"], "cpu_own_s": own, "cpu_runs_s": kids, "rss_mib": rss,
+    return {"wall_s": got["total_s"], "cpu_own_s": own, "cpu_own_sys_s": sys_, "cpu_runs_s": kids, "rss_mib": rss,
             "entries_per_run": None if made is None else made / n, "helpers": helpers}
 
 
 def metered(work: Callable[[], object]) -> Result:
     with Meter() as m:
         work()
-    return {"total_s": m.wall, "cpu_self_s": m.cpu_self, "cpu_children_s": m.cpu_children}
+    return {"total_s": m.wall, "cpu_self_s": m.cpu_self, "cpu_self_sys_s": m.cpu_self_sys,
+            "cpu_children_s": m.cpu_children}
 
 
 def side_ours(n: int, warmup: int, scratch: Path) -> Result:
@@ -161,11 +167,12 @@ def xargs_round(n: int, scratch: Path) -> Result:
         wall = time.perf_counter() - t0
         done.set()
         watcher.join()
-        own_kids = cpu_of(proc.pid)
+        times = proc_times(proc.pid)
         proc.wait()
-    if proc.returncode != 0 or own_kids is None:
+    if proc.returncode != 0 or times is None:
         raise SystemExit(f"FAILED: xargs exited {proc.returncode}")
-    return {"total_s": wall, "cpu_self_s": own_kids[0], "cpu_children_s": own_kids[1], "rss_mib": peak[0]}
+    return {"total_s": wall, "cpu_self_s": times[0] + times[1], "cpu_self_sys_s": times[1],
+            "cpu_children_s": times[2] + times[3], "rss_mib": peak[0]}
 
 
 def side_xargs(n: int, warmup: int, scratch: Path) -> Result:
@@ -256,15 +263,16 @@ def _cmdline(pid: int) -> str:
 
 
 def table(sides: list[str], med: dict[str, dict[str, float | None]], n: int) -> str:
-    head = ("side", "wall s", "runs/s", "own CPU s", "runs CPU s", "own ms/run", "peak RSS MiB", "entries/run")
+    head = ("side", "wall s", "runs/s", "own CPU s", "runs CPU s", "own ms/run", "of it sys", "peak RSS MiB",
+            "entries/run")
     rows = [head]
     for s in sides:
         m = med[s]
-        wall, own, kids, rss, ent = (m["wall_s"], m["cpu_own_s"], m["cpu_runs_s"], m["rss_mib"],
-                                     m["entries_per_run"])
-        assert wall is not None and own is not None and kids is not None and rss is not None
+        wall, own, sys_, kids, rss, ent = (m["wall_s"], m["cpu_own_s"], m["cpu_own_sys_s"], m["cpu_runs_s"],
+                                           m["rss_mib"], m["entries_per_run"])
+        assert wall is not None and own is not None and kids is not None and rss is not None and sys_ is not None
         rows.append((s, f"{wall:.2f}", f"{n / wall:.0f}", f"{own:.2f}", f"{kids:.2f}", f"{own * 1000 / n:.2f}",
-                     f"{rss:.0f}", "—" if ent is None else f"{ent:.2f}"))
+                     f"{sys_ * 1000 / n:.2f}", f"{rss:.0f}", "—" if ent is None else f"{ent:.2f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                                for i, (c, w) in enumerate(zip(r, widths, strict=True))) for r in rows)
@@ -297,7 +305,7 @@ def main() -> None:
         for side in order:
             rounds[side].append(run_side(side, a))
         print(f"  round {r + 1}: " + ", ".join(f"{s} {rounds[s][-1]['wall_s']:.2f} s" for s in order), flush=True)
-    keys = ("wall_s", "cpu_own_s", "cpu_runs_s", "rss_mib", "entries_per_run")
+    keys = ("wall_s", "cpu_own_s", "cpu_own_sys_s", "cpu_runs_s", "rss_mib", "entries_per_run")
     med: dict[str, dict[str, float | None]] = {
         s: {k: None if got[0][k] is None else round(statistics.median(x[k] for x in got), 4) for k in keys}
         for s, got in rounds.items()}

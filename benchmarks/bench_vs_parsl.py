@@ -41,7 +41,8 @@ def parsl_round(n: int, bash_app: Any) -> dict[str, float]:
         for f in futures:
             if f.result() != 0:
                 raise SystemExit("FAILED: a Parsl app did not exit 0")
-    return {"total_s": m.wall, "cpu_self_s": m.cpu_self, "cpu_children_s": m.cpu_children}
+    return {"total_s": m.wall, "cpu_self_s": m.cpu_self, "cpu_self_sys_s": m.cpu_self_sys,
+            "cpu_children_s": m.cpu_children}
 
 
 def main() -> None:
