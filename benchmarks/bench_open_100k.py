@@ -19,6 +19,7 @@ T_START = time.perf_counter()
 import argparse  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 import anyio  # noqa: E402
 from _common import peak_rss_mib, record, status_counts  # noqa: E402
@@ -29,7 +30,7 @@ T_IMPORTED = time.perf_counter()
 TARGET_SECONDS = 1.0
 
 
-async def run(home: Path) -> dict[str, object]:
+async def run(home: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     orch = Orchestrator(home)
     await orch.__aenter__()
@@ -59,13 +60,13 @@ def main() -> None:
     if not (home / "repository.sqlite").exists():
         raise SystemExit(f"FAILED: {home} has no repository; run bench_sim_100k.py {home} first")
     r = anyio.run(run, home)
-    ok = r["total_s"] < TARGET_SECONDS  # type: ignore[operator]
+    ok = r["total_s"] < TARGET_SECONDS
     line = (f"bench_open_100k: n={r['n']} status={r['status']} open+count+print={r['total_s']:.3f}s "
             f"(of which __aenter__ {r['open_s']:.3f}s; close {r['close_s']:.3f}s; imports "
             f"{T_IMPORTED - T_START:.3f}s) peak_rss={peak_rss_mib():.0f}MiB target <{TARGET_SECONDS:.0f}s: "
             f"{'MET' if ok else 'MISSED'}")
     record("bench_open_100k", line, n=r["n"], home=str(home), status=r["status"], counts=r["counts"],
-           total_s=round(r["total_s"], 4), aenter_s=round(r["open_s"], 4), close_s=round(r["close_s"], 4),  # type: ignore[arg-type]
+           total_s=round(r["total_s"], 4), aenter_s=round(r["open_s"], 4), close_s=round(r["close_s"], 4),
            import_s=round(T_IMPORTED - T_START, 4), peak_rss_mib=round(peak_rss_mib(), 1),
            target_s=TARGET_SECONDS, met=ok, label=a.label)
     sys.exit(0)

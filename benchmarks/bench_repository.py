@@ -74,6 +74,7 @@ async def one_round(home: Path, n: int, profile: cProfile.Profile | None) -> dic
         t1 = time.perf_counter()
         await j.wait(timeout=600)
         status, job = j.status.value, j.id
+    assert job is not None  # added above
     done = await stored_completed(home, job)  # closed above: everything is written
     t2 = time.perf_counter()
     if profile is not None:

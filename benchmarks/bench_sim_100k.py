@@ -74,6 +74,7 @@ async def run(home: Path, n: int, profile: cProfile.Profile | None) -> dict[str,
         counts = status_counts(orch, j)
         tg.cancel_scope.cancel()
     await orch.__aexit__(None, None, None)  # writes what is still in memory
+    assert j.id is not None  # added above
     done = persisted_completed(home / "repository.sqlite", j.id)
     t2 = time.perf_counter()
     if profile is not None:
