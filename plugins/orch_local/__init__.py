@@ -337,7 +337,8 @@ class LocalDriver(RunEnds, Driver):
         return spec is not None and hostable(spec) and self._launcher.connect(start=True)
 
     async def _launch(self, batch: list[Run], inline: bool = False) -> None:
-        """INTENT lines (one write); the directories and the spawns, in a worker thread; LAUNCH lines (one write)."""
+        """INTENT lines (one write); the directories and the spawns, in a worker thread (or on the loop:
+        :func:`.runs.starts_inline`); LAUNCH lines (one write)."""
         self._counts["batches"] += 1
         try:
             self.journal.write((run.key, "INTENT", owner_tag(run)) for run in batch)

@@ -153,7 +153,7 @@ class Start:
     request: bytes | None = None
 
 
-#: Most runs started on the event loop itself, without the hop to a worker thread.
+#: Most runs with wrappers of their own started on the event loop itself, without the hop to a worker thread.
 INLINE_STARTS = 2
 
 
@@ -164,8 +164,12 @@ def owner_tag(run: Run) -> str:
 
 
 def starts_inline(batch: Sequence[Run]) -> bool:
-    """Whether :func:`start_batch` starts ``batch`` on the event loop itself: a run or two run as the
-    orchestrator's own user (no owner, or an owner who is that user: :func:`identity`)."""
+    """Whether :func:`start_batch` starts ``batch`` on the event loop itself: a batch the launcher starts (only
+    its directories are made here), or a run or two run as the orchestrator's own user (no owner, or an owner
+    who is that user: :func:`identity`). Why the launcher's batches: the hop to a thread and back cost more of
+    the orchestrator's CPU than their ``mkdir`` calls hold the loop (``benchmarks/README.md``, issue 26)."""
+    if all(run.hosted for run in batch):
+        return True
     if len(batch) > INLINE_STARTS:
         return False
     try:
@@ -185,7 +189,8 @@ async def start_batch(starts: Sequence[Start], out: int, *, inline: bool) -> Non
 
 def start_all(starts: Sequence[Start], out: int) -> None:
     """Make each run's directories and start its wrapper (in a worker thread: ``mkdir`` and ``spawn_detached`` let
-    go of the interpreter lock, so the event loop, and the other workers, go on meanwhile)."""
+    go of the interpreter lock, so the event loop, and the other workers, go on meanwhile; on the loop itself when
+    :func:`starts_inline`)."""
     for start in starts:
         if start.run.silent or start.problem is not None:  # killed meanwhile, or not to be started: not started
             continue
