@@ -199,7 +199,7 @@ FS_TOPDIR_FL = 0x00020000
 _LONG = struct.calcsize("l")
 _FLAGS_IOCTLS = ((2 << 30 | _LONG << 16 | 0x6601, 1 << 30 | _LONG << 16 | 0x6602)
                  if platform.machine() in ("x86_64", "aarch64", "i386", "i686", "armv7l", "riscv64") else None)
-_top_dirs: set[Path] = set()
+_top_dirs: set[str] = set()
 
 
 def mark_top_dir(path: Path) -> bool:
@@ -241,10 +241,10 @@ def make_run_dirs(run: RunSpec, owner: Identity | None = None) -> None:
     top-level job's own dir) is made theirs first (mode 0700); then everything inside is done with the
     owner's file system ids (:func:`~.users.fs_as`), so the directories and links are theirs and a link the
     owner left in place of one (``output`` pointing elsewhere) leads nowhere the owner could not go."""
-    parent = run.jobdir.parent
+    parent = os.path.dirname(os.fspath(run.jobdir))  # a string: runs start by the thousand
     if parent not in _top_dirs:
-        parent.mkdir(parents=True, exist_ok=True)
-        mark_top_dir(parent)
+        os.makedirs(parent, exist_ok=True)
+        mark_top_dir(Path(parent))
         _top_dirs.add(parent)
     if owner is None:
         _make_dirs(run)

@@ -28,6 +28,7 @@ from ..core.instructions import AdjustRun, SetBackend
 from ..core.splitters import apply_delta, deferred, is_deferred
 from ..core.statuses import JobStatus
 from ..plugin.contract import Capabilities, RunHandle, RunSpec
+from ..plugin.contract import child_path as _child
 from ..plugin.logs import get_logger
 from . import registry
 from .repository import Repository
@@ -260,11 +261,6 @@ def _given(value: bool | None, default: bool) -> bool:
     """A job's own choice, else the setting's."""
     return default if value is None else bool(value)
 
-
-#: ``parent / name`` for a name without separators. Python 3.11's ``/`` parses the name every time: four paths a
-#: run, a microsecond each, were a tenth of a million-run submission. pathlib's own method for the children it
-#: lists skips that; where a Python lacks it (its ``/`` no longer parses eagerly), ``/`` it is.
-_child: Callable[[Path, str], Path] = getattr(Path, "_make_child_relpath", Path.__truediv__)
 
 
 def overrides_backend(delta: Mapping[str, Any]) -> bool:

@@ -32,6 +32,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from orchestrator.plugin import RunSpec
 from orchestrator.plugin.wrapper import EventLines
 
@@ -181,7 +183,12 @@ class Journal:
     # ------------------------------------------------------------ submitted.log
     def accepted(self, run: RunSpec) -> None:
         """Note what starting ``run`` needs; written with the others of this tick by :meth:`flush_accepted`."""
-        self._unwritten.append(f"{run.key} {json.dumps(spec_data(run), separators=(',', ':'))}\n")
+        data = spec_data(run)
+        try:  # msgspec: a third of json's time, and runs are accepted by the hundred thousand
+            text = _ENCODE(data).decode()
+        except (TypeError, ValueError, msgspec.MsgspecError):  # one msgspec does not take (a lone surrogate): json's
+            text = json.dumps(data, separators=(",", ":"))
+        self._unwritten.append(f"{run.key} {text}\n")
 
     def flush_accepted(self) -> None:
         if self._unwritten and not self._closed:
@@ -210,6 +217,7 @@ class Journal:
 
 
 _PATHS = ("jobdir", "inputdir", "outputdir", "workdir")
+_ENCODE = msgspec.json.Encoder().encode
 
 
 def spec_data(run: RunSpec) -> dict[str, Any]:

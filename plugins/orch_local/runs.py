@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
 
 from orchestrator.plugin import JobStatus, RunSpec, StatusUpdate
+from orchestrator.plugin.contract import child_path
 from orchestrator.plugin.processes import spawn_detached
 from orchestrator.plugin.users import Identity, OwnerError, identity, switch_argv
 from orchestrator.plugin.wrapper import (
@@ -118,10 +119,12 @@ class Seed:
         return cls(t, spec.index, spec.attempt, spec.args, spec.retry_count, spec.retry_args)
 
     def spec(self, run: Run) -> RunSpec:
-        jobdir = run.jobdir
-        return replace(self.template, fqid=run.fqid, index=self.index, attempt=self.attempt, key=run.key,
-                       args=self.args, jobdir=jobdir, inputdir=jobdir / "input", outputdir=jobdir / "output",
-                       workdir=jobdir / "work", retry_count=self.retry_count, retry_args=self.retry_args)
+        t, jobdir = self.template, run.jobdir  # made whole, not by replace(): its fields looked up each time
+        return RunSpec(fqid=run.fqid, index=self.index, attempt=self.attempt, key=run.key, executable=t.executable,
+                       args=self.args, env=t.env, settings=t.settings, inputs=t.inputs, outputfiles=t.outputfiles,
+                       jobdir=jobdir, inputdir=child_path(jobdir, "input"), outputdir=child_path(jobdir, "output"),
+                       workdir=child_path(jobdir, "work"), mode=t.mode, retry_count=self.retry_count,
+                       retry_args=self.retry_args, owner=t.owner)
 
 
 def ending_of(run: Run) -> StatusUpdate:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from orch_local.journal import COMPLETED, Journal
 
+from orchestrator.plugin import RunSpec
+
 
 def append(journal: Journal, *lines: str) -> None:
     with open(journal.events, "a") as f:
@@ -62,3 +64,24 @@ def test_an_owners_file_cannot_touch_a_settled_run(tmp_path: Path) -> None:
     assert journal.read() == []
     assert journal.records["k1"] is COMPLETED and COMPLETED.pid is None
     journal.close()
+
+
+def test_an_accepted_run_is_read_back_as_it_was_accepted_whatever_its_values(tmp_path: Path) -> None:
+    """``submitted.log`` keeps what starting a run needs, for a process that restarts before it started: values
+    outside ASCII, and a lone surrogate (a byte that was not UTF-8 in the environment, as ``os.environ`` decodes
+    it), are read back the same."""
+    jobdir = tmp_path / "jobs" / "3" / "0"
+    env = {"GREETING": "grüße\u2028", "RAW": "a\udcffb", "EMPTY": ""}
+    specs = [RunSpec(fqid=f"3.{i}", index=i, attempt=1, key=f"k{i}", executable="/bin/echo", args=("é", "two words"),
+                     env=env if i else {"PLAIN": "1"}, settings={"shell": "/bin/sh", "n": 2.5}, inputs=(),
+                     outputfiles=(), jobdir=jobdir, inputdir=jobdir / "input", outputdir=jobdir / "output",
+                     workdir=jobdir / "work", mode="test", retry_count=0, retry_args=("--x",), owner=None)
+             for i in range(2)]
+    journal = Journal(tmp_path)
+    for spec in specs:
+        journal.accepted(spec)
+    journal.flush_accepted()
+    journal.close()
+    again = Journal(tmp_path)
+    assert again.accepted_specs({"k0", "k1"}) == {"k0": specs[0], "k1": specs[1]}
+    again.close()

@@ -3,6 +3,7 @@ spec kept small and made whole again when it starts."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import anyio
@@ -22,7 +23,7 @@ def run_spec(jobdir: Path, i: int, *, env: dict[str, str], owner: str | None = N
     return RunSpec(fqid=f"3.{i}", index=i, attempt=2, key=f"orch-h-3.{i}-2", executable="/bin/echo",
                    args=(f"a{i}",), env=env, settings=SETTINGS, inputs=(), outputfiles=("*.txt",),
                    jobdir=jobdir, inputdir=jobdir / "input", outputdir=outputdir or jobdir / "output",
-                   workdir=jobdir / "work", retry_count=1, retry_args=("--again",), owner=owner)
+                   workdir=jobdir / "work", mode="test", retry_count=1, retry_args=("--again",), owner=owner)
 
 
 def waiting(spec: RunSpec, last: Seed | None) -> tuple[Run, Seed | None]:
@@ -44,6 +45,14 @@ def test_a_waiting_run_starts_with_the_spec_it_was_accepted_with(tmp_path: Path)
     # the three share one template: what they have alike is held once
     assert runs[0].seed is not None and runs[2].seed is not None
     assert runs[2].seed.template is runs[0].seed.template
+
+
+def test_a_new_runspec_field_is_caught_until_seeds_carry_it() -> None:
+    """``Seed.spec`` names every field of the RunSpec it makes again (not ``replace``: slower): a field added to
+    RunSpec must be added there, and to ``run_spec`` above, where each has a value other than its default."""
+    assert [f.name for f in fields(RunSpec)] == [
+        "fqid", "index", "attempt", "key", "executable", "args", "env", "settings", "inputs", "outputfiles", "jobdir",
+        "inputdir", "outputdir", "workdir", "mode", "retry_count", "retry_args", "owner"]
 
 
 def test_runs_that_differ_in_what_they_share_get_their_own_template(tmp_path: Path) -> None:
