@@ -241,32 +241,43 @@ def make_run_dirs(run: RunSpec, owner: Identity | None = None) -> None:
     top-level job's own dir) is made theirs first (mode 0700); then everything inside is done with the
     owner's file system ids (:func:`~.users.fs_as`), so the directories and links are theirs and a link the
     owner left in place of one (``output`` pointing elsewhere) leads nowhere the owner could not go."""
-    parent = os.path.dirname(os.fspath(run.jobdir))  # a string: runs start by the thousand
-    if parent not in _top_dirs:
-        os.makedirs(parent, exist_ok=True)
-        mark_top_dir(Path(parent))
-        _top_dirs.add(parent)
+    _mark_parent(os.path.dirname(os.fspath(run.jobdir)))
     if owner is None:
-        _make_dirs(run)
+        _make_dirs(run.jobdir, run.outputdir, run.workdir)
         link_inputs(run)
         return
     _own_master_dir(run, owner)
     with fs_as(owner):
-        _make_dirs(run)
+        _make_dirs(run.jobdir, run.outputdir, run.workdir)
         for d in (run.jobdir, run.outputdir, run.workdir):
             own_dir(d, owner)
         link_inputs(run)
 
 
-def _make_dirs(run: RunSpec) -> None:
+def make_usual_dirs(jobdir: str) -> None:
+    """:func:`make_run_dirs` for a run of the orchestrator's own user without input files, whose directories are
+    ``output`` and ``work`` in ``jobdir``: from a string, for a driver that keeps no RunSpec for a run waiting its
+    turn (``local``: path objects cost more than the calls, ``benchmarks/README.md``, issue 26)."""
+    _mark_parent(os.path.dirname(jobdir))
+    _make_dirs(jobdir, jobdir + "/output", jobdir + "/work")
+
+
+def _mark_parent(parent: str) -> None:
+    if parent not in _top_dirs:
+        os.makedirs(parent, exist_ok=True)
+        mark_top_dir(Path(parent))
+        _top_dirs.add(parent)
+
+
+def _make_dirs(jobdir: str | Path, outputdir: str | Path, workdir: str | Path) -> None:
     with contextlib.suppress(FileExistsError):
-        os.mkdir(run.jobdir)
+        os.mkdir(jobdir)
     try:
-        os.mkdir(run.outputdir)
+        os.mkdir(outputdir)
     except FileExistsError:  # an earlier attempt's
-        clear_outputs(run.outputdir)
+        clear_outputs(Path(outputdir))
     with contextlib.suppress(FileExistsError):  # an earlier attempt's, or the one its checkpoint state went into
-        os.mkdir(run.workdir)
+        os.mkdir(workdir)
 
 
 def own_dir(path: Path, owner: Identity, mode: int = 0o700) -> None:

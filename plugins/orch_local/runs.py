@@ -18,7 +18,9 @@ from orchestrator.plugin.wrapper import (
     SpawnError,
     application_entries,
     base_environ,
+    env_entry,
     make_run_dirs,
+    make_usual_dirs,
     wrapper_argv,
     wrapper_env,
     wrapper_env_entries,
@@ -26,6 +28,7 @@ from orchestrator.plugin.wrapper import (
 
 from .hosted import Launcher, start_frame
 from .journal import Journal, Record
+from .launcher import frame
 
 
 @dataclass(slots=True, eq=False)
@@ -154,6 +157,8 @@ class Start:
     out: int | None = None
     #: The launcher's start message, for a hosted run (its directories are made here; the launcher starts it).
     request: bytes | None = None
+    #: The job dir of a hosted run started from its seed, without a spec: its usual directories are made from it.
+    dirs: str | None = None
 
 
 #: Most runs with wrappers of their own started on the event loop itself, without the hop to a worker thread.
@@ -200,6 +205,8 @@ def start_all(starts: Sequence[Start], out: int) -> None:
         try:
             if start.spec is not None:
                 make_run_dirs(start.spec, owner=start.owner)
+            elif start.dirs is not None:
+                make_usual_dirs(start.dirs)
         except OSError as exc:
             start.problem = f"could not make the run's directories: {exc}"
             continue
@@ -221,7 +228,14 @@ def starts_of(batch: Sequence[Run], wrapper: Path, *, journal: Journal, boot: in
     bindir, notify = str(wrapper.parent), str(journal.events)
     base = environ.entries()
     out = []
+    seeds = SeedFrames(bindir, boot)
     for run in batch:
+        seed = run.seed
+        if (launcher is not None and run.hosted and seed is not None and not seed.template.inputs
+                and seed.template.owner is None):  # the usual run: no RunSpec made again for it
+            out.append(Start(run, [], {}, None, request=seeds.frame(run, seed, launcher.base_token(base)),
+                             dirs=run.where))
+            continue
         if (spec := run.start_spec()) is not None:
             try:
                 who = identity(spec.owner)
@@ -249,3 +263,35 @@ def starts_of(batch: Sequence[Run], wrapper: Path, *, journal: Journal, boot: in
         else:
             out.append(Start(run, [run.shell, str(wrapper), str(run.runfile)], dict(os.environ), None))
     return out
+
+
+class SeedFrames:
+    """The launcher's start message for a hosted run kept as a :class:`Seed`, made from strings: what
+    ``start_frame(spec, bindir, base, application_entries(spec, bindir=bindir, boot=boot))`` makes of its spec,
+    without making that spec again (``tests/unit/test_waiting_runs.py`` holds the two equal, entry for entry). What
+    the runs of one template share is encoded once. Why: remaking each run's spec, four path objects, and encoding
+    its environment were the largest part of starting a run in the orchestrator's process
+    (``benchmarks/README.md``, issue 26)."""
+
+    def __init__(self, bindir: str, boot: int) -> None:
+        self.bindir, self.boot = bindir, boot
+        self._template: RunSpec | None = None
+        self._shared: tuple[bytes, bytes, bytes, list[bytes], list[bytes]] = (b"", b"", b"", [], [])
+
+    def frame(self, run: Run, seed: Seed, base: bytes) -> bytes:
+        if seed.template is not self._template:
+            t = self._template = seed.template
+            self._shared = (os.fsencode(t.executable), env_entry("ORCH_MODE", t.mode),
+                            env_entry("ORCH_BOOT", str(self.boot) if self.boot else ""),
+                            [env_entry(k, v) for k, v in t.env.items()],
+                            [env_entry("ORCH_LOG", f"{self.bindir}/orch-log"),
+                             env_entry("ORCH_STATE", f"{self.bindir}/orch-state")])
+        exe, mode, boot, env, tail = self._shared
+        attempt, outdir, workdir = str(seed.attempt), run.where + "/output", run.where + "/work"
+        argv = [exe, *(os.fsencode(a) for a in seed.args)]
+        return frame(b"S", run.key.encode(), attempt.encode(), os.fsencode(outdir), os.fsencode(workdir),
+                     os.fsencode(self.bindir), base, str(len(argv)).encode(), *argv,
+                     env_entry("ORCH_FQID", run.fqid), env_entry("ORCH_HOME", workdir), mode,
+                     env_entry("ORCH_RETRY_COUNT", str(seed.retry_count)), env_entry("ORCH_ATTEMPT", attempt), boot,
+                     *(env_entry(f"ORCH_RETRY_ARG_{i}", arg) for i, arg in enumerate(seed.retry_args, 1)),
+                     *env, env_entry("ORCH_JOBLOG", f"{outdir}/orch.{attempt}.log"), *tail)

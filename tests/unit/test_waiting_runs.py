@@ -8,10 +8,14 @@ from pathlib import Path
 
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from orch_local.hosted import start_frame
 from orch_local.journal import Record
-from orch_local.runs import Run, Seed
+from orch_local.runs import Run, Seed, SeedFrames
 
 from orchestrator.plugin import RunSpec
+from orchestrator.plugin.wrapper import application_entries
 from orchestrator.runtime import bulk
 
 #: Runs of one batch share their settings object (as the runtime makes them).
@@ -96,3 +100,40 @@ def test_bulk_calls_go_in_order_at_most_concurrency_at_once(concurrency: int) ->
     assert anyio.run(main) == [i * 10 for i in range(20)]
     assert begun == list(range(20))
     assert most == min(concurrency, 20)
+
+
+_TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\0"), max_size=12)
+_NAMES = st.one_of(st.sampled_from(["ORCH_FQID", "ORCH_HOME", "ORCH_JOBLOG", "ORCH_MODE", "PATH", "HOME"]),
+                   st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True))
+
+
+@settings(max_examples=60, deadline=None)
+@given(env=st.dictionaries(_NAMES, _TEXT, max_size=4), args=st.lists(_TEXT, max_size=3),
+       retry_args=st.lists(_TEXT, max_size=2), attempt=st.integers(1, 12), boot=st.sampled_from([0, 1764460800]),
+       mode=st.sampled_from(["production", "test"]), index=st.integers(0, 99_999))
+def test_a_seed_start_message_is_the_one_its_spec_would_make(env: dict[str, str], args: list[str],
+                                                             retry_args: list[str], attempt: int, boot: int,
+                                                             mode: str, index: int) -> None:
+    """``SeedFrames`` makes a hosted run's start message from its seed's strings. It must be, byte for byte, what
+    ``start_frame`` makes of the run's spec with ``application_entries``: the wrapper's environment rules live
+    there, and a rule changed there without here fails this test."""
+    jobdir = Path("/home/u/.orch/jobs/7") / str(index)
+    first = RunSpec(fqid="7.0", index=0, attempt=1, key="orch-h-7.0-1", executable="/bin/echo", args=(), env=env,
+                    settings=SETTINGS, inputs=(), outputfiles=(), jobdir=Path("/home/u/.orch/jobs/7/0"),
+                    inputdir=Path("/home/u/.orch/jobs/7/0/input"), outputdir=Path("/home/u/.orch/jobs/7/0/output"),
+                    workdir=Path("/home/u/.orch/jobs/7/0/work"), mode=mode)
+    spec = RunSpec(fqid=f"7.{index}", index=index, attempt=attempt, key=f"orch-h-7.{index}-{attempt}",
+                   executable="/bin/echo", args=tuple(args), env=env, settings=SETTINGS, inputs=(), outputfiles=(),
+                   jobdir=jobdir, inputdir=jobdir / "input", outputdir=jobdir / "output", workdir=jobdir / "work",
+                   mode=mode, retry_count=attempt - 1, retry_args=tuple(retry_args))
+    _, last = waiting(first, None)
+    run, seed = waiting(spec, last)
+    assert seed is not None and seed.template is first  # made from the template of the run before it
+    bindir = "/home/u/.orch/bin"
+    other_spec = run_spec(Path("/home/u/.orch/jobs/8/0"), 0, env={"OTHER": "x"})
+    other, other_seed = waiting(other_spec, None)
+    assert other_seed is not None
+    made = SeedFrames(bindir, boot)
+    for r, sd, sp in ((other, other_seed, other_spec), (run, seed, spec), (other, other_seed, other_spec)):
+        assert made.frame(r, sd, b"9.1") == start_frame(sp, bindir, b"9.1",  # templates in turn: each its own
+                                                        application_entries(sp, bindir=bindir, boot=boot))
