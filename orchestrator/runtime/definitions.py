@@ -262,7 +262,6 @@ def _given(value: bool | None, default: bool) -> bool:
     return default if value is None else bool(value)
 
 
-
 def overrides_backend(delta: Mapping[str, Any]) -> bool:
     """A subjob's delta sets backend fields of its own (``backend.<setting>``): its settings are not its master's."""
     return any(k.startswith("backend.") for k in delta)
