@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -385,3 +386,40 @@ async def test_runs_a_killed_orchestrator_sent_last_are_told_to_the_next_connect
         second.drop()
         first.reap(wait=True)
         os.close(out)
+
+
+async def test_no_run_is_intended_before_what_starting_it_needs_is_written(tmp_path: Path) -> None:
+    """A run's INTENT line says its start began; a process killed after it starts the run again from
+    ``submitted.log``. So that line is written first, even when the driver starts a batch on its event loop while
+    the submissions of that very tick still wait to write theirs (a run lost as "no record of the run and no
+    launch" under ten SIGKILLs otherwise). A thread reads both files while 300 runs are submitted: each write lets
+    go of the interpreter lock, so it reads them between the INTENT write and the next."""
+    state = tmp_path / "home" / "backends" / "local"
+    seen_early: set[str] = set()
+    stop = threading.Event()
+
+    def keys(path: Path, word: str | None) -> set[str]:
+        try:
+            lines = path.read_text().splitlines()
+        except FileNotFoundError:
+            return set()
+        return {p[0] for line in lines if (p := line.split()) and (word is None or p[1:2] == [word])}
+
+    def check() -> None:
+        while not stop.is_set():
+            intended = keys(state / "events.log", "INTENT")  # first: what is accepted is read after it
+            seen_early.update(intended - keys(state / "submitted.log", None))
+
+    checker = threading.Thread(target=check)
+    async with Orchestrator(tmp_path / "home", config={"backends": {"local": {"max_running": 2}}}) as orch:
+        checker.start()
+        try:
+            j = await orch.jobs.add(Job(name="t", application=Executable("/bin/true"),
+                                        splitter=ArgSplitter([[] for _ in range(300)]), backend="local"))
+            await j.submit()
+            await j.wait(timeout=60)
+        finally:
+            stop.set()
+            checker.join()
+        assert j.status.value == "completed"
+    assert not seen_early, sorted(seen_early)[:5]
