@@ -172,11 +172,12 @@ def owner_tag(run: Run) -> str:
 
 
 def starts_inline(batch: Sequence[Run]) -> bool:
-    """Whether :func:`start_batch` starts ``batch`` on the event loop itself: a batch the launcher starts (only
-    its directories are made here), or a run or two run as the orchestrator's own user (no owner, or an owner
-    who is that user: :func:`identity`). Why the launcher's batches: the hop to a thread and back cost more of
-    the orchestrator's CPU than their ``mkdir`` calls hold the loop (``benchmarks/README.md``, issue 26)."""
-    if all(run.hosted for run in batch):
+    """Whether :func:`start_batch` starts ``batch`` on the event loop itself: a batch of first attempts the
+    launcher starts (only their directories are made here), or a run or two run as the orchestrator's own user
+    (no owner, or an owner who is that user: :func:`identity`). Why the launcher's batches: the hop to a thread
+    and back cost more of the orchestrator's CPU than their ``mkdir`` calls hold the loop (``benchmarks/README.md``,
+    issue 26). Not a retry's: emptying its output dir of the attempt before may take long."""
+    if all(run.hosted and _attempt(run) == 1 for run in batch):
         return True
     if len(batch) > INLINE_STARTS:
         return False
@@ -184,6 +185,13 @@ def starts_inline(batch: Sequence[Run]) -> bool:
         return all(identity(run.owner()) is None for run in batch)
     except OwnerError:  # told when it is started, in a thread like any other run of an owner
         return False
+
+
+def _attempt(run: Run) -> int:
+    """The attempt ``run`` starts (0: not known here, a run file's)."""
+    if run.seed is not None:
+        return run.seed.attempt
+    return run.spec.attempt if run.spec is not None else 0
 
 
 async def start_batch(starts: Sequence[Start], out: int, *, inline: bool) -> None:
