@@ -105,9 +105,12 @@ class Journal:
 
     # ------------------------------------------------------------ events.log
     def write(self, events: Iterable[tuple[str, str, object]]) -> None:
-        """Append ``KEY WORD DATA TIME`` lines, in one write (none once closed: the next process reads what is)."""
+        """Append ``KEY WORD DATA TIME`` lines, in one write (none once closed: the next process reads what is).
+        What :meth:`accepted` noted and did not yet write goes first: a run's INTENT line says its start began,
+        and a process killed after it starts the run again from ``submitted.log``."""
         if self._closed:
             return
+        self.flush_accepted()
         now = f"{time.time():.3f}"
         _append(self._events_fd, (f"{key} {word} {data} {now}\n" for key, word, data in events))
 
