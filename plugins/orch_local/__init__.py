@@ -205,11 +205,11 @@ class LocalDriver(RunEnds, Driver):
             self._end(run, ending_of(run))
         elif self._wait_for_launcher(run):  # first: it may have started since the launcher said (its L comes)
             pass
-        elif rec.pid is not None:
-            if not self._adopt(run, rec.pid, running):
+        elif (pid := self._launcher.runs.get(key) or rec.pid) is not None:  # (a hosted run's START line has the
+            if not self._adopt(run, pid, running):  # launcher's pid, not its program's: the launcher's word first)
                 self._gone(run)
         else:  # INTENT, no LAUNCH: its starter died around the spawn
-            pid = (self._launcher.runs.get(key) or find_process(key)
+            pid = (find_process(key)
                    or (find_process(str(jobdir / RUNFILE)) if jobdir.is_absolute() else None))
             if pid is None or not self._adopt(run, pid, running):
                 run.recheck_at = rec.intent_at + self.start_timeout
@@ -388,7 +388,7 @@ class LocalDriver(RunEnds, Driver):
             for run in due:
                 if run.ended or self._wait_for_launcher(run):
                     continue
-                pid = run.record.pid or self._launcher.runs.get(run.key) or find_process(run.key)
+                pid = self._launcher.runs.get(run.key) or run.record.pid or find_process(run.key)
                 if pid is not None and self._adopt(run, pid, False):
                     continue
                 if run.record.started:

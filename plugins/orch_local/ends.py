@@ -204,21 +204,17 @@ class RunEnds:
 
     def _launcher_lost(self) -> None:
         """The launcher is gone (killed: it never ends while it has runs). Its runs are looked at as any no pidfd
-        watches (signalled by the driver itself); one it never told of is judged as after a crash around its spawn,
-        its slot held until then."""
+        watches (signalled by the driver itself). One whose start it never told (``L``) is judged as after a crash
+        around its spawn, its slot held until then: failed as lost if its START line is there (the launcher writes
+        it before the spawn, with its own pid: the program may run, by a pid no one knows), else started again."""
         self._read_events()
         for run in [r for r in self._active.values() if r.hosted and not r.ended]:
-            pid = run.pid or run.record.pid
             if run.launching:
                 run.launching = False
-                if pid is None:
-                    run.recheck_at = time.time() + self.start_timeout
-                    self._rechecks.append(run)
-                    continue
-                run.pid = pid
-                run.started()
-                self._by_pid[pid] = run
-            if pid is not None:  # a process of its own now, as a wrapper's: none goes ahead while it runs, as a
+                run.recheck_at = time.time() + self.start_timeout
+                self._rechecks.append(run)
+                continue
+            if run.pid is not None:  # a process of its own now, as a wrapper's: none goes ahead while it runs, as a
                 self._occupy(run, False)  # new launcher would not count it against its ``most``
-                self._unwatched.add(pid)
+                self._unwatched.add(run.pid)
         self._wake.set()

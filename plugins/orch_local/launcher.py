@@ -5,8 +5,9 @@ Started by the driver (:mod:`.hosted`) as ``python -I launcher.py`` with its lis
 the driver's session and process tree at once (a second fork), so that it outlives the orchestrator, as a
 wrapper does. It writes what the wrapper writes, in the same files and the same words (``wrapper.sh`` is the
 reference): ``START pid host``, ``EXIT code`` and ``END code`` in ``orch.<attempt>.log``, ``START`` and ``END``
-in the events file, the attempt's CPU record in ``orch.usage`` (from ``wait4``'s rusage of the run), the
-returned files through ``orch-finish``. A run is its program itself, in a session of its own (``posix_spawn``
+in the events file (its ``START`` lines before the program starts, with its own pid, as a wrapper's), the
+attempt's CPU record in ``orch.usage`` (from ``wait4``'s rusage of the run), the returned files through
+``orch-finish``. A run is its program itself, in a session of its own (``posix_spawn``
 with ``setsid``): killing its process group ends it and all its children. Why: a shell per run cost the machine
 more CPU than the program it started (``benchmarks/README.md``, issue 26).
 
@@ -295,11 +296,12 @@ class Launcher:
                     os.unlink("work", dir_fd=fd)
             finally:
                 os.close(fd)
+        self._started(run)
         try:
             os.chdir(run.home)
         except OSError as exc:
             run.write(f"launcher: cannot cd to {os.fsdecode(run.home)}: {exc.strerror}\n")
-            self._started(run, os.getpid())
+            self._broadcast(frame(b"L", run.key, b"0"))
             self._exited(run, 96, None)
             return
         run.env[b"PWD"] = os.getcwdb()  # as cd sets it
@@ -309,21 +311,24 @@ class Launcher:
                 fd = os.open(run.outdir + b"/stderr", os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
                 os.write(fd, problem.encode())
                 os.close(fd)
-            self._started(run, os.getpid())
+            self._broadcast(frame(b"L", run.key, b"0"))
             self._exited(run, 126 if "denied" in problem else 127, None)
             return
-        self._started(run, pid)
+        run.pid = pid
         self.runs[pid] = run
         self._broadcast(frame(b"L", run.key, b"%d" % pid))
 
-    def _started(self, run: Run, pid: int) -> None:
-        run.pid = pid
-        now = _now()
-        run.write(f"{now} START {pid} {self.host}\n")
+    def _started(self, run: Run) -> None:
+        """Its ``START`` lines, in its log and in the events file, before its program exists, with the launcher's
+        pid: as a wrapper writes its own before its application starts. A launcher killed once the program runs
+        (by the program itself, even: ``kill $PPID``) leaves a run that began, failed as lost at the worker level,
+        never one taken for never started and started a second time. The program's pid goes to the driver
+        (``L``), which writes it in its ``LAUNCH`` line. Until then (one that never starts ends at once, ``L`` 0)
+        the run's pid is the launcher's."""
+        run.pid = os.getpid()
+        run.write(f"{run.t0} START {run.pid} {self.host}\n")
         with contextlib.suppress(OSError):
-            os.write(self.events, b"%s START %d %s\n" % (run.key, pid, now.encode()))
-        if pid == os.getpid():
-            self._broadcast(frame(b"L", run.key, b"0"))
+            os.write(self.events, b"%s START %d %s\n" % (run.key, run.pid, run.t0.encode()))
 
     def _spawn(self, run: Run) -> tuple[str, int | None]:
         """The application, found as ``sh`` finds a command (its PATH, a file without ``#!`` run by ``sh``)."""

@@ -21,6 +21,9 @@ def sim_faults(home: Path, **faults: str) -> None:
 
 pytestmark = pytest.mark.anyio
 FAST = {"core": {"poll_interval": 0.05}}
+#: For a run that kills its own parent (``kill -KILL $PPID``): under the launcher, that is the launcher, and a kill
+#: that comes before the launcher told the run's start is judged after ``start_timeout`` (docs/reference.md, "local").
+KILLS_PARENT = {**FAST, "backends": {"local": {"start_timeout": 2.0}}}
 
 
 def sh(script: str, **kw: Any) -> Job:
@@ -140,7 +143,7 @@ async def test_application_killed_by_a_signal(tmp_path: Path) -> None:
 
 
 async def test_wrapper_killed_mid_run_is_worker_level(tmp_path: Path) -> None:
-    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+    async with Orchestrator(home=tmp_path, config=KILLS_PARENT) as orch:
         j = await run(orch, sh("kill -KILL $PPID; sleep 5"))
         assert j.status == "failed" and last(j)["level"] == "worker" and last(j)["verdict"] == "early"
 
@@ -158,7 +161,7 @@ def crashes(times: int, then: int = 0, **kw: Any) -> Job:
 async def test_worker_faults_are_retried_within_their_own_budget_never_the_users(tmp_path: Path) -> None:
     """No action rule matches a local worker that died: its retries count under infrastructure:early, bounded by
     the home's max_infrastructure, while the user's three limits are all zero and stay untouched."""
-    config = {**FAST, "retry": {"max_infrastructure": 2}}
+    config = {**KILLS_PARENT, "retry": {"max_infrastructure": 2}}
     zero = RetryPolicy(max_early=0, max_late_handled=0, max_late_unhandled=0)
     async with Orchestrator(home=tmp_path, config=config) as orch:
         j = await run(orch, crashes(2, retry=zero))
@@ -174,7 +177,7 @@ async def test_worker_faults_are_retried_within_their_own_budget_never_the_users
 async def test_an_infrastructure_fault_leaves_the_application_its_whole_max_early(tmp_path: Path) -> None:
     """max_infrastructure unset (the default): the worker's crash is bounded by max_early=1 but counted apart,
     so the application's own early failure after it is still retried once."""
-    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+    async with Orchestrator(home=tmp_path, config=KILLS_PARENT) as orch:
         j = await run(orch, crashes(1, then=3, retry=RetryPolicy(max_early=1, max_late_unhandled=0)))
         assert j.status == "completed" and j.info.submit_counter == 3, j.info.history
         assert [(h["level"], h["verdict"]) for h in j.info.history] == [("worker", "early"), ("application", "early")]

@@ -20,7 +20,7 @@ import pytest
 from test_local import alive
 from test_service_owners import open_dir
 
-from orchestrator import ArgSplitter, Backend, Executable, Job, Orchestrator
+from orchestrator import ArgSplitter, Backend, Executable, Job, Orchestrator, RetryPolicy
 from orchestrator.core.usage import parse_usage
 
 pytestmark = pytest.mark.anyio
@@ -30,6 +30,19 @@ __all__ = ["open_dir"]  # a fixture, used by name
 def parent_of(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def unexeced_children(pid: int) -> list[int]:
+    """The children of ``pid`` that still run its program: started, not yet at their own (``exec``)."""
+    own = Path(f"/proc/{pid}/cmdline").read_bytes()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and parent_of(int(entry.name)) == pid and (entry / "cmdline").read_bytes() == own:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 def other_user() -> None:
@@ -58,7 +71,8 @@ async def test_a_run_is_its_program_started_by_the_homes_launcher_with_the_wrapp
             me, parent = int((out / "me").read_text()), int((out / "parent").read_text())
             parents.add(parent)
             log = (out / "orch.log").read_text().splitlines()
-            assert log[0].split()[1:3] == ["START", str(me)] and log[-2].split()[1:] == ["EXIT", "0"]
+            assert log[0].split()[1:3] == ["START", str(parent)] and log[-2].split()[1:] == ["EXIT", "0"]
+            assert me != parent
             assert log[-1].split()[1:] == ["END", "0"]
             [attempt] = parse_usage((out / "orch.usage").read_text())
             assert (attempt.attempt, attempt.code) == (1, 0) and attempt.end >= attempt.start
@@ -137,10 +151,9 @@ async def test_a_killed_launcher_loses_its_runs_and_the_next_runs_get_a_new_one(
         await j.submit()
         log = j.outputdir / "orch.1.log"
         with anyio.fail_after(20):
-            while not log.exists() or "START" not in log.read_text():
+            while j.status != "running":  # the launcher told the run's pid (its START, earlier, is before the spawn)
                 await anyio.sleep(0.02)
-        run = int(log.read_text().split()[2])
-        launcher = parent_of(run)
+        launcher = int(log.read_text().split()[2])  # the launcher's START, as a wrapper's: its own pid
         os.kill(launcher, signal.SIGKILL)
         await j.wait(timeout=30)
         assert j.status == "failed" and "without an END line" in (j.info.reason or "")
@@ -315,9 +328,9 @@ async def test_a_launcher_killed_with_runs_waiting_in_it_never_lets_more_than_ma
         await j.submit()
         logs = [sub.outputdir / "orch.1.log" for sub in j.subjobs[:2]]
         with anyio.fail_after(20):
-            while not all(log.exists() and "START" in log.read_text() for log in logs):
+            while not all(sub.status == "running" for sub in j.subjobs[:2]):  # their pids told to the driver
                 await anyio.sleep(0.01)
-        os.kill(parent_of(int(logs[0].read_text().split()[2])), signal.SIGKILL)
+        os.kill(int(logs[0].read_text().split()[2]), signal.SIGKILL)
         await j.wait(timeout=60)
         statuses = [s.status for s in j.subjobs]
         assert statuses[:2] == ["failed"] * 2 and statuses[2:] == ["completed"] * 38, statuses
@@ -423,3 +436,41 @@ async def test_no_run_is_intended_before_what_starting_it_needs_is_written(tmp_p
             checker.join()
         assert j.status.value == "completed"
     assert not seen_early, sorted(seen_early)[:5]
+
+
+async def test_a_launcher_killed_while_it_starts_a_program_never_starts_that_run_twice(tmp_path: Path) -> None:
+    """The launcher writes a run's START lines before its program exists, as a wrapper writes its own before its
+    application starts. Killed while it starts the program, it leaves a run that may run: failed as lost at the
+    worker level, never taken for one that never began and started a second time (which CI once saw, a run that
+    killed its own launcher started twice). Deterministic: the second run's ``stdout`` is made a FIFO, so the
+    launcher's spawn waits in the child's ``open`` of it until the test, having killed the launcher, reads it."""
+    ran, pidfile = tmp_path / "ran", tmp_path / "launcher"
+    first = (f"echo $PPID > {pidfile}; while [ ! -d ../../1/output ]; do sleep 0.05; done; "
+             "mkfifo ../../1/output/stdout")
+    config = {"backends": {"local": {"max_running": 1, "start_timeout": 1.0}}}
+    async with Orchestrator(home=tmp_path / "home", config=config) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh"), backend="local",
+                                    splitter=ArgSplitter([["-c", first], ["-c", f"echo x >> {ran}"]]),
+                                    retry=RetryPolicy(max_infrastructure=0)))
+        await j.submit()
+        with anyio.fail_after(20):
+            while not pidfile.exists() or not pidfile.read_text().strip().isdigit():
+                await anyio.sleep(0.02)
+            launcher = int(pidfile.read_text())
+            while not unexeced_children(launcher):  # the second run's spawn, held in its open of the FIFO
+                await anyio.sleep(0.02)
+        os.kill(launcher, signal.SIGKILL)
+        reader = os.open(j.subjobs[1].outputdir / "stdout", os.O_RDONLY | os.O_NONBLOCK)  # the program runs now
+        try:
+            await j.wait(timeout=30)
+            with anyio.fail_after(10):
+                while not ran.exists():
+                    await anyio.sleep(0.02)
+            await anyio.sleep(1.5)  # past start_timeout: a second start would have come
+        finally:
+            os.close(reader)
+        second = j.subjobs[1]
+        assert second.status == "failed" and second.info.submit_counter == 1, second.info.history
+        assert [(h["level"], h["action"]) for h in second.info.history] == [("worker", "failed")]
+        assert "without an END line" in (second.info.reason or "")
+    assert ran.read_text() == "x\n"  # it ran once
