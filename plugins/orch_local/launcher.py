@@ -5,11 +5,11 @@ Started by the driver (:mod:`.hosted`) as ``python -I launcher.py`` with its lis
 the driver's session and process tree at once (a second fork), so that it outlives the orchestrator, as a
 wrapper does. It writes what the wrapper writes, in the same files and the same words (``wrapper.sh`` is the
 reference): ``START pid host``, ``EXIT code`` and ``END code`` in ``orch.<attempt>.log``, ``START`` and ``END``
-in the events file (its ``START`` lines before the program starts, with its own pid, as a wrapper's), the
+in the events file (that ``START`` before the program starts, with the launcher's own pid, as a wrapper's), the
 attempt's CPU record in ``orch.usage`` (from ``wait4``'s rusage of the run), the returned files through
-``orch-finish``. A run is its program itself, in a session of its own (``posix_spawn``
-with ``setsid``): killing its process group ends it and all its children. Why: a shell per run cost the machine
-more CPU than the program it started (``benchmarks/README.md``, issue 26).
+``orch-finish``. A run is its program itself, in a session of its own (``posix_spawn`` with ``setsid``): killing
+its process group ends it and all its children. Why: a shell per run cost the machine more CPU than the program
+it started (``benchmarks/README.md``, issue 26).
 
 It serves any number of connections, each from a process of its own user (``SO_PEERCRED``), and ends once it
 has neither a connection nor a run. Messages are frames (a 4-byte length, then
@@ -296,12 +296,17 @@ class Launcher:
                     os.unlink("work", dir_fd=fd)
             finally:
                 os.close(fd)
-        self._started(run)
+        # Its START line in the events file, before its program exists, with the launcher's own pid (as a wrapper's,
+        # written before its application starts): a launcher killed once the program may run (by the program
+        # itself, even: kill $PPID) leaves a run that began, failed as lost, never taken for one that never began
+        # and started a second time. Its log's START, after the spawn, has the program's pid: its process group.
+        with contextlib.suppress(OSError):
+            os.write(self.events, b"%s START %d %s\n" % (run.key, os.getpid(), run.t0.encode()))
         try:
             os.chdir(run.home)
         except OSError as exc:
             run.write(f"launcher: cannot cd to {os.fsdecode(run.home)}: {exc.strerror}\n")
-            self._broadcast(frame(b"L", run.key, b"0"))
+            self._started(run, os.getpid())
             self._exited(run, 96, None)
             return
         run.env[b"PWD"] = os.getcwdb()  # as cd sets it
@@ -311,24 +316,19 @@ class Launcher:
                 fd = os.open(run.outdir + b"/stderr", os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
                 os.write(fd, problem.encode())
                 os.close(fd)
-            self._broadcast(frame(b"L", run.key, b"0"))
+            self._started(run, os.getpid())
             self._exited(run, 126 if "denied" in problem else 127, None)
             return
-        run.pid = pid
+        self._started(run, pid)
         self.runs[pid] = run
         self._broadcast(frame(b"L", run.key, b"%d" % pid))
 
-    def _started(self, run: Run) -> None:
-        """Its ``START`` lines, in its log and in the events file, before its program exists, with the launcher's
-        pid: as a wrapper writes its own before its application starts. A launcher killed once the program runs
-        (by the program itself, even: ``kill $PPID``) leaves a run that began, failed as lost at the worker level,
-        never one taken for never started and started a second time. The program's pid goes to the driver
-        (``L``), which writes it in its ``LAUNCH`` line. Until then (one that never starts ends at once, ``L`` 0)
-        the run's pid is the launcher's."""
-        run.pid = os.getpid()
-        run.write(f"{run.t0} START {run.pid} {self.host}\n")
-        with contextlib.suppress(OSError):
-            os.write(self.events, b"%s START %d %s\n" % (run.key, run.pid, run.t0.encode()))
+    def _started(self, run: Run, pid: int) -> None:
+        """Its log's ``START``: the program's pid (its process group), or the launcher's when none started."""
+        run.pid = pid
+        run.write(f"{_now()} START {pid} {self.host}\n")
+        if pid == os.getpid():
+            self._broadcast(frame(b"L", run.key, b"0"))
 
     def _spawn(self, run: Run) -> tuple[str, int | None]:
         """The application, found as ``sh`` finds a command (its PATH, a file without ``#!`` run by ``sh``)."""

@@ -24,6 +24,9 @@ FAST = {"core": {"poll_interval": 0.05}}
 #: For a run that kills its own parent (``kill -KILL $PPID``): under the launcher, that is the launcher, and a kill
 #: that comes before the launcher told the run's start is judged after ``start_timeout`` (docs/reference.md, "local").
 KILLS_PARENT = {**FAST, "backends": {"local": {"start_timeout": 2.0}}}
+#: Its wrapper (or launcher) killed once the run's log says it started: under the launcher the program runs a moment
+#: before its log says so, and a launcher killed in that moment fails the run at the batch level, not the worker's.
+KILL_WRAPPER = 'while ! grep -q START "$ORCH_JOBLOG"; do sleep 0.01; done; kill -KILL $PPID'
 
 
 def sh(script: str, **kw: Any) -> Job:
@@ -144,13 +147,13 @@ async def test_application_killed_by_a_signal(tmp_path: Path) -> None:
 
 async def test_wrapper_killed_mid_run_is_worker_level(tmp_path: Path) -> None:
     async with Orchestrator(home=tmp_path, config=KILLS_PARENT) as orch:
-        j = await run(orch, sh("kill -KILL $PPID; sleep 5"))
+        j = await run(orch, sh(f"{KILL_WRAPPER}; sleep 5"))
         assert j.status == "failed" and last(j)["level"] == "worker" and last(j)["verdict"] == "early"
 
 
 #: The first ``$1`` runs of the job kill their own wrapper (a worker-level fault), then it exits ``$2``, then 0.
 CRASHES = ('n=$(cat "../../../count-$ORCH_FQID" 2>/dev/null || echo 0); echo $((n + 1)) > "../../../count-$ORCH_FQID"; '
-           'if [ "$n" -lt "$1" ]; then kill -KILL $PPID; sleep 1; fi; if [ "$n" = "$1" ]; then exit "$2"; fi')
+           f'if [ "$n" -lt "$1" ]; then {KILL_WRAPPER}; sleep 1; fi; if [ "$n" = "$1" ]; then exit "$2"; fi')
 
 
 def crashes(times: int, then: int = 0, **kw: Any) -> Job:

@@ -71,8 +71,7 @@ async def test_a_run_is_its_program_started_by_the_homes_launcher_with_the_wrapp
             me, parent = int((out / "me").read_text()), int((out / "parent").read_text())
             parents.add(parent)
             log = (out / "orch.log").read_text().splitlines()
-            assert log[0].split()[1:3] == ["START", str(parent)] and log[-2].split()[1:] == ["EXIT", "0"]
-            assert me != parent
+            assert log[0].split()[1:3] == ["START", str(me)] and log[-2].split()[1:] == ["EXIT", "0"]
             assert log[-1].split()[1:] == ["END", "0"]
             [attempt] = parse_usage((out / "orch.usage").read_text())
             assert (attempt.attempt, attempt.code) == (1, 0) and attempt.end >= attempt.start
@@ -151,9 +150,9 @@ async def test_a_killed_launcher_loses_its_runs_and_the_next_runs_get_a_new_one(
         await j.submit()
         log = j.outputdir / "orch.1.log"
         with anyio.fail_after(20):
-            while j.status != "running":  # the launcher told the run's pid (its START, earlier, is before the spawn)
+            while j.status != "running":  # the launcher told the driver the run's pid (it is watched by it)
                 await anyio.sleep(0.02)
-        launcher = int(log.read_text().split()[2])  # the launcher's START, as a wrapper's: its own pid
+        launcher = parent_of(int(log.read_text().split()[2]))
         os.kill(launcher, signal.SIGKILL)
         await j.wait(timeout=30)
         assert j.status == "failed" and "without an END line" in (j.info.reason or "")
@@ -330,7 +329,7 @@ async def test_a_launcher_killed_with_runs_waiting_in_it_never_lets_more_than_ma
         with anyio.fail_after(20):
             while not all(sub.status == "running" for sub in j.subjobs[:2]):  # their pids told to the driver
                 await anyio.sleep(0.01)
-        os.kill(int(logs[0].read_text().split()[2]), signal.SIGKILL)
+        os.kill(parent_of(int(logs[0].read_text().split()[2])), signal.SIGKILL)
         await j.wait(timeout=60)
         statuses = [s.status for s in j.subjobs]
         assert statuses[:2] == ["failed"] * 2 and statuses[2:] == ["completed"] * 38, statuses
@@ -439,11 +438,12 @@ async def test_no_run_is_intended_before_what_starting_it_needs_is_written(tmp_p
 
 
 async def test_a_launcher_killed_while_it_starts_a_program_never_starts_that_run_twice(tmp_path: Path) -> None:
-    """The launcher writes a run's START lines before its program exists, as a wrapper writes its own before its
-    application starts. Killed while it starts the program, it leaves a run that may run: failed as lost at the
-    worker level, never taken for one that never began and started a second time (which CI once saw, a run that
-    killed its own launcher started twice). Deterministic: the second run's ``stdout`` is made a FIFO, so the
-    launcher's spawn waits in the child's ``open`` of it until the test, having killed the launcher, reads it."""
+    """The launcher writes a run's START line in the events file before its program exists, as a wrapper writes
+    its own before its application starts. Killed while it starts the program, it leaves a run that may run:
+    failed as lost (at the batch level: the run's log, written after the spawn, has no START), never taken for
+    one that never began and started a second time (which CI once saw: a run that killed its own launcher, started
+    twice). Deterministic: the second run's ``stdout`` is made a FIFO, so the launcher's spawn waits in the
+    child's ``open`` of it until the test, having killed the launcher, reads it."""
     ran, pidfile = tmp_path / "ran", tmp_path / "launcher"
     first = (f"echo $PPID > {pidfile}; while [ ! -d ../../1/output ]; do sleep 0.05; done; "
              "mkfifo ../../1/output/stdout")
@@ -471,6 +471,6 @@ async def test_a_launcher_killed_while_it_starts_a_program_never_starts_that_run
             os.close(reader)
         second = j.subjobs[1]
         assert second.status == "failed" and second.info.submit_counter == 1, second.info.history
-        assert [(h["level"], h["action"]) for h in second.info.history] == [("worker", "failed")]
+        assert [(h["level"], h["action"]) for h in second.info.history] == [("batch", "failed")]  # its log: no START
         assert "without an END line" in (second.info.reason or "")
     assert ran.read_text() == "x\n"  # it ran once
