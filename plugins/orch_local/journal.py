@@ -5,8 +5,9 @@ The driver writes ``INTENT`` (a launch begins), ``LAUNCH pid`` (the wrapper
 was started) and ``LOST reason``; each wrapper writes ``START pid`` and
 ``END code`` itself (``ORCH_NOTIFY``), and the launcher for the runs it
 starts (its ``START`` before the program starts, with its own pid, as a
-wrapper's: the program's is in the ``LAUNCH`` line and the run's log). The lines the driver writes at one
-moment (the INTENTs of a batch, then its LAUNCHes) go out in one write.
+wrapper's: the program's is in the ``LAUNCH`` line and the run's log).
+The lines the driver writes at one moment (the INTENTs of a batch, then
+its LAUNCHes) go out in one write.
 
 ``submitted.log``: one line per run accepted, ``KEY JSON``, with what
 starting it needs (its command, environment, directories): a run that a
