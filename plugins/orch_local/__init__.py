@@ -55,8 +55,8 @@ from orchestrator.plugin.wrapper import RUNFILE, BaseEnviron, boot_time, install
 
 from .ends import RunEnds
 from .hosted import Launcher, hostable
-from .journal import Journal
-from .runs import Run, Seed, ending_of, owner_tag, start_batch, starts_inline, starts_of
+from .journal import Journal, Record
+from .runs import Run, Seed, SeedFrames, ending_of, owner_tag, start_batch, starts_inline, starts_of
 
 #: Seconds between two looks at running wrappers no pidfd watches (no pidfds here, or none left).
 LIVENESS_EVERY = 1.0
@@ -95,6 +95,8 @@ class LocalDriver(RunEnds, Driver):
         os.fchmod(self._out, 0o600)
         self._boot = boot_time()
         self._environ = BaseEnviron()
+        #: The launcher's start messages of runs kept as seeds (what a template's runs share, encoded once).
+        self._seeds = SeedFrames(str(self.wrapper.parent), self._boot)
         self._watcher = ExitWatcher()
         self._active: dict[str, Run] = {}
         self._by_pid: dict[int, Run] = {}
@@ -205,8 +207,8 @@ class LocalDriver(RunEnds, Driver):
             self._end(run, ending_of(run))
         elif self._wait_for_launcher(run):  # first: it may have started since the launcher said (its L comes)
             pass
-        elif (pid := self._launcher.runs.get(key) or rec.pid) is not None:  # (a hosted run's START line has the
-            if not self._adopt(run, pid, running):  # launcher's pid, not its program's: the launcher's word first)
+        elif (pid := self._known_pid(key, rec)) is not None:
+            if not self._adopt(run, pid, running):
                 self._gone(run)
         else:  # INTENT, no LAUNCH: its starter died around the spawn
             pid = (find_process(key)
@@ -214,6 +216,12 @@ class LocalDriver(RunEnds, Driver):
             if pid is None or not self._adopt(run, pid, running):
                 run.recheck_at = rec.intent_at + self.start_timeout
                 self._rechecks.append(run)
+
+    def _known_pid(self, key: str, record: Record) -> int | None:
+        """The run's process as told: by the launcher first (a hosted run's START line has the launcher's own pid,
+        written before the program existed, and its LAUNCH line may not have been written), else by the events
+        file (a wrapper's LAUNCH or START)."""
+        return self._launcher.runs.get(key) or record.pid
 
     def _adopt(self, run: Run, pid: int, running: bool) -> bool:
         """Watch ``pid`` as ``run``'s wrapper if it is that (its key, or its old run file, in its arguments)."""
@@ -346,7 +354,7 @@ class LocalDriver(RunEnds, Driver):
             for run in batch:
                 run.record.intent_at = now
             starts = starts_of(batch, self.wrapper, journal=self.journal, boot=self._boot, environ=self._environ,
-                               launcher=self._launcher)
+                               launcher=self._launcher, seeds=self._seeds)
             await start_batch(starts, self._out, inline=inline)
             self._host(starts)
         except OSError as exc:  # no INTENT line could be written (a full disk...): nothing of the batch starts
@@ -388,7 +396,7 @@ class LocalDriver(RunEnds, Driver):
             for run in due:
                 if run.ended or self._wait_for_launcher(run):
                     continue
-                pid = self._launcher.runs.get(run.key) or run.record.pid or find_process(run.key)
+                pid = self._known_pid(run.key, run.record) or find_process(run.key)
                 if pid is not None and self._adopt(run, pid, False):
                     continue
                 if run.record.started:

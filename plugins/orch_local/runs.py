@@ -226,17 +226,17 @@ def start_all(starts: Sequence[Start], out: int) -> None:
             start.problem = str(exc)
 
 
-def starts_of(batch: Sequence[Run], wrapper: Path, *, journal: Journal, boot: int,
-              environ: BaseEnviron, launcher: Launcher | None = None) -> list[Start]:
+def starts_of(batch: Sequence[Run], wrapper: Path, *, journal: Journal, boot: int, environ: BaseEnviron,
+              seeds: SeedFrames, launcher: Launcher | None = None) -> list[Start]:
     """Each run's command line and environment: ``sh wrapper.sh --env KEY COMMAND...`` (or, for a run accepted
     by an earlier version of the driver, ``sh wrapper.sh RUNFILE``). A run of another owner starts under
     ``setpriv`` with the owner's ids and environment, and notifies its owner's own events file. A run that
     is hosted (:attr:`Run.hosted`, decided when it took its slot) gets the ``launcher``'s message instead, its
-    program and its environment as the wrapper would have started it."""
+    program and its environment as the wrapper would have started it (made by ``seeds``, the driver's own, for a
+    run kept as a seed: a batch holds about one run, so what a template's runs share is kept from one to the next)."""
     bindir, notify = str(wrapper.parent), str(journal.events)
     base = environ.entries()
     out = []
-    seeds = SeedFrames(bindir, boot)
     for run in batch:
         seed = run.seed
         if (launcher is not None and run.hosted and seed is not None and not seed.template.inputs
