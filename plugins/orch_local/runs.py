@@ -239,8 +239,9 @@ def starts_of(batch: Sequence[Run], wrapper: Path, *, journal: Journal, boot: in
     out = []
     for run in batch:
         seed = run.seed
-        if (launcher is not None and run.hosted and seed is not None and not seed.template.inputs
-                and seed.template.owner is None):  # the usual run: no RunSpec made again for it
+        # The usual run: no RunSpec made again for it. A hosted run is the orchestrator's own user's (its owner
+        # named or not: :func:`.hosted.hostable`), so nothing of an owner is asked here.
+        if launcher is not None and run.hosted and seed is not None and not seed.template.inputs:
             out.append(Start(run, [], {}, None, request=seeds.frame(run, seed, launcher.base_token(base)),
                              dirs=run.where))
             continue

@@ -3,6 +3,8 @@ spec kept small and made whole again when it starts."""
 
 from __future__ import annotations
 
+import os
+import pwd
 from dataclasses import fields
 from pathlib import Path
 
@@ -10,12 +12,12 @@ import anyio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from orch_local.hosted import start_frame
-from orch_local.journal import Record
-from orch_local.runs import Run, Seed, SeedFrames
+from orch_local.hosted import Launcher, start_frame
+from orch_local.journal import Journal, Record
+from orch_local.runs import Run, Seed, SeedFrames, starts_of
 
 from orchestrator.plugin import RunSpec
-from orchestrator.plugin.wrapper import application_entries
+from orchestrator.plugin.wrapper import BaseEnviron, application_entries
 from orchestrator.runtime import bulk
 
 #: Runs of one batch share their settings object (as the runtime makes them).
@@ -137,3 +139,30 @@ def test_a_seed_start_message_is_the_one_its_spec_would_make(env: dict[str, str]
     for r, sd, sp in ((other, other_seed, other_spec), (run, seed, spec), (other, other_seed, other_spec)):
         assert made.frame(r, sd, b"9.1") == start_frame(sp, bindir, b"9.1",  # templates in turn: each its own
                                                         application_entries(sp, bindir=bindir, boot=boot))
+
+
+def test_a_hosted_run_owned_by_the_orchestrators_own_user_starts_from_its_seed(tmp_path: Path) -> None:
+    """The API names every job's owner (its caller: in the embedded API, this process's user). A hosted run so owned
+    starts from its seed's strings (``SeedFrames``), its RunSpec never made again. Until this test, only a run with
+    no owner named did, and the API names one for every job: the path made for the usual run was never taken."""
+    me = pwd.getpwuid(os.getuid()).pw_name
+    jobdir = tmp_path / "7" / "0"
+    spec = RunSpec(fqid="7.0", index=0, attempt=1, key="orch-h-7.0-1", executable="/bin/true", args=("x",),
+                   env={"A": "1"}, settings={}, inputs=(), outputfiles=(), jobdir=jobdir, inputdir=jobdir / "input",
+                   outputdir=jobdir / "output", workdir=jobdir / "work", mode="test", owner=me)
+    run, seed = waiting(spec, None)
+    assert seed is not None
+    run.hosted = True  # as the driver decides it for this spec: hostable, a launcher there
+    statedir, bindir = tmp_path / "state", tmp_path / "bin"
+    statedir.mkdir()
+    journal = Journal(statedir)
+    try:
+        launcher, environ = Launcher(statedir, journal.events, 1), BaseEnviron()
+        [start] = starts_of([run], bindir / "wrapper.sh", journal=journal, boot=0, environ=environ,
+                            seeds=SeedFrames(str(bindir), 0), launcher=launcher)
+        token = launcher.base_token(environ.entries())
+    finally:
+        journal.close()
+    assert start.problem is None
+    assert start.spec is None and start.dirs == str(jobdir)  # from the seed: no RunSpec, the usual dirs by name
+    assert start.request == start_frame(spec, str(bindir), token, application_entries(spec, bindir=str(bindir), boot=0))
