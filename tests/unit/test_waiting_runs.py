@@ -12,7 +12,7 @@ import anyio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from orch_local.hosted import Launcher, start_frame
+from orch_local.hosted import Launcher, hostable, start_frame
 from orch_local.journal import Journal, Record
 from orch_local.runs import Run, Seed, SeedFrames, starts_of
 
@@ -152,7 +152,8 @@ def test_a_hosted_run_owned_by_the_orchestrators_own_user_starts_from_its_seed(t
                    outputdir=jobdir / "output", workdir=jobdir / "work", mode="test", owner=me)
     run, seed = waiting(spec, None)
     assert seed is not None
-    run.hosted = True  # as the driver decides it for this spec: hostable, a launcher there
+    assert hostable(spec)  # the driver hosts it (a launcher there): its owner is this process's user
+    run.hosted = True
     statedir, bindir = tmp_path / "state", tmp_path / "bin"
     statedir.mkdir()
     journal = Journal(statedir)
