@@ -70,12 +70,12 @@ def main() -> None:
               "backends": {"local": {"max_running": 256}}}
     asyncio.run(raw(50, 64))  # warm the page cache
     parsl_round(50, true_app)
-    times: dict[str, list[float]] = {"raw": [], "ours": [], "parsl": []}
-    cpu: dict[str, list[tuple[float, float]]] = {"raw": [], "ours": [], "parsl": []}
+    sides: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+        ("raw", lambda: asyncio.run(raw(a.n, 64))), ("ours", lambda: asyncio.run(ours(a.n, config, None))),
+        ("parsl", lambda: parsl_round(a.n, true_app))]
+    times: dict[str, list[float]] = {side: [] for side, _ in sides}
+    cpu: dict[str, list[tuple[float, float]]] = {side: [] for side, _ in sides}
     for r in range(a.rounds):
-        sides: list[tuple[str, Callable[[], dict[str, Any]]]] = [
-            ("raw", lambda: asyncio.run(raw(a.n, 64))), ("ours", lambda: asyncio.run(ours(a.n, config, None))),
-            ("parsl", lambda: parsl_round(a.n, true_app))]
         for side, result in sides:
             got = result()
             times[side].append(got["total_s"])
