@@ -141,6 +141,16 @@ def process_args(pid: int) -> list[bytes]:
         return []
 
 
+def process_environ(pid: int) -> list[bytes]:
+    """The environment ``pid`` started with, as ``NAME=value`` entries (empty when it is gone or not ours to read):
+    a program started without a wrapper carries no key in its arguments, and is known by it after a crash."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
 def find_process(needle: str) -> int | None:
     """The pid of a live process with ``needle`` as one of its arguments (a run's key), if any."""
     want = os.fsencode(needle)

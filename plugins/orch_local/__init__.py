@@ -50,7 +50,7 @@ from orchestrator.plugin import (
     SubmitError,
 )
 from orchestrator.plugin.fairshare import FairQueue
-from orchestrator.plugin.processes import ExitWatcher, find_process, process_args, reap
+from orchestrator.plugin.processes import ExitWatcher, find_process, process_args, process_environ, reap
 from orchestrator.plugin.wrapper import RUNFILE, BaseEnviron, boot_time, install_scripts, pid_alive
 
 from .ends import RunEnds
@@ -180,7 +180,8 @@ class LocalDriver(RunEnds, Driver):
                 out.append(None)
                 continue
             out.append(r.key)
-            self._follow(r.key, r.fqid, str(r.settings.get("shell", "/bin/sh")), r.jobdir, spec=r)
+            self._follow(r.key, r.fqid, str(r.settings.get("shell", "/bin/sh")), r.jobdir,
+                         f"{r.outputdir}/orch.{r.attempt}.log", spec=r)
         self._restart()
         await anyio.lowlevel.checkpoint()
         return out
@@ -191,16 +192,16 @@ class LocalDriver(RunEnds, Driver):
         self._read_events()
         for h in handles:
             self._follow(h.backend_id, h.fqid, str(h.settings.get("shell", "/bin/sh")), h.jobdir,
-                         running=h.status != JobStatus.SUBMITTED)
+                         f"{h.outputdir}/orch.{h.attempt}.log", running=h.status != JobStatus.SUBMITTED)
         self._restart()
         await anyio.lowlevel.checkpoint()
 
-    def _follow(self, key: str, fqid: str, shell: str, jobdir: Path, *, spec: RunSpec | None = None,
+    def _follow(self, key: str, fqid: str, shell: str, jobdir: Path, joblog: str, *, spec: RunSpec | None = None,
                 running: bool = False) -> None:
         if key in self._active:
             return
         rec = self.journal.record(key)
-        run = self._active[key] = Run(key, fqid, shell, str(jobdir), rec, spec=spec)
+        run = self._active[key] = Run(key, fqid, shell, str(jobdir), rec, spec=spec, joblog=joblog)
         if rec.intent_at is None:  # accepted, never launched
             self._start_again(run)
         elif rec.ended:
@@ -224,13 +225,16 @@ class LocalDriver(RunEnds, Driver):
         return self._launcher.runs.get(key) or record.pid
 
     def _adopt(self, run: Run, pid: int, running: bool) -> bool:
-        """Watch ``pid`` as ``run``'s wrapper if it is that (its key, or its old run file, in its arguments)."""
+        """Watch ``pid`` as ``run``'s wrapper if it is that (its key, or its old run file, in its arguments), or as
+        its program if a launcher now gone started it (the run's own log in its environment, ``ORCH_JOBLOG``): a
+        process of its own then, failed as lost when it ends, as when the launcher dies under a live driver."""
         if self._launcher.runs.get(run.key) == pid:  # the launcher's: watched through it
             run.hosted = True
         else:
             args = process_args(pid)
             old = run.jobdir.is_absolute() and os.fsencode(run.jobdir / RUNFILE) in args
-            if not (os.fsencode(run.key) in args or old) or not pid_alive(pid):
+            program = run.joblog is not None and b"ORCH_JOBLOG=" + os.fsencode(run.joblog) in process_environ(pid)
+            if not (os.fsencode(run.key) in args or old or program) or not pid_alive(pid):
                 return False
         run.pid = pid
         run.started()

@@ -61,6 +61,9 @@ class Run:
     recheck_at: float | None = None
     #: Started by the home's launcher (:mod:`.hosted`), not by a wrapper of its own.
     hosted: bool = False
+    #: Its log (``orch.<attempt>.log``), for a run followed after a restart: its program, if a launcher now gone
+    #: started it, is known by it (the program's ``ORCH_JOBLOG``).
+    joblog: str | None = None
 
     @property
     def jobdir(self) -> Path:

@@ -1,0 +1,76 @@
+"""``local``'s launcher and the orchestrator both gone while a run's program runs: the next process waits for that
+program to end before it judges the run, as the orchestrator does when only the launcher is killed
+(``docs/reference.md``, "local"). Judged at once, the run was retried while its first program still ran."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from test_local import alive
+from test_local_launcher import parent_of
+
+from orchestrator import Orchestrator
+
+pytestmark = pytest.mark.anyio
+
+RUN_THEN_WAIT = '''
+import anyio, sys
+from orchestrator import Executable, Job, Orchestrator, RetryPolicy
+
+async def main(home, script):
+    async with Orchestrator(home=home) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", script]), backend="local",
+                                    retry=RetryPolicy(max_early=2, max_late_unhandled=2)))
+        await j.submit()
+        with anyio.fail_after(20):
+            while j.status != "running":  # its program's pid told (the LAUNCH line)
+                await anyio.sleep(0.02)
+        print((j.outputdir / "orch.1.log").read_text().split()[2], flush=True)
+        await anyio.sleep(120)
+
+anyio.run(main, sys.argv[1], sys.argv[2])
+'''
+
+
+async def test_a_run_whose_launcher_died_with_the_orchestrator_is_judged_when_its_program_ends(
+        tmp_path: Path) -> None:
+    """The orchestrator is killed, then the home's launcher, while a run's program runs. The next process finds
+    the program by its pid (the LAUNCH line) and its environment (the run's own log named in ``ORCH_JOBLOG``): the
+    run stays ``running`` while it runs, is failed as lost once it ends (no one was left to record its exit
+    code), and its retry starts only then. Its program never runs twice at once."""
+    home, side, go = tmp_path / "home", tmp_path / "side", tmp_path / "go"
+    script = f'echo start >> {side}; while [ ! -e {go} ]; do sleep 0.05; done; echo end >> {side}'
+    proc = subprocess.Popen([sys.executable, "-c", RUN_THEN_WAIT, str(home), script], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None
+        program = int(proc.stdout.readline())
+    finally:
+        proc.kill()
+        proc.wait()
+    launcher = parent_of(program)
+    os.kill(launcher, signal.SIGKILL)
+    with anyio.fail_after(10):
+        while alive(launcher):
+            await anyio.sleep(0.02)
+    assert alive(program)
+    try:
+        async with Orchestrator(home=home) as orch:
+            j = orch.jobs[0]
+            await anyio.sleep(1.5)
+            assert j.status == "running" and side.read_text() == "start\n"  # waited for, not judged yet
+            go.touch()
+            await j.wait(timeout=30)
+            assert j.status == "completed" and j.info.submit_counter == 2, j.info.history
+            first = j.info.history[0]
+            assert (first["level"], first["action"]) == ("worker", "retry"), first
+            assert "without an END line" in first["reason"]
+    finally:
+        go.touch()  # no program left waiting, whatever failed
+    assert side.read_text() == "start\nend\nstart\nend\n"  # one at a time
