@@ -56,7 +56,7 @@ from orchestrator.plugin.wrapper import RUNFILE, BaseEnviron, boot_time, install
 from .ends import RunEnds
 from .hosted import Launcher, hostable
 from .journal import Journal, Record
-from .runs import Run, Seed, SeedFrames, ending_of, owner_tag, start_batch, starts_inline, starts_of
+from .runs import Run, Seed, SeedFrames, ending_of, logged_pid, owner_tag, start_batch, starts_inline, starts_of
 
 #: Seconds between two looks at running wrappers no pidfd watches (no pidfds here, or none left).
 LIVENESS_EVERY = 1.0
@@ -208,8 +208,9 @@ class LocalDriver(RunEnds, Driver):
             self._end(run, ending_of(run))
         elif self._wait_for_launcher(run):  # first: it may have started since the launcher said (its L comes)
             pass
-        elif (pid := self._known_pid(key, rec)) is not None:
-            if not self._adopt(run, pid, running):
+        elif (pid := self._known_pid(key, rec)) is not None:  # (a program a launcher started while no orchestrator
+            # ran has no LAUNCH line: its pid is in its log's START)
+            if not self._adopt(run, pid, running) and not ((p := logged_pid(run)) and self._adopt(run, p, running)):
                 self._gone(run)
         else:  # INTENT, no LAUNCH: its starter died around the spawn
             pid = (find_process(key)

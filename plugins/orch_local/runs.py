@@ -12,7 +12,7 @@ import anyio
 from orchestrator.plugin import JobStatus, RunSpec, StatusUpdate
 from orchestrator.plugin.contract import child_path
 from orchestrator.plugin.processes import spawn_detached
-from orchestrator.plugin.users import Identity, OwnerError, identity, switch_argv
+from orchestrator.plugin.users import Identity, OwnerError, identity, read_inside, switch_argv
 from orchestrator.plugin.wrapper import (
     BaseEnviron,
     SpawnError,
@@ -275,6 +275,20 @@ def starts_of(batch: Sequence[Run], wrapper: Path, *, journal: Journal, boot: in
         else:
             out.append(Start(run, [run.shell, str(wrapper), str(run.runfile)], dict(os.environ), None))
     return out
+
+
+def logged_pid(run: Run) -> int | None:
+    """The pid the last ``START`` line of a run followed after a restart gives in its log (``TIME START PID HOST``):
+    a hosted run's program, which its launcher names there after the spawn, before the driver's LAUNCH line
+    (none if no orchestrator ran). Read as any file a run wrote (:func:`read_inside`)."""
+    if run.joblog is None:
+        return None
+    try:
+        text = read_inside(Path(run.joblog), run.jobdir, most=1 << 16)
+    except OSError:
+        return None
+    pids = [p[2] for line in text.splitlines() if len(p := line.split()) > 2 and p[1] == b"START" and p[2].isdigit()]
+    return int(pids[-1]) if pids else None
 
 
 class SeedFrames:

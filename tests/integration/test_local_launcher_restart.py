@@ -38,6 +38,16 @@ anyio.run(main, sys.argv[1], sys.argv[2])
 '''
 
 
+async def kill_the_launcher_of(program: int) -> None:
+    """SIGKILL to the launcher that started ``program``, which goes on."""
+    launcher = parent_of(program)
+    os.kill(launcher, signal.SIGKILL)
+    with anyio.fail_after(10):
+        while alive(launcher):
+            await anyio.sleep(0.02)
+    assert alive(program)
+
+
 async def test_a_run_whose_launcher_died_with_the_orchestrator_is_judged_when_its_program_ends(
         tmp_path: Path) -> None:
     """The orchestrator is killed, then the home's launcher, while a run's program runs. The next process finds
@@ -54,12 +64,7 @@ async def test_a_run_whose_launcher_died_with_the_orchestrator_is_judged_when_it
     finally:
         proc.kill()
         proc.wait()
-    launcher = parent_of(program)
-    os.kill(launcher, signal.SIGKILL)
-    with anyio.fail_after(10):
-        while alive(launcher):
-            await anyio.sleep(0.02)
-    assert alive(program)
+    await kill_the_launcher_of(program)
     try:
         async with Orchestrator(home=home) as orch:
             j = orch.jobs[0]
@@ -74,3 +79,63 @@ async def test_a_run_whose_launcher_died_with_the_orchestrator_is_judged_when_it
     finally:
         go.touch()  # no program left waiting, whatever failed
     assert side.read_text() == "start\nend\nstart\nend\n"  # one at a time
+
+
+RUN_TWO_THEN_WAIT = '''
+import anyio, sys
+from orchestrator import ArgSplitter, Executable, Job, Orchestrator, RetryPolicy
+
+async def main(home, script):
+    async with Orchestrator(home=home, config={"backends": {"local": {"max_running": 1}}}) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh"), backend="local",
+                                    splitter=ArgSplitter([["-c", script, "sh", str(i)] for i in range(2)]),
+                                    retry=RetryPolicy(max_early=2, max_late_unhandled=2)))
+        await j.submit()
+        with anyio.fail_after(20):
+            while j.subjobs[0].status != "running":
+                await anyio.sleep(0.02)
+        print("running", flush=True)  # the second run waits at the launcher
+        await anyio.sleep(120)
+
+anyio.run(main, sys.argv[1], sys.argv[2])
+'''
+
+
+async def test_a_run_the_launcher_started_while_no_orchestrator_ran_is_waited_for_after_the_launcher_dies(
+        tmp_path: Path) -> None:
+    """The orchestrator is killed while a run waits at the launcher; the launcher starts it once the first ends (no
+    orchestrator writes its LAUNCH line), and is killed in turn while it runs. The next process finds that program
+    by the pid its log's ``START`` line gives: the run is waited for, then failed as lost and retried, never run
+    twice at once; the first run's end, recorded by the launcher, stands."""
+    home, side = tmp_path / "home", tmp_path / "side"
+    script = f'echo "start $1" >> {side}; while [ ! -e {tmp_path}/go$1 ]; do sleep 0.05; done; echo "end $1" >> {side}'
+    proc = subprocess.Popen([sys.executable, "-c", RUN_TWO_THEN_WAIT, str(home), script], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "running\n"
+    finally:
+        proc.kill()
+        proc.wait()
+    try:
+        (tmp_path / "go0").touch()
+        log = home / "workspace" / "0" / "1" / "output" / "orch.1.log"
+        with anyio.fail_after(20):  # started by the launcher alone
+            while not log.exists() or len(log.read_text().split()) < 3:
+                await anyio.sleep(0.02)
+        program = int(log.read_text().split()[2])
+        await kill_the_launcher_of(program)
+        async with Orchestrator(home=home, config={"backends": {"local": {"max_running": 1}}}) as orch:
+            j = orch.jobs[0]
+            await anyio.sleep(1.5)
+            first, second = j.subjobs
+            assert first.status == "completed" and second.status == "running"
+            assert side.read_text().split("\n") == ["start 0", "end 0", "start 1", ""]
+            (tmp_path / "go1").touch()
+            await j.wait(timeout=30)
+            assert j.status == "completed" and second.info.submit_counter == 2, second.info.history
+            assert "without an END line" in second.info.history[0]["reason"]
+    finally:
+        (tmp_path / "go0").touch()
+        (tmp_path / "go1").touch()
+    assert side.read_text().split("\n") == ["start 0", "end 0", "start 1", "end 1", "start 1", "end 1", ""]
