@@ -62,6 +62,11 @@ class _LibcSpawn:
             raise OSError(errno.EINVAL, "sigset")
         self.add_open.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint]
         self.add_dup2.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+        # Every descriptor past the three closed in the child (glibc 2.34+): one this process holds without
+        # close-on-exec (inherited from whoever started it: a supervisor's pipe) is not a run's to have.
+        self.add_closefrom = getattr(libc, "posix_spawn_file_actions_addclosefrom_np", None)
+        if self.add_closefrom is not None:
+            self.add_closefrom.argtypes = [ctypes.c_void_p, ctypes.c_int]
 
     def __call__(self, argv: list[str], env: Mapping[str, str] | Sequence[bytes], out: int) -> int:
         c_argv = (ctypes.c_char_p * (len(argv) + 1))(*[os.fsencode(a) for a in argv], None)
@@ -73,7 +78,8 @@ class _LibcSpawn:
         try:
             if (self.set_flags(attr, self.FLAGS) or self.set_default(attr, self.defaults)
                     or self.set_mask(attr, self.no_mask) or self.add_open(actions, 0, b"/dev/null", os.O_RDONLY, 0)
-                    or self.add_dup2(actions, out, 1) or self.add_dup2(actions, out, 2)):
+                    or self.add_dup2(actions, out, 1) or self.add_dup2(actions, out, 2)
+                    or (self.add_closefrom is not None and self.add_closefrom(actions, 3))):
                 raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
             error = self.spawn(ctypes.byref(pid), c_argv[0], actions, attr, c_argv, c_env)
         finally:
@@ -105,7 +111,8 @@ _spawn = _libc_spawn()
 
 def spawn_detached(argv: list[str], env: Mapping[str, str] | Sequence[bytes], *, out: int) -> int:
     """Start ``argv`` with ``env`` (variables by name, or encoded ``NAME=value`` entries) in a session of its own,
-    stdin ``/dev/null``, stdout and stderr on the open file ``out``, no signal blocked and SIGPIPE and SIGXFSZ at
+    stdin ``/dev/null``, stdout and stderr on the open file ``out``, no other descriptor of this process (where
+    the C library closes them in the child: glibc 2.34+), no signal blocked and SIGPIPE and SIGXFSZ at
     their defaults (as a shell would have them); its pid.
     Leading its own session, it outlives the process that started it, and killing its process group ends
     everything it started. Safe to call from worker threads, several at once: the call lets go of the
@@ -238,4 +245,4 @@ class ExitWatcher:
             self._epoll = None
 
 
-__all__ = ["ExitWatcher", "find_process", "process_args", "reap", "spawn_detached"]
+__all__ = ["ExitWatcher", "find_process", "process_args", "process_environ", "reap", "spawn_detached"]

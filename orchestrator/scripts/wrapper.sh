@@ -86,12 +86,13 @@ orch_usage "$rc"
 echo "$_ts EXIT $rc" >> "$ORCH_JOBLOG"
 
 # The RETURN_FILE lines of the application's log ("$ORCH_LOG RETURN_FILE name").
+# Each name as it was written, spaces and all: the line's first words cut off, not split (as the launcher reads it).
 _returns=
-while IFS=" " read -r _t _w _d; do
-    if [ "$_w" = RETURN_FILE ]; then
-        _returns="$_returns$_d
-"
-    fi
+while IFS= read -r _l; do
+    case "${_l#* }" in
+        "RETURN_FILE "*) _d=${_l#* RETURN_FILE }; _returns="$_returns$_d
+" ;;
+    esac
 done < "$ORCH_JOBLOG"
 # Declared output files and returned files go into the output dir: the rare part, in a file of its own that
 # the shell reads only then.

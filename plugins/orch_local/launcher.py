@@ -48,8 +48,11 @@ IDLE_FOR = 10.0
 #: A shell's search path when the run's environment has none (dash's).
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: Returned files are moved by the wrapper's own end (``orch-finish``), in a shell started only then.
-FINISH = ('orch_ts() { _ts=$(date +%s); }; cd -P -- "$ORCH_HOME" || exit 96; _home=$PWD; '
-          '. "$ORCH_BIN/orch-finish"')
+#: What the wrapper does after the application when it returns files; its clock read as the wrapper's ``orch_ts``
+#: reads it (to the hundredth, from ``/proc/uptime`` and ``ORCH_BOOT``), as every other line of the log has it.
+FINISH = ('orch_ts() { if [ -n "${ORCH_BOOT:-}" ] && IFS=" " read -r _up _idle < /proc/uptime; then '
+          '_ts="$((ORCH_BOOT + ${_up%.*})).${_up#*.}"; else _ts=$(date +%s); fi; }; '
+          'cd -P -- "$ORCH_HOME" || exit 96; _home=$PWD; . "$ORCH_BIN/orch-finish"')
 _HEAD = struct.Struct(">I")
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
 #: A run's stdout and stderr, opened in the run's own process (so not closed at its exec).
@@ -381,8 +384,8 @@ class Launcher:
             code = os.waitstatus_to_exitcode(status)
             if run.finishing:
                 self._end(run)
-            elif code == -signal.SIGKILL and not run.killed:  # as the wrapper, killed with its group: no word
-                self._ended(run)
+            elif code == -signal.SIGKILL:  # as the wrapper, killed with its group (asked to or not): no word, and
+                self._ended(run)  # no CPU record ("an attempt killed by SIGKILL leaves no record")
             else:
                 # SIGTERM is a stop from outside (a kill, a batch system's preemption), as the wrapper's trap has it
                 run.killed = run.killed or code == -signal.SIGTERM
@@ -407,7 +410,7 @@ class Launcher:
         run.write(f"{now} EXIT {run.code}\n")
         returns = self._returns(run)
         if returns:
-            env = {k: v for k, v in run.env.items() if k in (b"PATH", b"ORCH_HOME", b"ORCH_JOBLOG")}
+            env = {k: v for k, v in run.env.items() if k in (b"PATH", b"ORCH_HOME", b"ORCH_JOBLOG", b"ORCH_BOOT")}
             env.update({b"ORCH_OUTDIR": run.outdir, b"ORCH_BIN": run.bindir, b"_returns": returns})
             with contextlib.suppress(OSError):
                 pid = os.posix_spawn("/bin/sh", [b"sh", b"-c", FINISH.encode()], env, setsid=True,
