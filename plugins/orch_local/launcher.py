@@ -38,6 +38,7 @@ import os
 import selectors
 import signal
 import socket
+import stat
 import struct
 import sys
 import time
@@ -389,6 +390,8 @@ class Launcher:
             else:
                 # SIGTERM is a stop from outside (a kill, a batch system's preemption), as the wrapper's trap has it
                 run.killed = run.killed or code == -signal.SIGTERM
+                if code < 0:
+                    _say_signal(run, -code, os.WCOREDUMP(status))
                 self._exited(run, 128 - code if code < 0 else code, usage)  # a signal N: 128 + N, as sh says it
 
     def _exited(self, run: Run, code: int, usage: object) -> None:
@@ -450,6 +453,21 @@ class Launcher:
         if self.by_key.get(run.key) is run:
             del self.by_key[run.key]
         self._broadcast(frame(b"E", run.key))
+
+
+def _say_signal(run: Run, number: int, core: bool) -> None:
+    """What ``sh`` writes on a command's stderr when a signal ended it ("Segmentation fault (core dumped)"; nothing
+    for SIGINT and SIGPIPE), written there as the wrapper's shell would: a failure's reason quotes it. Opened
+    without following a link or waiting on a FIFO (the program may have put either in its place)."""
+    if number in (signal.SIGINT, signal.SIGPIPE):
+        return
+    with contextlib.suppress(OSError):
+        fd = os.open(run.outdir + b"/stderr", os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.write(fd, f"{signal.strsignal(number)}{' (core dumped)' if core else ''}\n".encode())
+        finally:
+            os.close(fd)
 
 
 def main() -> None:

@@ -83,3 +83,17 @@ async def test_returned_files_keep_the_spaces_in_their_names_and_their_lines_the
         lines = (j.outputdir / "orch.log").read_text().splitlines()
         missing = [line for line in lines if "missing.txt not found" in line]
         assert missing and all("." in line.split()[0] for line in lines), lines
+
+
+async def test_a_program_ended_by_a_signal_has_the_shells_word_for_it_on_its_stderr(
+        tmp_path: Path, backend: Backend) -> None:
+    """``sh`` writes "Segmentation fault" on a command's stderr when SIGSEGV ends it, and the failure's reason quotes
+    the stderr's last lines; the launcher, which starts programs as ``sh`` would, writes it too. (Its runs' stderr
+    stayed empty, and their reason said less.)"""
+    async with Orchestrator(home=tmp_path / "home") as orch:
+        j = await orch.jobs.add(sh("echo oops >&2; kill -SEGV $$", backend))
+        await j.submit()
+        await j.wait(timeout=30)
+        assert j.status == "failed" and j.info.history[-1]["exit_code"] == 139
+        assert (j.outputdir / "stderr").read_text().splitlines() == ["oops", "Segmentation fault"]
+        assert (j.info.reason or "").endswith("stderr: oops | Segmentation fault"), j.info.reason
