@@ -273,6 +273,10 @@ def handle_kill_outcomes(core: Core, event: KillOutcomes) -> None:
     elif killing.to is not None:
         core.move(js, killed, killing.to, sid)  # a run that ended meanwhile keeps its ending
         settle(core, js, sid)
+    if killed and killing.request is not None:
+        # on record before the request is answered: a process killed the moment after finds them killed, and
+        # neither takes a killed run's end by its signal for a crash nor starts one that waited its turn
+        core.emit(Persist(stimulus_id=sid))
     done(core, killing.request, js.id, errors)
 
 

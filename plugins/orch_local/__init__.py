@@ -438,7 +438,7 @@ class LocalDriver(RunEnds, Driver):
             if not run.launching:  # queued: it never starts (one being launched is stopped by _launch)
                 self.journal.write([self._lost(run, JobStatus.KILLED, "killed before it started")])
             elif run.hosted:  # waiting at the launcher: dropped there (its E), or, started meanwhile, stopped
-                self._launcher.kill(run.key)
+                self._launcher.kill(run.key, self.kill_grace)
             return
         self._signal(run)
         await anyio.lowlevel.checkpoint()
@@ -448,7 +448,7 @@ class LocalDriver(RunEnds, Driver):
         after ``kill_grace``."""
         assert run.pid is not None
         pid = run.pid
-        if not (run.hosted and self._launcher.kill(run.key)):
+        if not (run.hosted and self._launcher.kill(run.key, self.kill_grace)):
             try:
                 os.killpg(pid, signal.SIGTERM)
             except ProcessLookupError:

@@ -177,10 +177,11 @@ class Launcher:
             self._unsent_base = frame(b"B", token, *(v for k, v in base.items() if k != "PWD"))
         return self._base[1]
 
-    def kill(self, key: str) -> bool:
-        """SIGTERM to the run's process group, by the launcher (which then records its end as a stop); False when
-        the launcher is gone (the caller signals the group itself)."""
-        return self.send(frame(b"K", key.encode()))
+    def kill(self, key: str, grace: float) -> bool:
+        """SIGTERM to the run's process group, by the launcher (which then records its end as a stop), and SIGKILL
+        ``grace`` seconds later if it still runs, whether an orchestrator is left or not; False when the launcher
+        is gone (the caller signals the group itself)."""
+        return self.send(frame(b"K", key.encode(), b"%.3f" % grace))
 
     def withdraw(self, key: str) -> bool:
         """The run dropped if it still waits at the launcher (never started); one started goes on."""

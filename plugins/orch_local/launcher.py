@@ -141,6 +141,8 @@ class Launcher:
         self.clients: dict[socket.socket, tuple[bytearray, bytearray]] = {}  # in, out
         self.runs: dict[int, Run] = {}
         self.by_key: dict[bytes, Run] = {}
+        #: Killed programs' SIGKILL, due then (``K``'s grace): here, so it comes if no orchestrator is left to send it.
+        self.finishes: list[tuple[float, Run]] = []
         #: Runs sent past ``most`` running, in the order they came.
         self.waiting: deque[Run] = deque()
         #: At most this many runs at once (0: no limit), and how many there are.
@@ -180,7 +182,9 @@ class Launcher:
                 if not self.clients:
                     return
                 continue
-            for key, mask in self.sel.select(timeout=None if busy else IDLE_FOR):
+            due = min((at for at, _ in self.finishes), default=None)
+            wait = max(0.0, due - time.monotonic()) if due is not None else None if busy else IDLE_FOR
+            for key, mask in self.sel.select(timeout=wait):
                 if key.data == "listen":
                     self._accept()
                 elif key.data == "wake":
@@ -189,6 +193,7 @@ class Launcher:
                 else:
                     self._io(key.fileobj, mask)  # type: ignore[arg-type]
             self._reap()
+            self._finish_kills()
             self._fill()
             for conn, (_, outbox) in list(self.clients.items()):
                 if outbox:
@@ -240,7 +245,7 @@ class Launcher:
                 self.by_key[run.key] = run
                 self.waiting.append(run)  # started at the end of this turn, when a slot is free (_fill)
             elif fields[0] in (b"K", b"D"):
-                self._kill(fields[1], drop_only=fields[0] == b"D")
+                self._kill(fields[1], drop_only=fields[0] == b"D", grace=float(fields[2]) if len(fields) > 2 else None)
             elif fields[0] == b"M":
                 self.most = int(fields[1])
             elif fields[0] == b"B":
@@ -361,7 +366,7 @@ class Launcher:
         shown = os.fsdecode(name)
         return (f"launcher: {shown}: Permission denied\n" if denied else f"launcher: {shown}: not found\n"), None
 
-    def _kill(self, key: bytes, *, drop_only: bool = False) -> None:
+    def _kill(self, key: bytes, *, drop_only: bool = False, grace: float | None = None) -> None:
         run = self.by_key.get(key)
         if run is not None and not run.counted:  # still waiting: it never starts
             self.waiting.remove(run)
@@ -370,6 +375,16 @@ class Launcher:
             run.killed = True
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(run.pid, signal.SIGTERM)
+            if grace is not None:
+                self.finishes.append((time.monotonic() + grace, run))
+
+    def _finish_kills(self) -> None:
+        """SIGKILL to the group of each killed program still running past its grace."""
+        now = time.monotonic()
+        for _, run in [f for f in self.finishes if f[0] <= now and self.runs.get(f[1].pid or 0) is f[1]]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(run.pid or 0, signal.SIGKILL)
+        self.finishes = [f for f in self.finishes if f[0] > now]
 
     def _reap(self) -> None:
         while self.runs:

@@ -4,6 +4,7 @@ program to end before it judges the run, as the orchestrator does when only the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -139,3 +140,80 @@ async def test_a_run_the_launcher_started_while_no_orchestrator_ran_is_waited_fo
         (tmp_path / "go0").touch()
         (tmp_path / "go1").touch()
     assert side.read_text().split("\n") == ["start 0", "end 0", "start 1", "end 1", "start 1", "end 1", ""]
+
+
+KILL_THEN_CRASH = '''
+import anyio, os, signal, sys
+from orchestrator import ArgSplitter, Backend, Executable, Job, Orchestrator
+
+async def main(home, script, way):
+    backend = Backend("local") if way == "launcher" else Backend("local", shell="/bin/sh")
+    async with Orchestrator(home=home, config={"backends": {"local": {"max_running": 1}}}) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh"), backend=backend,
+                                    splitter=ArgSplitter([["-c", script, "sh", str(i)] for i in range(3)])))
+        await j.submit()
+        with anyio.fail_after(20):
+            while j.subjobs[0].status != "running":
+                await anyio.sleep(0.02)
+        await j.subjobs[1].kill()  # waiting its turn (first: the running one's end would free its slot)
+        await j.subjobs[0].kill()  # running
+        os.kill(os.getpid(), signal.SIGKILL)  # at once: what kill() answered must hold
+
+anyio.run(main, *sys.argv[1:])
+'''
+
+
+@pytest.mark.parametrize("way", ["launcher", "wrapper"])
+async def test_a_kill_holds_when_the_orchestrator_dies_as_soon_as_it_answered(tmp_path: Path, way: str) -> None:
+    """``kill()`` answers once the runs are killed on record: an orchestrator killed the moment after finds them
+    killed when it restarts, and neither runs again. (The statuses were written up to ``flush_interval`` later: the
+    next process took the running one's end by SIGTERM for a crash, and retried it, and started the waiting one.)"""
+    home, side = tmp_path / "home", tmp_path / "side"
+    script = f'echo "start $1" >> {side}; sleep 3; echo "end $1" >> {side}'
+    proc = subprocess.run([sys.executable, "-c", KILL_THEN_CRASH, str(home), script, way], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    async with Orchestrator(home=home, config={"backends": {"local": {"max_running": 1}}}) as orch:
+        j = orch.jobs[0]
+        await j.wait(timeout=30)
+        assert [s.status for s in j.subjobs] == ["killed", "killed", "completed"]
+        assert [s.info.submit_counter for s in j.subjobs] == [1, 1, 1]
+    assert side.read_text().split("\n") == ["start 0", "start 2", "end 2", ""]
+
+
+KILL_STUBBORN_THEN_CRASH = '''
+import anyio, os, signal, sys
+from orchestrator import Executable, Job, Orchestrator
+
+async def main(home, script):
+    async with Orchestrator(home=home, config={"backends": {"local": {"kill_grace": 1.0}}}) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", script]), backend="local"))
+        await j.submit()
+        with anyio.fail_after(20):
+            while j.status != "running":
+                await anyio.sleep(0.02)
+        print((j.outputdir / "orch.1.log").read_text().split()[2], flush=True)
+        await j.kill()
+        os.kill(os.getpid(), signal.SIGKILL)  # before kill_grace: no SIGKILL will come from here
+
+anyio.run(main, *sys.argv[1:])
+'''
+
+
+async def test_a_killed_program_that_ignores_sigterm_is_sigkilled_after_kill_grace_with_no_orchestrator_left(
+        tmp_path: Path) -> None:
+    """The launcher SIGTERMs a killed program's group and, ``kill_grace`` later, SIGKILLs what is left of it,
+    whether an orchestrator is left to ask or not: the SIGKILL was the orchestrator's to send, and a program that
+    ignored SIGTERM outlived an orchestrator killed meanwhile (for good, had it never ended by itself)."""
+    script = "trap '' TERM; sleep 30"
+    proc = subprocess.run([sys.executable, "-c", KILL_STUBBORN_THEN_CRASH, str(tmp_path / "home"), script],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    program = int(proc.stdout.split()[0])
+    try:
+        with anyio.fail_after(10):  # kill_grace (1 s) after the kill, not the 30 s of its sleep
+            while alive(program):
+                await anyio.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(program, signal.SIGKILL)
