@@ -202,10 +202,10 @@ class LocalDriver(RunEnds, Driver):
             return
         rec = self.journal.record(key)
         run = self._active[key] = Run(key, fqid, shell, str(jobdir), rec, spec=spec, joblog=joblog)
-        if rec.intent_at is None:  # accepted, never launched
-            self._start_again(run)
-        elif rec.ended:
+        if rec.ended:  # first: a run killed while it waited has its LOST line, and no INTENT
             self._end(run, ending_of(run))
+        elif rec.intent_at is None:  # accepted, never launched
+            self._start_again(run)
         elif self._wait_for_launcher(run):  # first: it may have started since the launcher said (its L comes)
             pass
         elif (pid := self._known_pid(key, rec)) is not None:  # (a program a launcher started while no orchestrator
@@ -379,7 +379,7 @@ class LocalDriver(RunEnds, Driver):
                 continue  # the launcher tells of its start (_hear_launcher)
             run.launching = False
             if start.pid is None and start.problem is None:  # killed before its turn: it never started
-                lines.append(self._lost(run, JobStatus.KILLED, "killed before it started"))
+                lines.append(self._never_started(run))
                 continue
             if start.problem is not None:
                 lines.append(self._lost(run, JobStatus.FAILED, start.problem))
@@ -436,7 +436,7 @@ class LocalDriver(RunEnds, Driver):
         run.silent = run.killed = True
         if run.pid is None:
             if not run.launching:  # queued: it never starts (one being launched is stopped by _launch)
-                self.journal.write([self._lost(run, JobStatus.KILLED, "killed before it started")])
+                self.journal.write([self._never_started(run)])
             elif run.hosted:  # waiting at the launcher: dropped there (its E), or, started meanwhile, stopped
                 self._launcher.kill(run.key, self.kill_grace)
             return

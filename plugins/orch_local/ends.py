@@ -21,7 +21,7 @@ from orchestrator.plugin.processes import ExitWatcher, reap
 
 from .hosted import Launcher
 from .journal import Journal
-from .runs import Run, Start, ending_of
+from .runs import NEVER_STARTED, Run, Start, ending_of
 
 
 class RunEnds:
@@ -75,6 +75,10 @@ class RunEnds:
         run.record.ended, run.record.reason = True, reason
         self._end(run, StatusUpdate(run.fqid, status, reason=reason))
         return (run.key, "LOST", reason)
+
+    def _never_started(self, run: Run) -> tuple[str, str, object]:
+        """``run``, killed while it waited its turn, ended so (its LOST line, which a restart reads as killed)."""
+        return self._lost(run, JobStatus.KILLED, NEVER_STARTED)
 
     def _end(self, run: Run, update: StatusUpdate) -> None:
         if run.ended:
@@ -138,7 +142,7 @@ class RunEnds:
                     continue
                 if fields[0] == b"E" and run.launching and run.silent:  # dropped while it waited (K, D)
                     run.launching = False
-                    lines.append(self._lost(run, JobStatus.KILLED, "killed before it started"))
+                    lines.append(self._never_started(run))
                 elif fields[0] == b"E":
                     ended.append(run)
                 elif fields[0] == b"L" and run.launching:

@@ -133,9 +133,15 @@ class Seed:
                        retry_args=self.retry_args, owner=t.owner)
 
 
+#: The LOST line's reason of a run killed while it waited its turn: it ended killed, never having started.
+NEVER_STARTED = "killed before it started"
+
+
 def ending_of(run: Run) -> StatusUpdate:
     """What the run's record says of its end (its wrapper's END line, or why it was lost)."""
     rec = run.record
+    if rec.reason == NEVER_STARTED:
+        return StatusUpdate(run.fqid, JobStatus.KILLED, reason=rec.reason)
     if rec.reason is not None:
         return StatusUpdate(run.fqid, JobStatus.FAILED, reason=rec.reason)
     if rec.end_code == 0:

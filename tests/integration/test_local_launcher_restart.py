@@ -9,14 +9,17 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
 import pytest
+from orch_local import LocalDriver
 from test_local import alive
 from test_local_launcher import parent_of
 
 from orchestrator import Orchestrator
+from orchestrator.plugin import DriverContext, JobStatus, RunHandle, RunSpec, StatusUpdate
 
 pytestmark = pytest.mark.anyio
 
@@ -217,3 +220,41 @@ async def test_a_killed_program_that_ignores_sigterm_is_sigkilled_after_kill_gra
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(program, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("shell", [None, "/bin/sh"])
+async def test_a_run_killed_while_it_waited_stays_killed_for_the_next_driver(tmp_path: Path, shell: str | None) -> None:
+    """A run killed while it waited its turn has its ``LOST killed before it started`` line. A process that dies
+    before the core has the kill on record leaves it active there; the next driver, asked to follow it, reports it
+    killed and never starts it (it started it: no INTENT line, so "never launched"; or, sent to the launcher,
+    reported it failed, and the core retried it). Through the plugin API: the first driver is dropped as a crash
+    drops it, with its run still queued (its loop never ran)."""
+    home, side = tmp_path / "home", tmp_path / "side"
+    statedir = home / "backends" / "local"
+    statedir.mkdir(parents=True)
+    jobdir = home / "workspace" / "1" / "0"
+    settings = {"shell": shell} if shell else {}
+    run = RunSpec(fqid="1.0", index=0, attempt=1, key="orch-t-1.0-1", executable="/bin/sh",
+                  args=("-c", f"echo ran >> {side}"), env={}, settings=settings, inputs=(), outputfiles=(),
+                  jobdir=jobdir, inputdir=jobdir / "input", outputdir=jobdir / "output", workdir=jobdir / "work")
+    first = LocalDriver(DriverContext(home=home, statedir=statedir))
+    key = await first.submit(run)
+    handle = RunHandle(run.fqid, run.index, key, run.settings, run.outputdir, key=key, attempt=1, jobdir=jobdir)
+    await first.kill(handle)  # queued: never to start
+    reports: list[StatusUpdate] = []
+
+    async def report(updates: Sequence[StatusUpdate]) -> None:
+        reports.extend(updates)
+
+    second = LocalDriver(DriverContext(home=home, statedir=statedir, report=report))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(second.serve)
+        await second.track([handle])
+        with anyio.fail_after(10):
+            while not reports:
+                await anyio.sleep(0.02)
+        await anyio.sleep(0.5)  # a start would have come by now
+        await second.aclose()
+        tg.cancel_scope.cancel()
+    assert [(u.fqid, u.status) for u in reports] == [("1.0", JobStatus.KILLED)]
+    assert not side.exists()
