@@ -48,9 +48,8 @@ from collections import deque
 IDLE_FOR = 10.0
 #: A shell's search path when the run's environment has none (dash's).
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#: Returned files are moved by the wrapper's own end (``orch-finish``), in a shell started only then.
-#: What the wrapper does after the application when it returns files; its clock read as the wrapper's ``orch_ts``
-#: reads it (to the hundredth, from ``/proc/uptime`` and ``ORCH_BOOT``), as every other line of the log has it.
+#: Returned files are moved by the wrapper's own end (``orch-finish``), in a shell started only then; its clock read
+#: as the wrapper's ``orch_ts`` reads it (to the hundredth, from ``/proc/uptime`` and ``ORCH_BOOT``).
 FINISH = ('orch_ts() { if [ -n "${ORCH_BOOT:-}" ] && IFS=" " read -r _up _idle < /proc/uptime; then '
           '_ts="$((ORCH_BOOT + ${_up%.*})).${_up#*.}"; else _ts=$(date +%s); fi; }; '
           'cd -P -- "$ORCH_HOME" || exit 96; _home=$PWD; . "$ORCH_BIN/orch-finish"')
