@@ -1,6 +1,11 @@
-"""``local``'s launcher and the orchestrator both gone while a run's program runs: the next process waits for that
-program to end before it judges the run, as the orchestrator does when only the launcher is killed
-(``docs/reference.md``, "local"). Judged at once, the run was retried while its first program still ran."""
+"""What the next process finds of ``local``'s runs when the orchestrator died at a bad moment (``docs/reference.md``,
+"local", and "Statuses at a glance"):
+
+- with the home's launcher gone too, while a run's program runs: it waits for that program to end before it
+  judges the run, as the orchestrator does when only the launcher is killed (judged at once, the run was retried
+  while its first program still ran);
+- right after a kill: the killed runs stay killed, a killed program that ignores SIGTERM still gets its SIGKILL
+  after ``kill_grace``, and a run killed while it waited never starts."""
 
 from __future__ import annotations
 
