@@ -181,7 +181,7 @@ class Launcher:
                 if not self.clients:
                     return
                 continue
-            due = min((at for at, _ in self.finishes), default=None)
+            due = min(at for at, _ in self.finishes) if self.finishes else None  # (none, as a rule: a turn a run)
             wait = max(0.0, due - time.monotonic()) if due is not None else None if busy else IDLE_FOR
             for key, mask in self.sel.select(timeout=wait):
                 if key.data == "listen":
@@ -192,7 +192,8 @@ class Launcher:
                 else:
                     self._io(key.fileobj, mask)  # type: ignore[arg-type]
             self._reap()
-            self._finish_kills()
+            if self.finishes:
+                self._finish_kills()
             self._fill()
             for conn, (_, outbox) in list(self.clients.items()):
                 if outbox:
