@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import signal
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -53,9 +52,9 @@ from orchestrator.plugin.fairshare import FairQueue
 from orchestrator.plugin.processes import ExitWatcher, find_process, process_args, process_environ, reap
 from orchestrator.plugin.wrapper import RUNFILE, BaseEnviron, boot_time, install_scripts, pid_alive
 
-from .ends import RunEnds
 from .hosted import Launcher, hostable
 from .journal import Journal, Record
+from .kills import RunKills
 from .runs import Run, Seed, SeedFrames, ending_of, logged_pid, owner_tag, start_batch, starts_inline, starts_of
 
 #: Seconds between two looks at running wrappers no pidfd watches (no pidfds here, or none left).
@@ -75,7 +74,7 @@ REPORT_EVERY = 0.02
 SPAWNERS = 4
 
 
-class LocalDriver(RunEnds, Driver):
+class LocalDriver(RunKills, Driver):
     name = "local"
     capabilities = Capabilities(runs_wrapper=True, lookup=True, reports=True)
 
@@ -128,6 +127,8 @@ class LocalDriver(RunEnds, Driver):
         self._launcher = Launcher(context.statedir, self.journal.events, self._out, most=self.max_running)
         if (context.statedir / "launcher.sock").exists():
             self._launcher.connect(start=False)
+        self._strays: dict[str, Run] = {}
+        self._take_strays()  # killed wrappers an earlier process left: they hold their slots, and get their SIGKILL
 
     @classmethod
     def validate_settings(cls, settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -198,7 +199,7 @@ class LocalDriver(RunEnds, Driver):
 
     def _follow(self, key: str, fqid: str, shell: str, jobdir: Path, joblog: str, *, spec: RunSpec | None = None,
                 running: bool = False) -> None:
-        if key in self._active:
+        if self._own_stray(key, fqid) or key in self._active:
             return
         rec = self.journal.record(key)
         run = self._active[key] = Run(key, fqid, shell, str(jobdir), rec, spec=spec, joblog=joblog)
@@ -427,44 +428,6 @@ class LocalDriver(RunEnds, Driver):
         if self._unwatched:
             times.append(self._last_look + LIVENESS_EVERY)
         return max(0.0, min(times) - now) if times else math.inf
-
-    # ---------------------------------------------------------------- kill
-    async def kill(self, handle: RunHandle) -> None:
-        run = self._active.get(handle.backend_id)
-        if run is None or run.ended:
-            return
-        run.silent = run.killed = True
-        if run.pid is None:
-            if not run.launching:  # queued: it never starts (one being launched is stopped by _launch)
-                self.journal.write([self._never_started(run)])
-            elif run.hosted:  # waiting at the launcher: dropped there (its E), or, started meanwhile, stopped
-                self._launcher.kill(run.key, self.kill_grace)
-            return
-        self._signal(run)
-        await anyio.lowlevel.checkpoint()
-
-    def _signal(self, run: Run) -> None:
-        """SIGTERM to the run's process group now (by its launcher, which then records its end as killed), SIGKILL
-        after ``kill_grace``."""
-        assert run.pid is not None
-        pid = run.pid
-        if not (run.hosted and self._launcher.kill(run.key, self.kill_grace)):
-            try:
-                os.killpg(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                return
-        self._kills.append((time.time() + self.kill_grace, pid))
-        self._wake.set()
-
-    def _finish_kills(self, now: float) -> None:
-        keep = []
-        for deadline, pid in self._kills:
-            if now < deadline:
-                keep.append((deadline, pid))
-                continue
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
-        self._kills = keep
 
     async def forget(self, handles: Sequence[RunHandle]) -> None:
         """No more interest in these runs: their ends are not reported, and one still queued never starts."""

@@ -21,7 +21,7 @@ from orchestrator.plugin.processes import ExitWatcher, reap
 
 from .hosted import Launcher
 from .journal import Journal
-from .runs import NEVER_STARTED, Run, Start, ending_of
+from .runs import KILLED_ON_REQUEST, NEVER_STARTED, Run, Start, ending_of
 
 
 class RunEnds:
@@ -64,6 +64,9 @@ class RunEnds:
     def _gone(self, run: Run) -> None:
         """The run's wrapper is gone, and the events file (read last) has no END for it."""
         if run.ended:
+            return
+        if run.killed or run.record.kill_by is not None:  # SIGTERM, or SIGKILL after it: its end as asked
+            self.journal.write([self._lost(run, JobStatus.KILLED, KILLED_ON_REQUEST)])
             return
         reason = ("the wrapper ended without an END line (killed or crashed)" if run.record.started
                   else "the wrapper never started")

@@ -2,7 +2,8 @@
 
 ``events.log``: one line per event of a run, ``KEY WORD VALUE... TIME``.
 The driver writes ``INTENT`` (a launch begins), ``LAUNCH pid`` (the wrapper
-was started) and ``LOST reason``; each wrapper writes ``START pid`` and
+was started), ``KILL deadline`` (a wrapper's process group was sent SIGTERM,
+its SIGKILL due at that time) and ``LOST reason``; each wrapper writes ``START pid`` and
 ``END code`` itself (``ORCH_NOTIFY``), and the launcher for the runs it
 starts (its ``START`` before the program starts, with its own pid, as a
 wrapper's: the program's is in the ``LAUNCH`` line and the run's log).
@@ -53,6 +54,9 @@ class Record:
     reason: str | None = None
     #: The run's owner when it is not the orchestrator's own user (from its INTENT line).
     owner: str | None = None
+    #: When its wrapper, killed, is due its SIGKILL (from its KILL line): the next process sends it if this one
+    #: dies first.
+    kill_by: float | None = None
 
 
 #: The record every run that ended with exit code 0 in this process shares (:meth:`Journal.settle`): what a later
@@ -86,6 +90,8 @@ class Journal:
             self._owner_lines[path.name[len("events."):-len(".log")]] = (path, EventLines())
         #: Every run the events file names, by key.
         self.records: dict[str, Record] = {}
+        #: The runs a KILL line names, as the file is first read (``None`` once :meth:`take_kills` took them).
+        self._killed: set[str] | None = set()
         self._unwritten: list[str] = []
         self._closed = False
 
@@ -181,10 +187,23 @@ class Journal:
                 rec.ended, rec.end_code = True, int(value) if value.lstrip("-").isdigit() else None
             elif word == "LOST":
                 rec.ended, rec.reason = True, " ".join(parts[2:-1])
+            elif word == "KILL":
+                try:
+                    rec.kill_by = float(value)
+                except ValueError:
+                    continue
+                if self._killed is not None:
+                    self._killed.add(key)
             else:
                 continue
             out.append((key, word, rec))
         return out
+
+    def take_kills(self) -> list[tuple[str, Record]]:
+        """The killed wrappers the events file named without an end when first read (once: later calls give
+        nothing): what an earlier process may have left running, still due its SIGKILL."""
+        keys, self._killed = self._killed or set(), None
+        return [(key, rec) for key in sorted(keys) if not (rec := self.records[key]).ended]
 
     # ------------------------------------------------------------ submitted.log
     def accepted(self, run: RunSpec) -> None:

@@ -135,12 +135,14 @@ class Seed:
 
 #: The LOST line's reason of a run killed while it waited its turn: it ended killed, never having started.
 NEVER_STARTED = "killed before it started"
+#: The LOST line's reason of a killed wrapper that ended (a killed wrapper writes no END line).
+KILLED_ON_REQUEST = "killed"
 
 
 def ending_of(run: Run) -> StatusUpdate:
     """What the run's record says of its end (its wrapper's END line, or why it was lost)."""
     rec = run.record
-    if rec.reason == NEVER_STARTED:
+    if rec.reason == NEVER_STARTED or (rec.reason is not None and rec.kill_by is not None):  # (no END: killed)
         return StatusUpdate(run.fqid, JobStatus.KILLED, reason=rec.reason)
     if rec.reason is not None:
         return StatusUpdate(run.fqid, JobStatus.FAILED, reason=rec.reason)

@@ -1,0 +1,134 @@
+"""A run started by the job wrapper, killed, when the orchestrator dies before ``kill_grace`` is over
+(``docs/reference.md``, ``kill_grace`` and "local"): the next process finds the killed wrapper by its ``KILL`` line.
+A wrapper still running holds its slot against ``max_running`` until it ends, and gets its SIGKILL when due; the
+run ends ``killed``, reported so to a core that still had it active.
+
+Before, the SIGKILL was only a live orchestrator's to send: a killed program that ignored SIGTERM ran on for good
+(or until it ended by itself), beside the next process's runs and outside its ``max_running``; and a run whose kill
+the core had not yet written when the process died was failed, then retried, as a crash."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+import pytest
+from orch_local import LocalDriver
+from test_local import alive
+
+from orchestrator import Executable, Job, Orchestrator
+from orchestrator.plugin import DriverContext, JobStatus, RunHandle, RunSpec, StatusUpdate
+
+pytestmark = pytest.mark.anyio
+
+KILL_WRAPPED_THEN_CRASH = '''
+import anyio, os, signal, sys
+from orchestrator import Backend, Executable, Job, Orchestrator
+
+async def main(home, script):
+    config = {"backends": {"local": {"kill_grace": 4.0, "max_running": 1}}}
+    async with Orchestrator(home=home, config=config) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", script]),
+                                    backend=Backend("local", shell="/bin/sh")))
+        await j.submit()
+        with anyio.fail_after(20):  # running, its SIGTERM ignored from now on
+            while j.status != "running" or not (j.outputdir / "stdout").read_text():
+                await anyio.sleep(0.02)
+        print((j.outputdir / "orch.1.log").read_text().split()[2], flush=True)  # the wrapper, its group's leader
+        await j.kill()
+        os.kill(os.getpid(), signal.SIGKILL)  # before kill_grace: no SIGKILL will come from here
+
+anyio.run(main, *sys.argv[1:])
+'''
+
+
+async def test_a_killed_wrapper_left_running_holds_its_slot_and_gets_its_sigkill_from_the_next_process(
+        tmp_path: Path) -> None:
+    """The program ignores SIGTERM, and the orchestrator that killed it died before ``kill_grace`` (4 s) was over.
+    The next one, at ``max_running`` 1, starts nothing while the killed wrapper runs, and SIGKILLs its group when
+    the grace is over: not the 60 s of its sleep."""
+    home, side = tmp_path / "home", tmp_path / "side"
+    proc = subprocess.run([sys.executable, "-c", KILL_WRAPPED_THEN_CRASH, str(home), "trap '' TERM; echo up; sleep 60"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    wrapper = int(proc.stdout.split()[0])
+    try:
+        assert alive(wrapper)
+        async with Orchestrator(home=home, config={"backends": {"local": {"max_running": 1}}}) as orch:
+            after = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", f"echo ran >> {side}"]),
+                                            backend="local"))
+            await after.submit()
+            with anyio.fail_after(15):
+                while alive(wrapper):
+                    assert not side.exists(), "a run started beside the killed wrapper, past max_running"
+                    await anyio.sleep(0.05)
+            await after.wait(timeout=30)
+            assert after.status == "completed"
+            assert orch.jobs[0].status == "killed"
+            assert orch.jobs[0].info.submit_counter == 1
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(wrapper, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("script", ["trap '' TERM; echo up; sleep 30", "echo up; sleep 30"],
+                         ids=["ignores-sigterm", "ends-at-sigterm"])
+async def test_a_wrapper_killed_by_a_driver_that_died_before_the_kill_was_on_record_ends_killed(
+        tmp_path: Path, script: str) -> None:
+    """The core had not written the kill when the process died: it still has the run running, and the next driver,
+    asked to follow it, reports it ``killed`` once the wrapper has ended (by the SIGKILL it sends when the first
+    driver's ``kill_grace`` is over, for a program that ignores SIGTERM). Before, the wrapper's end without an END
+    line was reported failed, as a crash (then retried), and a program that ignored SIGTERM was never SIGKILLed.
+    Through the plugin API: the first driver is dropped as a crash drops it, right after its kill."""
+    home = tmp_path / "home"
+    statedir = home / "backends" / "local"
+    statedir.mkdir(parents=True)
+    jobdir = home / "workspace" / "1" / "0"
+    run = RunSpec(fqid="1.0", index=0, attempt=1, key="orch-t-1.0-1", executable="/bin/sh", args=("-c", script),
+                  env={}, settings={"shell": "/bin/sh"}, inputs=(), outputfiles=(), jobdir=jobdir,
+                  inputdir=jobdir / "input", outputdir=jobdir / "output", workdir=jobdir / "work")
+    first_heard: list[StatusUpdate] = []
+    reports: list[StatusUpdate] = []
+
+    async def first_report(updates: Sequence[StatusUpdate]) -> None:
+        first_heard.extend(updates)
+
+    async def report(updates: Sequence[StatusUpdate]) -> None:
+        reports.extend(updates)
+
+    first = LocalDriver(DriverContext(home=home, statedir=statedir, config={"kill_grace": 1.0}, report=first_report))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(first.serve)
+        key = await first.submit(run)
+        with anyio.fail_after(20):
+            while not first_heard or not (run.outputdir / "stdout").exists() or not (
+                    run.outputdir / "stdout").read_text():
+                await anyio.sleep(0.02)
+        assert [u.status for u in first_heard] == [JobStatus.RUNNING]
+        wrapper = int((run.outputdir / "orch.1.log").read_text().split()[2])
+        handle = RunHandle(run.fqid, run.index, key, run.settings, run.outputdir, status=JobStatus.RUNNING, key=key,
+                           attempt=1, jobdir=jobdir)
+        await first.kill(handle)
+        tg.cancel_scope.cancel()
+    try:
+        second = LocalDriver(DriverContext(home=home, statedir=statedir, report=report))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(second.serve)
+            await second.track([handle])
+            with anyio.fail_after(10):  # the first driver's 1 s grace, not the 30 s of the sleep
+                while not reports:
+                    await anyio.sleep(0.02)
+            await anyio.sleep(0.3)  # (nothing more comes)
+            await second.aclose()
+            tg.cancel_scope.cancel()
+        assert [(u.fqid, u.status) for u in reports] == [("1.0", JobStatus.KILLED)]
+        assert not alive(wrapper)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(wrapper, signal.SIGKILL)
