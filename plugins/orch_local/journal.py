@@ -2,8 +2,8 @@
 
 ``events.log``: one line per event of a run, ``KEY WORD VALUE... TIME``.
 The driver writes ``INTENT`` (a launch begins), ``LAUNCH pid`` (the wrapper
-was started), ``KILL deadline`` (a wrapper's process group was sent SIGTERM,
-its SIGKILL due at that time) and ``LOST reason``; each wrapper writes ``START pid`` and
+was started), ``KILL pid deadline`` (a wrapper's process group was sent
+SIGTERM, its SIGKILL due at that time) and ``LOST reason``; each wrapper writes ``START pid`` and
 ``END code`` itself (``ORCH_NOTIFY``), and the launcher for the runs it
 starts (its ``START`` before the program starts, with its own pid, as a
 wrapper's: the program's is in the ``LAUNCH`` line and the run's log).
@@ -187,11 +187,12 @@ class Journal:
                 rec.ended, rec.end_code = True, int(value) if value.lstrip("-").isdigit() else None
             elif word == "LOST":
                 rec.ended, rec.reason = True, " ".join(parts[2:-1])
-            elif word == "KILL":
+            elif word == "KILL":  # KEY KILL PID DEADLINE TIME: the wrapper's group signalled, its SIGKILL due then
                 try:
-                    rec.kill_by = float(value)
-                except ValueError:
+                    rec.kill_by = float(parts[3])
+                except (ValueError, IndexError):
                     continue
+                rec.pid = int(value) if value.isdigit() else rec.pid
                 if self._killed is not None:
                     self._killed.add(key)
             else:
@@ -200,10 +201,11 @@ class Journal:
         return out
 
     def take_kills(self) -> list[tuple[str, Record]]:
-        """The killed wrappers the events file named without an end when first read (once: later calls give
-        nothing): what an earlier process may have left running, still due its SIGKILL."""
+        """The killed wrappers the events file named when first read (once: later calls give nothing): what an
+        earlier process may have left running, still due its SIGKILL (those without an end; and, of any, a child
+        that outlived its wrapper)."""
         keys, self._killed = self._killed or set(), None
-        return [(key, rec) for key in sorted(keys) if not (rec := self.records[key]).ended]
+        return [(key, self.records[key]) for key in sorted(keys)]
 
     # ------------------------------------------------------------ submitted.log
     def accepted(self, run: RunSpec) -> None:

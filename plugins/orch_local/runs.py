@@ -135,14 +135,15 @@ class Seed:
 
 #: The LOST line's reason of a run killed while it waited its turn: it ended killed, never having started.
 NEVER_STARTED = "killed before it started"
-#: The LOST line's reason of a killed wrapper that ended (a killed wrapper writes no END line).
+#: The LOST line's reason of a killed run that ended without an END line (a killed wrapper writes none). Any other
+#: LOST line of a run with a KILL line (a wrapper killed, then lost) is read as killed too.
 KILLED_ON_REQUEST = "killed"
 
 
 def ending_of(run: Run) -> StatusUpdate:
     """What the run's record says of its end (its wrapper's END line, or why it was lost)."""
     rec = run.record
-    if rec.reason == NEVER_STARTED or (rec.reason is not None and rec.kill_by is not None):  # (no END: killed)
+    if rec.reason in (NEVER_STARTED, KILLED_ON_REQUEST) or (rec.reason is not None and rec.kill_by is not None):
         return StatusUpdate(run.fqid, JobStatus.KILLED, reason=rec.reason)
     if rec.reason is not None:
         return StatusUpdate(run.fqid, JobStatus.FAILED, reason=rec.reason)

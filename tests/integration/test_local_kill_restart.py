@@ -1,7 +1,8 @@
 """A run started by the job wrapper, killed, when the orchestrator dies before ``kill_grace`` is over
 (``docs/reference.md``, ``kill_grace`` and "local"): the next process finds the killed wrapper by its ``KILL`` line.
-A wrapper still running holds its slot against ``max_running`` until it ends, and gets its SIGKILL when due; the
-run ends ``killed``, reported so to a core that still had it active.
+A wrapper still running holds its slot against ``max_running`` until it ends, and gets its SIGKILL when due, as
+does what is left of the group of one that ended (a child that ignores SIGTERM); the run ends ``killed``, reported
+so to a core that still had it active.
 
 Before, the SIGKILL was only a live orchestrator's to send: a killed program that ignored SIGTERM ran on for good
 (or until it ended by itself), beside the next process's runs and outside its ``max_running``; and a run whose kill
@@ -14,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,11 +30,11 @@ from orchestrator.plugin import DriverContext, JobStatus, RunHandle, RunSpec, St
 pytestmark = pytest.mark.anyio
 
 KILL_WRAPPED_THEN_CRASH = '''
-import anyio, os, signal, sys
+import anyio, os, signal, sys, time
 from orchestrator import Backend, Executable, Job, Orchestrator
 
-async def main(home, script):
-    config = {"backends": {"local": {"kill_grace": 4.0, "max_running": 1}}}
+async def main(home, script, grace):
+    config = {"backends": {"local": {"kill_grace": float(grace), "max_running": 1}}}
     async with Orchestrator(home=home, config=config) as orch:
         j = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", script]),
                                     backend=Backend("local", shell="/bin/sh")))
@@ -40,7 +42,8 @@ async def main(home, script):
         with anyio.fail_after(20):  # running, its SIGTERM ignored from now on
             while j.status != "running" or not (j.outputdir / "stdout").read_text():
                 await anyio.sleep(0.02)
-        print((j.outputdir / "orch.1.log").read_text().split()[2], flush=True)  # the wrapper, its group's leader
+        wrapper = (j.outputdir / "orch.1.log").read_text().split()[2]  # its process group's leader
+        print(wrapper, time.time(), flush=True)
         await j.kill()
         os.kill(os.getpid(), signal.SIGKILL)  # before kill_grace: no SIGKILL will come from here
 
@@ -48,30 +51,79 @@ anyio.run(main, *sys.argv[1:])
 '''
 
 
-async def test_a_killed_wrapper_left_running_holds_its_slot_and_gets_its_sigkill_from_the_next_process(
-        tmp_path: Path) -> None:
-    """The program ignores SIGTERM, and the orchestrator that killed it died before ``kill_grace`` (4 s) was over.
-    The next one, at ``max_running`` 1, starts nothing while the killed wrapper runs, and SIGKILLs its group when
-    the grace is over: not the 60 s of its sleep."""
-    home, side = tmp_path / "home", tmp_path / "side"
-    proc = subprocess.run([sys.executable, "-c", KILL_WRAPPED_THEN_CRASH, str(home), "trap '' TERM; echo up; sleep 60"],
+def kill_then_crash(home: Path, script: str, grace: float) -> tuple[int, float]:
+    """A wrapped run of ``script``, killed by an orchestrator that dies at once: its wrapper's pid, and the time of
+    the kill."""
+    proc = subprocess.run([sys.executable, "-c", KILL_WRAPPED_THEN_CRASH, str(home), script, str(grace)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    wrapper = int(proc.stdout.split()[0])
+    wrapper, killed_at = proc.stdout.split()
+    return int(wrapper), float(killed_at)
+
+
+def group_of(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                found.append(int(entry))
+    return found
+
+
+async def test_a_killed_wrapper_left_running_holds_its_slot_and_gets_its_sigkill_from_the_next_process(
+        tmp_path: Path) -> None:
+    """The program ignores SIGTERM, and the orchestrator that killed it died before ``kill_grace`` (8 s) was over.
+    The next one, at ``max_running`` 1, starts nothing while the killed wrapper runs, and SIGKILLs its group when
+    the grace is over: not at once, and not after the 60 s of its sleep."""
+    home, side = tmp_path / "home", tmp_path / "side"
+    wrapper, killed_at = kill_then_crash(home, "trap '' TERM; echo up; sleep 60", 8.0)
     try:
         assert alive(wrapper)
         async with Orchestrator(home=home, config={"backends": {"local": {"max_running": 1}}}) as orch:
             after = await orch.jobs.add(Job(application=Executable("/bin/sh", args=["-c", f"echo ran >> {side}"]),
                                             backend="local"))
             await after.submit()
-            with anyio.fail_after(15):
+            await anyio.sleep(0.5)
+            assert alive(wrapper) and after.status == "submitted" and not side.exists()
+            with anyio.fail_after(20):
                 while alive(wrapper):
                     assert not side.exists(), "a run started beside the killed wrapper, past max_running"
                     await anyio.sleep(0.05)
+            assert time.time() >= killed_at + 8.0 - 0.2, "SIGKILLed before kill_grace was over"
             await after.wait(timeout=30)
             assert after.status == "completed"
             assert orch.jobs[0].status == "killed"
             assert orch.jobs[0].info.submit_counter == 1
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(wrapper, signal.SIGKILL)
+
+
+async def test_what_is_left_of_a_killed_wrappers_group_gets_its_sigkill_from_the_next_process(tmp_path: Path) -> None:
+    """The program ends at SIGTERM, and its wrapper with it, but a child it left in the background ignores SIGTERM.
+    A live orchestrator SIGKILLs the group after ``kill_grace`` all the same; so does the next one (its ``local``
+    started by a run), when the one that killed it died meanwhile."""
+    wrapper, killed_at = kill_then_crash(tmp_path / "home", "(trap '' TERM; sleep 60) & echo up; sleep 60", 3.0)
+    try:
+        with anyio.fail_after(10):
+            while alive(wrapper):
+                await anyio.sleep(0.05)
+        assert group_of(wrapper), "nothing was left of the group"
+        async with Orchestrator(home=tmp_path / "home") as orch:
+            j = await orch.jobs.add(Job(application=Executable("/bin/true"), backend="local"))
+            await j.submit()
+            with anyio.fail_after(15):
+                while group_of(wrapper):
+                    await anyio.sleep(0.05)
+            assert time.time() >= killed_at + 3.0 - 0.2, "SIGKILLed before kill_grace was over"
+            await j.wait(timeout=30)
+            assert j.status == "completed"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(wrapper, signal.SIGKILL)
@@ -114,9 +166,14 @@ async def test_a_wrapper_killed_by_a_driver_that_died_before_the_kill_was_on_rec
         wrapper = int((run.outputdir / "orch.1.log").read_text().split()[2])
         handle = RunHandle(run.fqid, run.index, key, run.settings, run.outputdir, status=JobStatus.RUNNING, key=key,
                            attempt=1, jobdir=jobdir)
+        killed_at = time.time()
         await first.kill(handle)
         tg.cancel_scope.cancel()
     try:
+        stubborn = script.startswith("trap")
+        with anyio.fail_after(10):  # the next driver finds it running (ignores SIGTERM), or gone
+            while alive(wrapper) != stubborn:
+                await anyio.sleep(0.02)
         second = LocalDriver(DriverContext(home=home, statedir=statedir, report=report))
         async with anyio.create_task_group() as tg:
             tg.start_soon(second.serve)
@@ -124,6 +181,7 @@ async def test_a_wrapper_killed_by_a_driver_that_died_before_the_kill_was_on_rec
             with anyio.fail_after(10):  # the first driver's 1 s grace, not the 30 s of the sleep
                 while not reports:
                     await anyio.sleep(0.02)
+            assert not stubborn or time.time() >= killed_at + 1.0 - 0.1, "SIGKILLed before kill_grace was over"
             await anyio.sleep(0.3)  # (nothing more comes)
             await second.aclose()
             tg.cancel_scope.cancel()

@@ -87,19 +87,20 @@ def test_an_accepted_run_is_read_back_as_it_was_accepted_whatever_its_values(tmp
     again.close()
 
 
-def test_the_killed_wrappers_left_without_an_end_are_those_of_the_first_read(tmp_path: Path) -> None:
-    """What the next process SIGKILLs and counts against ``max_running`` (``orch_local.kills``): a KILL line without
-    an END or LOST after it, as the file was when first read; the driver's own later KILL lines are its own to
-    follow, and an owner's file cannot name one."""
+def test_the_killed_wrappers_an_earlier_process_left_are_those_of_the_first_read(tmp_path: Path) -> None:
+    """What the next process looks at (``orch_local.kills``): each KILL line (``KEY KILL PID DEADLINE TIME``), and
+    whether its run ended since (a wrapper without an end may still run), as the file was when first read. The
+    driver's own later KILL lines are its own to follow, and an owner's file cannot name one."""
     (tmp_path / "events.alice.log").write_text("k4 KILL 9.0 1.0\n")
     journal = Journal(tmp_path)
-    append(journal, "k1 INTENT -", "k1 LAUNCH 41", "k1 KILL 7.5", "k2 INTENT -", "k2 LAUNCH 42", "k2 KILL 8.0",
-           "k2 LOST killed", "k3 INTENT -", "k3 KILL soon", "k4 INTENT alice")
+    append(journal, "k1 INTENT -", "k1 KILL 41 7.5", "k2 INTENT -", "k2 LAUNCH 42", "k2 KILL 42 8.0",
+           "k2 LOST killed", "k3 INTENT -", "k3 KILL 43 soon", "k4 INTENT alice")
     journal.read()
-    assert [(key, rec.pid, rec.kill_by) for key, rec in journal.take_kills()] == [("k1", 41, 7.5)]
-    assert journal.records["k2"].kill_by == 8.0 and journal.records["k3"].kill_by is None
+    assert [(key, rec.pid, rec.kill_by, rec.ended) for key, rec in journal.take_kills()] == [
+        ("k1", 41, 7.5, False), ("k2", 42, 8.0, True)]
+    assert journal.records["k3"].kill_by is None
     assert journal.records["k4"].kill_by is None
-    append(journal, "k5 INTENT -", "k5 KILL 9.5")
+    append(journal, "k5 INTENT -", "k5 KILL 45 9.5")
     journal.read()
     assert journal.records["k5"].kill_by == 9.5
     assert journal.take_kills() == []
