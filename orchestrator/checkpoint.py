@@ -350,7 +350,7 @@ class State:
         """Another saved state, by label: one of this job's, or one exported to it (an aggregator's inputs)."""
         fqid, _, seq = label.rpartition(":")
         candidates = [self.dir / LABELS_DIR / f"{label}.state"]
-        if fqid == self.fqid and seq.isdigit():
+        if fqid == self.fqid and seq.isascii() and seq.isdigit():
             candidates.insert(0, self.dir / f"{int(seq)}.state")
         for path in candidates:
             try:

@@ -138,4 +138,4 @@ class JobRegistry:
 
 def _looks_like_id(text: str) -> bool:
     parts = text.strip().split(".")
-    return bool(parts) and all(p.isdigit() for p in parts)
+    return bool(parts) and all(p.isascii() and p.isdigit() for p in parts)

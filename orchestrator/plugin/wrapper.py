@@ -290,6 +290,15 @@ def reap_children(children: set[int]) -> set[int]:
     return exited
 
 
+def decimal(word: str) -> int | None:
+    """``word`` as an integer if it is one in ASCII digits (a ``-`` before them allowed), else ``None``: the number
+    in an event (``START pid``, ``END code``). An events file is written by runs, which may write anything in it;
+    ``str.isdigit`` also takes digits ``int`` refuses ('²'), and ``lstrip("-")`` takes ``--5``: a line that raised
+    where a driver read it stopped the driver, and every later process that read the file again."""
+    digits = word[1:] if word[:1] == "-" else word
+    return int(word) if digits.isascii() and digits.isdigit() and len(digits) < 20 else None
+
+
 class EventLines:
     """The events in an append-only events file, read on from where the last read stopped.
 

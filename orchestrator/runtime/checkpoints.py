@@ -161,7 +161,7 @@ class Checkpoints:
         out: dict[str, str] = {}
         for label in Steps(spec.get("steps")):
             fqid, _, seq = label.rpartition(":")
-            row = await self.repo.state(fqid, int(seq)) if seq.isdigit() else None
+            row = await self.repo.state(fqid, int(seq)) if seq.isascii() and seq.isdigit() else None
             if row is not None:
                 out[label] = row.data
         return out

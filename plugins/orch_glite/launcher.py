@@ -21,7 +21,15 @@ import anyio
 
 from orchestrator.plugin.accounts import AccountError, account_of, argv_as, give
 from orchestrator.plugin.logs import get_logger
-from orchestrator.plugin.wrapper import EventLines, SpawnError, install_scripts, pid_alive, reap_children, spawn_wrapper
+from orchestrator.plugin.wrapper import (
+    EventLines,
+    SpawnError,
+    decimal,
+    install_scripts,
+    pid_alive,
+    reap_children,
+    spawn_wrapper,
+)
 
 from .protocol import FINAL_STATES, SERVICE
 from .store import Collection, Node, Store
@@ -185,13 +193,13 @@ class NodeLauncher:
                 continue
             word, value = parts[1], parts[2]
             ts = _float(parts[3]) if len(parts) > 3 else None
-            if word == "START" and value.isdigit():
+            if word == "START" and (pid := decimal(value)) is not None and pid > 0:
                 if node.state in ("submitted", "launching"):
-                    node.state, node.pid, node.started = "running", int(value), ts or time.time()
+                    node.state, node.pid, node.started = "running", pid, ts or time.time()
                     self.active.add(node.id)
                     self._dirty[node.id] = node
                 elif node.state in ("cancelled", "aborted") and node.pid is None:
-                    node.pid = int(value)  # started after all (service restarted mid-launch): stop it
+                    node.pid = pid  # started after all (service restarted mid-launch): stop it
                     self._signal(node.pid, signal.SIGKILL)
                     self._dirty[node.id] = node
             elif word == "END" and node.state in ("submitted", "launching", "running"):

@@ -148,7 +148,7 @@ def parse_listen(value: str) -> tuple[str, int]:
     """``127.0.0.1:PORT`` (``PORT`` may be 0: any free port) for the server; loopback only."""
     host, sep, port = value.rpartition(":")
     host = host.strip("[]")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 <= int(port) < 65536:
         raise ValueError(f"--listen must be HOST:PORT, not {value!r}")
     if not is_loopback(host):
         raise ValueError(f"--listen {value!r}: the WMS emulator listens on loopback only")
@@ -299,7 +299,7 @@ def _headers(lines: list[str]) -> dict[str, str]:
 
 def _length(headers: Mapping[str, str]) -> int:
     raw = headers.get("content-length", "0")
-    if not raw.isdigit() or int(raw) > MAX_BODY:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_BODY:
         raise WMSGarbage(f"bad Content-Length {raw[:20]!r}")
     return int(raw)
 
@@ -345,12 +345,13 @@ async def http_call(endpoint: str, method: str, path: str, document: Any = None,
     head_bytes, sep, payload = data.partition(b"\r\n\r\n")
     lines = head_bytes.decode("latin-1").split("\r\n")
     status_line = lines[0].split(" ", 2)
-    if not sep or len(status_line) < 2 or not status_line[0].startswith("HTTP/1.") or not status_line[1].isdigit():
+    code = status_line[1] if len(status_line) > 1 else ""
+    if not sep or not status_line[0].startswith("HTTP/1.") or not (code.isascii() and code.isdigit()):
         raise WMSGarbage(f"{endpoint} answered something that is not HTTP: {data[:60]!r}")
     length = _length(_headers(lines[1:]))
     if len(payload) < length:
         raise WMSUnavailable(f"{endpoint} closed the connection mid-answer ({len(payload)} of {length} bytes)")
-    return int(status_line[1]), payload[:length]
+    return int(code), payload[:length]
 
 
 async def call(endpoint: str, method: str, path: str, document: Any = None, *, timeout: float = 10.0) -> Any:

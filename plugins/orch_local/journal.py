@@ -29,6 +29,7 @@ file only the lines of that owner's runs.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Iterable
@@ -39,7 +40,7 @@ from typing import Any
 import msgspec
 
 from orchestrator.plugin import RunSpec
-from orchestrator.plugin.wrapper import EventLines
+from orchestrator.plugin.wrapper import EventLines, decimal
 
 
 @dataclass(slots=True)
@@ -177,22 +178,21 @@ class Journal:
             if rec is None or rec is COMPLETED:  # (settled: a line after its end makes the record its own again)
                 rec = self.record(key)
             if word == "INTENT":
-                rec.intent_at = float(parts[3]) if len(parts) > 3 else time.time()
+                at = _float(parts[3]) if len(parts) > 3 else None
+                rec.intent_at = time.time() if at is None else at
                 rec.owner = value if value != "-" else None
             elif word in ("LAUNCH", "START"):
                 if owner is None or rec.pid is None:
-                    rec.pid = int(value) if value.isdigit() else rec.pid
+                    rec.pid = _pid(value) or rec.pid
                 rec.started = rec.started or word == "START"
             elif word == "END":
-                rec.ended, rec.end_code = True, int(value) if value.lstrip("-").isdigit() else None
+                rec.ended, rec.end_code = True, decimal(value)
             elif word == "LOST":
                 rec.ended, rec.reason = True, " ".join(parts[2:-1])
             elif word == "KILL":  # KEY KILL PID DEADLINE TIME: the wrapper's group signalled, its SIGKILL due then
-                try:
-                    rec.kill_by = float(parts[3])
-                except (ValueError, IndexError):
+                if len(parts) < 5 or (deadline := _float(parts[3])) is None:
                     continue
-                rec.pid = int(value) if value.isdigit() else rec.pid
+                rec.kill_by, rec.pid = deadline, _pid(value) or rec.pid
                 if self._killed is not None:
                     self._killed.add(key)
             else:
@@ -241,6 +241,22 @@ class Journal:
             self._closed = True
             for fd in (self._events_fd, self._events_in, self._submitted_fd, *self._owner_outs.values()):
                 os.close(fd)
+
+
+def _pid(value: str) -> int | None:
+    """``value`` as a process id (a positive integer: ``0`` and ``-N`` name process groups to ``kill``). An owner
+    writes what they like in their events file: a line raising here stopped the driver (:func:`decimal`)."""
+    number = decimal(value)
+    return number if number is not None and number > 0 else None
+
+
+def _float(value: str) -> float | None:
+    """``value`` as a finite number of seconds, else ``None``."""
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 _PATHS = ("jobdir", "inputdir", "outputdir", "workdir")

@@ -146,7 +146,7 @@ def parse_sacct(text: str) -> dict[str, Row]:
             continue
         code = parts[2].split(":")[0]
         rows[parts[0]] = Row(base_state(parts[1]), unique=parts[0],
-                             exit_code=int(code) if code.isdigit() else None)
+                             exit_code=int(code) if code.isascii() and code.isdigit() else None)
     return rows
 
 

@@ -33,7 +33,7 @@ import anyio
 import asyncssh
 
 from orchestrator.plugin.accounts import Account, AccountError, give, read_as
-from orchestrator.plugin.wrapper import SCRIPTS, EventLines, script_text
+from orchestrator.plugin.wrapper import SCRIPTS, EventLines, decimal, script_text
 
 from . import scripts
 from .settings import HostSpec
@@ -292,8 +292,8 @@ class Host:
         if "NOSETSID" in lines:
             raise RemoteFailed(f"{self.label} has no setsid command (util-linux): runs could not outlive "
                                "the connection")
-        self.boot = next((int(w[1]) for w in (line.split() for line in lines)
-                          if len(w) == 2 and w[0] == "BOOT" and w[1].isdigit()), None)
+        self.boot = next((boot for w in (line.split() for line in lines)
+                          if len(w) == 2 and w[0] == "BOOT" and (boot := decimal(w[1])) is not None), None)
         sftp = await conn.start_sftp_client()
         if "HAVEBIN" not in lines:
             await sftp.makedirs(self.bindir, exist_ok=True)
@@ -456,11 +456,11 @@ class Host:
             if word == "INTENT":
                 run.advance(LAUNCHED)
             elif word in ("LAUNCH", "START"):
-                if value.isdigit() and run.state not in (ENDED, LOST, KILLED):
-                    run.pid = int(value)
+                if (pid := decimal(value)) is not None and pid > 0 and run.state not in (ENDED, LOST, KILLED):
+                    run.pid = pid
                 run.advance(STARTED if word == "START" else LAUNCHED)
             elif word == "END":
-                run.code = int(value) if value.lstrip("-").isdigit() else None
+                run.code = decimal(value)
                 run.advance(ENDED)
             elif word == "CANCEL":
                 run.reason = run.reason or "cancelled before it started"

@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 
 from orchestrator.plugin import JobStatus, RunHandle, StatusUpdate
+from orchestrator.plugin.wrapper import decimal
 
 from . import scripts
 from .host import (
@@ -126,8 +127,8 @@ class MonitorMixin(SshBase):
         where: dict[str, str] = {}
         for line in head.decode(errors="replace").splitlines():
             w = line.split()
-            if len(w) == 2 and w[0] == "A" and w[1].isdigit():
-                alive.add(int(w[1]))
+            if len(w) == 2 and w[0] == "A" and (pid := decimal(w[1])) is not None:
+                alive.add(pid)
             elif len(w) == 3 and w[0] == "K":
                 where[w[1]] = w[2]
         host.feed(events)

@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 
 from orchestrator.plugin import RunSpec, SubmitError, SubmitOutcome
-from orchestrator.plugin.wrapper import clear_outputs, render_runfile
+from orchestrator.plugin.wrapper import clear_outputs, decimal, render_runfile
 
 from . import scripts
 from .host import LAUNCHED, LAUNCHING, QUEUED, RUNNING, UNVERIFIED, Dropped, Host, HostError, Run, Unreachable
@@ -147,8 +147,8 @@ class SubmitMixin(SshBase):
             w = line.split()
             if len(w) >= 2 and w[0] == "P":
                 prepared.add(w[1])
-            elif len(w) == 3 and w[0] == "L" and w[2].isdigit():
-                started[w[1]] = int(w[2])
+            elif len(w) == 3 and w[0] == "L" and (pid := decimal(w[2])) is not None:
+                started[w[1]] = pid
         for entry in tracked:
             # A monitor tick may already have read this run's events: states only ever move forward.
             if entry.key in started:
@@ -228,8 +228,8 @@ class SubmitMixin(SshBase):
         started = {}
         for line in out.decode(errors="replace").splitlines():
             w = line.split()
-            if len(w) == 3 and w[0] == "L" and w[2].isdigit():
-                started[w[1]] = int(w[2])
+            if len(w) == 3 and w[0] == "L" and (pid := decimal(w[2])) is not None:
+                started[w[1]] = pid
         for entry in batch:
             if entry.key in started:
                 entry.pid = entry.pid or started[entry.key]

@@ -343,3 +343,29 @@ def test_users_that_are_not_os_users_are_refused_at_start(open_dir: Path) -> Non
     refused = refused_start([str(ORCH), "--home", str(home), "serve"])
     assert refused.returncode == 2, (refused.stdout, refused.stderr)
     assert "no-such-user-22" in refused.stderr and "not users of this system" in refused.stderr
+
+
+def test_what_a_run_writes_in_its_owners_events_file_cannot_stop_the_service(team: Service, open_dir: Path,
+                                                                             services: list[Service]) -> None:
+    """An owner's runs write their START and END lines in a file of the owner's (``events.<owner>.log``), where the
+    owner may write anything. A number Python's ``isdigit`` takes and ``int`` refuses (a superscript two, ``--5``)
+    raised where the service read the line, and again in the next service process, which reads the file from its
+    start: no ``local`` run went on, anyone's. Now such a line says nothing, and the run is judged by the rest."""
+    home = team.home
+    events = home / "backends" / "local" / "events.bin.log"
+    forger = script(open_dir, "forger.sh", f"""\
+        key=$(awk '$2 == "START" {{ k = $1 }} END {{ print k }}' {events})
+        printf '%s START \\302\\262 1.0\\n%s END --5 1.0\\n' "$key" "$key" >> {events}
+        echo "forged $key"
+        """)
+    mine = ok("bin", home, "submit", str(jobfile(open_dir, "forger", str(forger), []))).strip()
+    cli(home, "wait", mine)
+    victim = as_user("nobody", home, "submit", str(jobfile(open_dir, "after", "/bin/true", [])))
+    assert victim.returncode == 0, (victim.stderr, team.output())
+    assert cli(home, "wait", victim.stdout.strip()).returncode == 0, team.output()
+    assert team.proc is not None and team.proc.poll() is None, team.output()
+    assert "forged orch-" in ok("bin", home, "peek", mine)  # its lines were written
+    team.terminate()
+    start(services, home, "--tcp-port", "0")  # reads the owner's file again, from its start
+    again = ok("nobody", home, "submit", str(jobfile(open_dir, "again", "/bin/true", []))).strip()
+    assert cli(home, "wait", again).returncode == 0, cli_ok(home, "show", again)

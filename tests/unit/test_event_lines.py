@@ -1,11 +1,15 @@
-"""``EventLines``: the events appended to a file, read on from where the last read stopped."""
+"""``EventLines``: the events appended to a file, read on from where the last read stopped; ``decimal``, the
+numbers in them."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from orchestrator.plugin.wrapper import EventLines
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.plugin.wrapper import EventLines, decimal
 
 
 def test_an_open_file_read_on_gives_whole_lines_once_and_waits_for_a_partial_one(tmp_path: Path) -> None:
@@ -27,3 +31,20 @@ def test_an_open_file_read_on_gives_whole_lines_once_and_waits_for_a_partial_one
             assert by_fd.offset == by_path.offset + len(many) == os.path.getsize(path)
     finally:
         os.close(fd)
+
+
+@given(st.text(max_size=24) | st.from_regex(r"-?[0-9]{1,22}", fullmatch=True))
+def test_decimal_takes_ascii_integers_and_never_raises(word: str) -> None:
+    """``decimal`` is how a driver takes a number a run may have written (``START pid``, ``END code``): whatever
+    the word, it answers, and only an integer in ASCII digits is one ('²' and '٣' are digits to ``isdigit``)."""
+    got = decimal(word)
+    digits = word[1:] if word.startswith("-") else word
+    if digits.isascii() and digits.isdigit() and len(digits) < 20:
+        assert got == int(word)
+    else:
+        assert got is None
+
+
+def test_decimal_refuses_what_isdigit_takes_and_int_does_not() -> None:
+    assert [decimal(w) for w in ("\u00b2", "--5", "-\u00b2", "\u0663", "", "-", "+5", " 5", "12", "-12")] == [
+        None, None, None, None, None, None, None, None, 12, -12]

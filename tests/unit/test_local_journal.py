@@ -105,3 +105,24 @@ def test_the_killed_wrappers_an_earlier_process_left_are_those_of_the_first_read
     assert journal.records["k5"].kill_by == 9.5
     assert journal.take_kills() == []
     journal.close()
+
+
+def test_numbers_a_run_may_write_in_an_events_file_are_taken_only_when_they_are_numbers(tmp_path: Path) -> None:
+    """An owner's runs write their START and END lines in a file of the owner's, where the owner may write anything:
+    a number ``isdigit`` takes and ``int`` refuses ('²', and ``--5`` once ``-`` is stripped) raised where the file
+    was read, which stopped the driver, then every later process (``test_owner_local``, the service). Such a word,
+    and a pid of 0 or below (process groups, to ``kill``), now says nothing; the rest of the line still counts."""
+    (tmp_path / "events.alice.log").write_text("")
+    journal = Journal(tmp_path)
+    append(journal, "k1 INTENT alice", "k2 INTENT alice", "k3 INTENT alice", "k4 INTENT - nan")
+    journal.read()
+    (tmp_path / "events.alice.log").write_text(
+        "k1 START \u00b2 1.0\nk1 END --5 1.0\nk2 START 0 1.0\nk2 END \u0663 1.0\n"
+        "k3 START -7 1.0\nk3 END -9 1.0\nk1 START 41 1.0\n")
+    journal.read()
+    k1, k2, k3, k4 = (journal.records[k] for k in ("k1", "k2", "k3", "k4"))
+    assert (k1.pid, k1.started, k1.ended, k1.end_code) == (41, True, True, None)
+    assert (k2.pid, k2.ended, k2.end_code) == (None, True, None)
+    assert (k3.pid, k3.end_code) == (None, -9)
+    assert k4.intent_at is not None and k4.intent_at > 1e9  # not nan: the time it was read
+    journal.close()
