@@ -12,6 +12,7 @@ charged to its cause: the failure history entry of that attempt
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,9 +39,14 @@ class Attempt:
 
 
 def _seconds(text: str) -> float:
-    """``1m2.500000s`` (the shell's ``times``) in seconds."""
+    """``1m2.500000s`` (the shell's ``times``) in seconds. The file is in the run's output dir, where the run may
+    write too: a negative or infinite time is no time (Prometheus' counter raised on the one, and stayed infinite
+    for good after the other), and its record is skipped as a torn one is."""
     minutes, _, rest = text.rstrip("s").partition("m")
-    return float(minutes) * 60 + float(rest)
+    seconds = float(minutes) * 60 + float(rest)
+    if not (math.isfinite(seconds) and seconds >= 0 and float(minutes) >= 0 and float(rest) >= 0):
+        raise ValueError(f"not a time: {text[:40]!r}")
+    return seconds
 
 
 def parse_usage(text: str) -> list[Attempt]:
@@ -53,6 +59,8 @@ def parse_usage(text: str) -> list[Attempt]:
             head = lines[i].split()
             attempt, started_from, newest, code = int(head[0]), int(head[1]), int(head[2]), int(head[5])
             start, end = float(head[3]), float(head[4])
+            if not (math.isfinite(start) and math.isfinite(end)):
+                raise ValueError("not a time")
             own, children = lines[i + 1].split(), lines[i + 2].split()
             cpu = sum(_seconds(t) for t in (*own[:2], *children[:2]))
         except (ValueError, IndexError):

@@ -34,6 +34,7 @@ memory grow; so are late records past :data:`LATE_MAX` runs.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -225,7 +226,7 @@ class Metrics:
                 keep.append(late)
         self._late = keep
         for (backend, kind), seconds in totals.items():
-            if seconds:
+            if 0 < seconds < math.inf:  # (records are the runs' to write: parse_usage skips what is no time)
                 self.cpu.labels(backend, kind).inc(seconds)
 
     def _records(self, fq: FQID) -> list[Attempt] | None:

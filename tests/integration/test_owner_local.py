@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from served import ORCH, Service, cli, cli_ok, start
 from test_service_owners import _python_for, _user, as_user, open_dir
@@ -369,3 +370,30 @@ def test_what_a_run_writes_in_its_owners_events_file_cannot_stop_the_service(tea
     start(services, home, "--tcp-port", "0")  # reads the owner's file again, from its start
     again = ok("nobody", home, "submit", str(jobfile(open_dir, "again", "/bin/true", []))).strip()
     assert cli(home, "wait", again).returncode == 0, cli_ok(home, "show", again)
+
+
+def test_a_cpu_record_a_run_forges_cannot_stop_the_service(team: Service, open_dir: Path) -> None:
+    """A run's ``orch.usage`` is in its output dir, its owner's: the run may write records of its own there before
+    the wrapper appends its own. The service reads them when the run ends, for ``orchestrator_cpu_seconds_total``.
+    A negative CPU time (``-1m0.0s``) reached Prometheus' counter, which refuses it by raising: the service
+    stopped. An infinite one made the counter infinite for good. Such a record is now skipped, as a torn one is."""
+    home = team.home
+    headers = {"Authorization": f"Bearer {team.token}"}
+    for n, cpu in enumerate(["-1m0.0s", "infm0.0s"]):
+        forger = script(open_dir, f"usage{n}.sh", f"""\
+            out=$(dirname "$PWD")/output
+            printf '1 0 0 0 1 0\\n{cpu} 0m0.0s\\n0m0.0s 0m0.0s\\n' >> "$out/orch.usage"
+            """)
+        mine = ok("bin", home, "submit", str(jobfile(open_dir, f"usage{n}", str(forger), []))).strip()
+        assert cli(home, "wait", mine).returncode == 0
+        time.sleep(1.0)  # the records are read off the loop, shortly after the run ends
+        assert team.proc is not None and team.proc.poll() is None, team.output()
+        try:
+            scraped = httpx.get(f"{team.url}/metrics", headers=headers).text
+        except httpx.HTTPError as exc:
+            raise AssertionError(f"the service is gone: {team.output()}") from exc
+        counted = [line for line in scraped.splitlines() if line.startswith("orchestrator_cpu_seconds_total")]
+        assert all(0 <= float(line.split()[-1]) < 1e6 for line in counted), counted
+    victim = as_user("nobody", home, "submit", str(jobfile(open_dir, "after", "/bin/true", [])))
+    assert victim.returncode == 0, (victim.stderr, team.output())
+    assert cli(home, "wait", victim.stdout.strip()).returncode == 0, team.output()

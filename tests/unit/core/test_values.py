@@ -163,6 +163,15 @@ def test_parse_usage_skips_a_torn_record() -> None:
     assert [a.cpu for a in parse_usage("1 0 0 1 2 0\n0m0s 0m0s\n0m1s\n")] == [1.0]  # a short line: what it has
 
 
+@pytest.mark.parametrize("own, start", [("-1m0.0s 0m0s", "1"), ("0m-5.0s 0m0s", "1"), ("infm0s 0m0s", "1"),
+                                        ("0mnans 0m0s", "1"), ("1e308m0s 0m0s", "1"), ("0m1s 0m0s", "nan"),
+                                        ("0m1s 0m0s", "inf")])
+def test_parse_usage_skips_a_record_whose_times_are_no_times(own: str, start: str) -> None:
+    """The file is in the run's output dir, which the run may write to: a negative, NaN or infinite time made
+    Prometheus' CPU counter raise (the service stopped) or stay infinite; such a record is skipped."""
+    assert [a.attempt for a in parse_usage(f"7 0 0 {start} 2 0\n{own}\n0m0s 0m0s\n" + RECORDS)] == [1, 2, 3]
+
+
 def test_judge_useful_resumed_and_wasted_by_cause() -> None:
     attempts = parse_usage(RECORDS)
     history = [{"attempt": 1, "level": "worker", "verdict": "early"}, {"attempt": 2, "verdict": "refused"}]
