@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.usage import USAGE_FILE, Tally, parse_usage
+from ..plugin.users import read_inside
 from .job import Job
 
 
@@ -23,9 +24,11 @@ def report(job: Job) -> dict[str, Any]:
     """Useful and wasted CPU of a job (every subjob of a master), in seconds, with the wasted part by cause."""
     total = Tally()
     for run_ in runs_of(job):
-        try:
-            text = (Path(run_.outputdir) / USAGE_FILE).read_text(errors="replace")
-        except FileNotFoundError:
+        out = Path(run_.outputdir)
+        top = out.parent.parent if "." in run_.fqid else out.parent  # the top-level job's dir: nothing beyond it
+        try:  # (the run's own file: never through a link, never past read_inside's limit)
+            text = read_inside(out / USAGE_FILE, top).decode(errors="replace")
+        except OSError:
             continue
         total.add(parse_usage(text), run_.info.history)
     return {"schema": 1, "fqid": job.fqid, "name": job.name, "status": job.status.value, "attempts": total.attempts,

@@ -55,11 +55,11 @@ def judge(js: JobState, i: int, report: RunReport, now: float) -> Verdict:
     if report.usage:
         extra = runs.extra(i)
         extra.usage = [*(extra.peek("usage") or ()), {"attempt": attempt, **report.usage}][-HISTORY_KEPT:]
-    for _, word, data in log.keywords:
-        if word == "REFUSED":  # the wrapper refused a RETURN_FILE or an output file: kept on record
-            extra = runs.extra(i)
-            extra.history = [*extra.history, {"time": now, "level": "user", "verdict": "refused",
-                                              "reason": f"RETURN_FILE {data}", "attempt": attempt}]
+    refused = [{"time": now, "level": "user", "verdict": "refused", "reason": f"RETURN_FILE {data}",
+                "attempt": attempt} for _, word, data in log.keywords if word == "REFUSED"]
+    if refused:  # the wrapper refused a RETURN_FILE or an output file: kept on record (the log is the run's to
+        extra = runs.extra(i)  # write too: its lines are added once, and the history kept as long as ever)
+        extra.history = [*extra.history, *refused[-HISTORY_KEPT:]][-HISTORY_KEPT:]
     if decision.status == JobStatus.COMPLETED:
         if decision.outputs or runs.peek(i, "outputs"):
             runs.extra(i).outputs = list(decision.outputs)

@@ -40,6 +40,8 @@ def parse_log(text: str) -> RunLog:
             ts = float(parts[0])
         except ValueError:
             continue
+        if not 0 <= ts < 1e11:  # (NaN too) the run may write its log: a time that is no time made a master's NaN
+            continue
         word, data = parts[1], parts[2] if len(parts) > 2 else ""
         if word == "START":
             log.started = ts

@@ -38,19 +38,27 @@ class Attempt:
         return max(0.0, self.end - self.start)
 
 
+#: Past the CPU time one attempt may have used (some 31 years): a record that says more is no record.
+MOST_SECONDS = 1e9
+#: The most records of one run's file taken in (a record per attempt; a run may write more of its own).
+MOST_RECORDS = 256
+
+
 def _seconds(text: str) -> float:
     """``1m2.500000s`` (the shell's ``times``) in seconds. The file is in the run's output dir, where the run may
-    write too: a negative or infinite time is no time (Prometheus' counter raised on the one, and stayed infinite
-    for good after the other), and its record is skipped as a torn one is."""
+    write too: a negative, infinite or absurd time (:data:`MOST_SECONDS`) is no time (Prometheus' counter raised
+    on a negative one, and stayed infinite for good after an infinite one), and its record is skipped as a torn
+    one is."""
     minutes, _, rest = text.rstrip("s").partition("m")
     seconds = float(minutes) * 60 + float(rest)
-    if not (math.isfinite(seconds) and seconds >= 0 and float(minutes) >= 0 and float(rest) >= 0):
+    if not (0 <= seconds < MOST_SECONDS and float(minutes) >= 0 and float(rest) >= 0):
         raise ValueError(f"not a time: {text[:40]!r}")
     return seconds
 
 
 def parse_usage(text: str) -> list[Attempt]:
-    """The records of an ``orch.usage`` file (a head line and two lines of ``times``); a torn record is skipped."""
+    """The records of an ``orch.usage`` file (a head line and two lines of ``times``); a torn record is skipped,
+    and only the last :data:`MOST_RECORDS` are kept (judging them compares each with each)."""
     lines = text.splitlines()
     out: list[Attempt] = []
     i = 0
@@ -68,7 +76,7 @@ def parse_usage(text: str) -> list[Attempt]:
             continue
         out.append(Attempt(attempt, started_from, newest, start, end, code, cpu))
         i += 3
-    return out
+    return out[-MOST_RECORDS:]
 
 
 def judge(attempts: Sequence[Attempt], history: Sequence[Mapping[str, Any]]) -> list[tuple[Attempt, str | None]]:

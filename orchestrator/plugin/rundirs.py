@@ -6,6 +6,7 @@ them from."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import platform
@@ -152,6 +153,9 @@ def clear_outputs(outputdir: Path) -> None:
             if entry.name in KEPT:
                 continue
             if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
+                try:
+                    shutil.rmtree(entry)
+                except RecursionError:  # a tree a run made deeper than Python recurses: an error to report, no crash
+                    raise OSError(errno.ELOOP, f"{entry} is too deep to remove") from None
             else:
                 entry.unlink()

@@ -231,16 +231,41 @@ def _real_base(base: Path) -> str:
     return real_path(base)
 
 
-def read_inside(path: Path, base: Path, most: int | None = None) -> bytes:
+#: The most :func:`read_inside` reads of a file read whole: a run's files are its to make, and a sparse log of 50 GB
+#: read whole took the service's memory. A file over it is not read (``EFBIG``).
+READ_LIMIT = 16 << 20
+
+
+def _open_inside(path: Path, base: Path) -> int:
+    """``path``'s directory, open, once it is found inside ``base`` (every link on the way followed)."""
+    directory = os.open(path.parent, _DIRECTORY)
+    real, within = _real(directory, path.parent), _real_base(base)
+    if not (real + os.sep).startswith(within + os.sep) and real != within:
+        os.close(directory)
+        raise PermissionError(f"{path.name} leads out of {base}")
+    return directory
+
+
+def rename_inside(path: Path, name: str, base: Path) -> None:
+    """``path`` renamed ``name`` in its own directory, that directory found inside ``base`` as :func:`read_inside`
+    finds it, and the rename made in the very directory checked: the run's owner may swap a directory of its tree
+    for a link to another's at any moment (a rename by its path, after a check, could rename another job's file)."""
+    directory = _open_inside(path, base)
+    try:
+        os.rename(path.name, name, src_dir_fd=directory, dst_dir_fd=directory)
+    finally:
+        os.close(directory)
+
+
+def read_inside(path: Path, base: Path, most: int | None = None, *, limit: int = READ_LIMIT) -> bytes:
     """The bytes of ``path`` (its last ``most``), a regular file that lies inside ``base`` once every link on the
     way is followed, itself no link: how the orchestrator reads what a run wrote (a run's owner may have made
     its files links to files only the orchestrator may read). ``FileNotFoundError`` when it is missing;
-    ``PermissionError`` when it leads out of ``base`` or is no regular file."""
-    directory = os.open(path.parent, _DIRECTORY)
+    ``PermissionError`` when it leads out of ``base`` or is no regular file; ``OSError`` (``EFBIG``) when it is
+    read whole (no ``most``) and is over ``limit`` bytes. Never more than that is read, whatever the file grows
+    to meanwhile."""
+    directory = _open_inside(path, base)
     try:
-        real, within = _real(directory, path.parent), _real_base(base)
-        if not (real + os.sep).startswith(within + os.sep) and real != within:
-            raise PermissionError(f"{path.name} leads out of {base}")
         try:  # in the very directory checked (it cannot be swapped for another meanwhile)
             fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
         except OSError as exc:
@@ -253,11 +278,14 @@ def read_inside(path: Path, base: Path, most: int | None = None) -> bytes:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise PermissionError(f"{path.name} is not a regular file")
+        if most is None and st.st_size > limit:
+            raise OSError(errno.EFBIG, f"{path.name} is over {limit} bytes: not read")
         if most is not None and st.st_size > most:
             os.lseek(fd, st.st_size - most, os.SEEK_SET)
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
+        chunks, left = [], limit if most is None else most
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
             chunks.append(chunk)
+            left -= len(chunk)
         return b"".join(chunks)
     finally:
         os.close(fd)

@@ -312,34 +312,54 @@ class EventLines:
     def __init__(self) -> None:
         self.offset = 0
         self._partial = b""
+        #: A line over :data:`MAX_EVENT_LINE` is being skipped, up to its newline.
+        self._overlong = False
 
     def feed(self, data: bytes) -> list[list[str]]:
-        """The whole events in ``data``, the bytes of the file that follow ``offset``."""
+        """The whole events in ``data``, the bytes of the file that follow ``offset``. A line longer than
+        :data:`MAX_EVENT_LINE` is no event: it is skipped, never kept whole (a run may write what it likes in its
+        events file, and a line of gigabytes without a newline, joined again at each read, hung the driver)."""
         self.offset += len(data)
+        if self._overlong:
+            end = data.find(b"\n")
+            if end < 0:
+                return []
+            data, self._overlong = data[end + 1:], False
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
-        return [parts for parts in (raw.decode(errors="replace").split() for raw in lines) if len(parts) >= 3]
+        if len(self._partial) > MAX_EVENT_LINE:
+            self._partial, self._overlong = b"", True
+        return [parts for raw in lines if len(raw) <= MAX_EVENT_LINE
+                and len(parts := raw.decode(errors="replace").split()) >= 3]
 
-    def read(self, path: Path) -> list[list[str]]:
-        """The events appended to the local file at ``path`` since the last read."""
+    def read(self, path: Path, most: int | None = None) -> list[list[str]]:
+        """The events appended to the local file at ``path`` since the last read (``most``: of at most that many
+        bytes; the rest is read next time)."""
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            return self.read_from(fd)
+            return self.read_from(fd, most)
         finally:
             os.close(fd)
 
-    def read_from(self, fd: int) -> list[list[str]]:
+    def read_from(self, fd: int, most: int | None = None) -> list[list[str]]:
         """The events appended since the last read to the file open as ``fd`` (kept open by a driver that reads
-        it on every run's end: one ``pread`` where opening it again took ten system calls)."""
+        it on every run's end: one ``pread`` where opening it again took ten system calls); ``most``, as for
+        :meth:`read`."""
         out: list[list[str]] = []
+        left = most
         while True:
-            chunk = os.pread(fd, _READ_CHUNK, self.offset)
+            size = _READ_CHUNK if left is None else min(_READ_CHUNK, left)
+            chunk = os.pread(fd, size, self.offset)
             out += self.feed(chunk)
-            if len(chunk) < _READ_CHUNK:
+            if left is not None:
+                left -= len(chunk)
+            if len(chunk) < size or left == 0:
                 return out
 
 
 _READ_CHUNK = 1 << 20
+#: The longest line an events file's reader takes as an event (a START or END line is some 100 bytes).
+MAX_EVENT_LINE = 64 << 10
 
 
 async def prepare_runs(runs: Sequence[RunSpec], *, bindir: Path, notify: Path | None = None) -> list[Path]:

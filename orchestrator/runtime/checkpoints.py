@@ -23,6 +23,7 @@ master's definition answers for all its subjobs without reading theirs.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -42,6 +43,11 @@ from .definitions import Definitions
 from .repository import Repository, StateRow
 from .writer import Writer
 
+#: Past the largest sequence number a state may have (the repositories keep it as a 32-bit integer): a run writes
+#: its own ``current``, and one the repository refused stopped every write after it.
+MAX_SEQ = 2**31
+#: What a state file may hold besides its state, at most (its header lines: label, time, steps...).
+STATE_SLACK = 64 << 10
 _SETTINGS = {"states_kept": 1, "max_state_size": 1, "max_restarts_per_state": 0, "default_partitions": 1}
 
 
@@ -75,6 +81,7 @@ class Checkpoints:
     def __init__(self, settings: CheckpointSettings, repo: Repository, sm: StateMachine, definitions: Definitions,
                  writer: Writer, log: Any) -> None:
         self.keep = settings.keep
+        self.max_size = settings.max_size
         self.repo = repo
         self.sm = sm
         self.definitions = definitions
@@ -189,8 +196,10 @@ class Checkpoints:
         directory = workdir / STATE_DIR
         top = workdir.parent.parent if "." in fqid else workdir.parent  # the top-level job's dir: only ours to replace
         try:
-            current = int(read_inside(Path(pointer), top).decode("ascii").strip())
+            current = int(read_inside(Path(pointer), top, limit=64).decode("ascii").strip())
         except (OSError, ValueError):
+            return None
+        if not 0 <= current < MAX_SEQ:  # the run's to write: a number the repository cannot hold stopped its writes
             return None
         if not final:
             self._looked[fqid] = seen
@@ -203,7 +212,7 @@ class Checkpoints:
             try:
                 # never through a link out of the work dir (a link is refused): the run's owner made these files
                 try:
-                    text = read_inside(path, top).decode("utf-8", errors="replace")
+                    text = read_inside(path, top, limit=self.max_size + STATE_SLACK).decode("utf-8", errors="replace")
                 except PermissionError as exc:
                     raise StateError(f"{path}: {exc}") from None
                 state = State.from_text(text, fqid=fqid)
@@ -214,7 +223,8 @@ class Checkpoints:
                 continue
             if state.label != f"{fqid}:{seq}" or state.seq != seq:
                 text = state.dump(f"{fqid}:{seq}", seq, state.time)
-            self.store(StateRow(fqid, seq, state.time or time.time(), state.final, text))
+            when = state.time if state.time and math.isfinite(state.time) else time.time()  # (NaN: no time, NULL)
+            self.store(StateRow(fqid, seq, when, state.final, text))
             newest = {"seq": seq, "label": f"{fqid}:{seq}", "final": state.final, "time": state.time}
         return newest
 

@@ -83,7 +83,7 @@ class Postprocessing:
                         run_as_owner, owner, data, context, type(post).__name__)
                 else:
                     result = await anyio.to_thread.run_sync(post.run, context)
-            except (OSError, ValueError, ImportError, AttributeError) as exc:  # a user's merger or checker
+            except Exception as exc:  # a user's merger or checker: whatever it raises fails the master, saying so
                 result = PostprocessResult(f"{type(post).__name__}: {type(exc).__name__}: {exc}")
             if result.error and error is None:
                 error = result.error
@@ -117,9 +117,10 @@ def outcome(context: PostprocessContext, failed: list[tuple[int, str]], error: s
             held: bool = False) -> Outcome:
     """The master's ending once its checkers ran: their failures counted, the first reasons gathered."""
     counts = dict(context.counts)
-    checked = dict(failed)
+    by_index = {s.index: s for s in context.subjobs}
+    checked = {i: why for i, why in failed if i in by_index}  # (a checker is the user's: it may name any index)
     for index in checked:
-        if context.subjobs[index].status == JobStatus.COMPLETED:
+        if by_index[index].status == JobStatus.COMPLETED:
             counts["completed"] = counts.get("completed", 0) - 1
             counts["failed"] = counts.get("failed", 0) + 1
     counts = {k: n for k, n in counts.items() if n}

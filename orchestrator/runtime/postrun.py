@@ -60,15 +60,16 @@ def run_as_owner(who: Identity, descriptor: Mapping[str, Any], context: Postproc
     except (OSError, subprocess.SubprocessError) as exc:
         return PostprocessResult(f"{kind}: could not start as its owner {who.name}: {exc}")
     said = done.stderr.decode(errors="replace").strip()
-    try:
+    try:  # the owner's process writes the answer, and may write anything: what is no answer says so
         answer = json.loads(done.stdout.decode(errors="replace").strip().splitlines()[-1])
         error = answer.get("error")
         failed = [(int(i), str(why)) for i, why in answer.get("failed_subjobs", [])]
-    except (ValueError, IndexError, TypeError, AttributeError):
+    except (ValueError, IndexError, TypeError, AttributeError, OverflowError, RecursionError):
         tail = said[-STDERR_QUOTED:] if said else "no output"
         return PostprocessResult(f"{kind}: its process (as {who.name}) ended with exit code {done.returncode} "
                                  f"without an answer: {tail}")
-    return PostprocessResult(str(error) if error else None, failed)
+    known = {s.index for s in context.subjobs}
+    return PostprocessResult(str(error) if error else None, [(i, why) for i, why in failed if i in known])
 
 
 def main() -> None:

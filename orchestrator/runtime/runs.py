@@ -19,7 +19,7 @@ from typing import Any
 from ..core.machine import StateMachine
 from ..core.runlog import RunLog, parse_log
 from ..plugin.contract import RunHandle, RunSpec
-from ..plugin.users import read_inside
+from ..plugin.users import read_inside, rename_inside
 from ..plugin.wrapper import log_path
 from .checkpoints import Checkpoints
 from .definitions import Definitions
@@ -92,7 +92,7 @@ def read_ending(handle: RunHandle) -> Ending:
     else:
         if path.name != "orch.log":
             with contextlib.suppress(OSError):  # a read-only output dir: the attempt's name stays
-                path.replace(out / "orch.log")
+                rename_inside(path, "orch.log", top)
     return Ending(log=log, stderr_tail=stderr_tail(out / "stderr", top))
 
 

@@ -160,8 +160,8 @@ class Journal:
         fresh = self._lines.read(self.events) if self._closed else self._lines.read_from(self._events_in)
         out = self._apply(fresh, None)
         for owner, (path, lines) in self._owner_lines.items():
-            try:
-                fresh = lines.read(path)
+            try:  # (an owner's file is theirs to fill: a read takes a bounded part of it, the rest comes next time)
+                fresh = lines.read(path, OWNER_READ_MOST)
             except OSError:
                 continue
             out += self._apply(fresh, owner)
@@ -258,6 +258,9 @@ def _float(value: str) -> float | None:
         return None
     return number if math.isfinite(number) else None
 
+
+#: The most bytes of an owner's events file one read takes in (some 300,000 runs' START and END lines).
+OWNER_READ_MOST = 64 << 20
 
 _PATHS = ("jobdir", "inputdir", "outputdir", "workdir")
 _ENCODE = msgspec.json.Encoder().encode

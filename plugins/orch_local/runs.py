@@ -18,6 +18,7 @@ from orchestrator.plugin.wrapper import (
     SpawnError,
     application_entries,
     base_environ,
+    decimal,
     env_entry,
     make_run_dirs,
     make_usual_dirs,
@@ -296,8 +297,9 @@ def logged_pid(run: Run) -> int | None:
         text = read_inside(Path(run.joblog), run.jobdir, most=1 << 16)
     except OSError:
         return None
-    pids = [p[2] for line in text.splitlines() if len(p := line.split()) > 2 and p[1] == b"START" and p[2].isdigit()]
-    return int(pids[-1]) if pids else None
+    pids = [pid for line in text.splitlines() if len(p := line.split()) > 2 and p[1] == b"START"
+            and (pid := decimal(p[2].decode("ascii", "replace"))) is not None and pid > 0]  # (the run's to write)
+    return pids[-1] if pids else None
 
 
 class SeedFrames:

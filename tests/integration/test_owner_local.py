@@ -397,3 +397,24 @@ def test_a_cpu_record_a_run_forges_cannot_stop_the_service(team: Service, open_d
     victim = as_user("nobody", home, "submit", str(jobfile(open_dir, "after", "/bin/true", [])))
     assert victim.returncode == 0, (victim.stderr, team.output())
     assert cli(home, "wait", victim.stdout.strip()).returncode == 0, team.output()
+
+
+def test_states_a_run_forges_cannot_stop_the_services_writes(team: Service, open_dir: Path) -> None:
+    """A run's saved states are its own files (``work/.orch-state``), read by the service when the run ends and
+    stored in its repository. A state with time ``nan`` (stored as NULL: refused) or a ``current`` of 10**21 (no
+    64-bit integer) was put back in the writer's queue at each flush, so nothing of anyone was written from then
+    on, and the next submission that needed a write stopped the service. Such a state is now stored with the time
+    it was read, and such a ``current`` says nothing."""
+    home = team.home
+    for n, (current, time_line) in enumerate([("1", "nan"), (str(10**21), "1.0")]):
+        forger = script(open_dir, f"state{n}.sh", f"""\
+            mkdir -p .orch-state
+            printf 'orch-state\\t1\\ntime\\t{time_line}\\n' > .orch-state/{current}.state
+            echo {current} > .orch-state/current
+            """)
+        mine = ok("bin", home, "submit", str(jobfile(open_dir, f"state{n}", str(forger), []))).strip()
+        assert cli(home, "wait", mine).returncode == 0
+        victim = as_user("nobody", home, "submit", str(jobfile(open_dir, f"after{n}", "/bin/true", [])))
+        assert victim.returncode == 0, (victim.stderr, team.output())
+        assert cli(home, "wait", victim.stdout.strip()).returncode == 0, team.output()
+        assert team.proc is not None and team.proc.poll() is None, team.output()

@@ -160,6 +160,22 @@ async def test_custom_merger_and_checker_survive_reopen(tmp_path: Path) -> None:
         assert (j.outputdir / "lines.txt").read_text() == "0 1\n1 1\n2 1\n3 2\n4 1\n"
 
 
+def raises_key_error(outputdir: Path) -> bool:
+    """A user's checker with a bug."""
+    return {"a": True}[outputdir.name]
+
+
+async def test_a_checker_that_raises_whatever_fails_its_master_saying_so(tmp_path: Path) -> None:
+    """A user's checker is the user's code: a ``KeyError`` from it went past the runtime's handler (which took
+    four kinds of error), and the master never ended. Whatever it raises now fails the master, named."""
+    async with Orchestrator(home=tmp_path / "home") as orch:
+        j = await orch.jobs.add(scan(2, postprocessors=[CustomChecker(raises_key_error)]))
+        await j.submit()
+        await j.wait(timeout=60)
+        assert j.status == "failed"
+        assert "CustomChecker: KeyError" in (j.info.reason or ""), j.info.reason
+
+
 def test_bad_postprocessor_parameters_are_refused_naming_them() -> None:
     with pytest.raises(ValueError, match="on="):
         Notifier(on=["sometimes"])

@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.plugin.wrapper import EventLines, decimal
+from orchestrator.plugin.wrapper import MAX_EVENT_LINE, EventLines, decimal
 
 
 def test_an_open_file_read_on_gives_whole_lines_once_and_waits_for_a_partial_one(tmp_path: Path) -> None:
@@ -48,3 +48,21 @@ def test_decimal_takes_ascii_integers_and_never_raises(word: str) -> None:
 def test_decimal_refuses_what_isdigit_takes_and_int_does_not() -> None:
     assert [decimal(w) for w in ("\u00b2", "--5", "-\u00b2", "\u0663", "", "-", "+5", " 5", "12", "-12")] == [
         None, None, None, None, None, None, None, None, 12, -12]
+
+
+def test_a_line_over_the_longest_event_is_skipped_never_kept_whole(tmp_path: Path) -> None:
+    """An events file is the runs' to write: a line of gigabytes without a newline, joined again at each read of
+    it, hung the driver (quadratic). Past ``MAX_EVENT_LINE`` a line is dropped up to its newline; the events after
+    it are read as ever, and a read may be bounded (``most``: the rest comes next time)."""
+    path = tmp_path / "events.log"
+    lines = EventLines()
+    with open(path, "wb") as f:
+        f.write(b"k0 START 9 1.0\n" + b"x" * (3 * MAX_EVENT_LINE))
+        f.flush()
+        assert lines.read(path) == [["k0", "START", "9", "1.0"]]
+        f.write(b"x" * MAX_EVENT_LINE + b" tail\nk1 START 10 1.0\n" + b"y " * MAX_EVENT_LINE + b"\nk1 END 0 2.0\n")
+    assert lines.read(path) == [["k1", "START", "10", "1.0"], ["k1", "END", "0", "2.0"]]
+    bounded = EventLines()
+    first = bounded.read(path, most=20)
+    assert first == [["k0", "START", "9", "1.0"]] and bounded.offset == 20
+    assert bounded.read(path)[-1] == ["k1", "END", "0", "2.0"]

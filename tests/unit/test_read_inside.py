@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from orchestrator.plugin.users import read_inside, real_path
+from orchestrator.plugin.rundirs import clear_outputs
+from orchestrator.plugin.users import READ_LIMIT, read_inside, real_path, rename_inside
 from orchestrator.runtime.runs import stderr_tail
 
 
@@ -89,3 +93,58 @@ def test_a_stderr_tail_is_its_last_lines_none_when_empty_and_never_through_a_lin
     assert stderr_tail(stderr, tree) is None
     stderr.symlink_to(tree.parent / "secret")
     assert stderr_tail(stderr, tree) is None
+
+
+def test_a_file_over_the_limit_is_not_read_whole_and_its_tail_is_bounded(tree: Path) -> None:
+    """A run's files are its to make: a sparse log of 50 GB, read whole, took the service's memory. A file over
+    the limit (16 MiB unless the caller says) is refused with ``EFBIG``; its tail is read all the same."""
+    path = tree / "0" / "output" / "orch.1.log"
+    with open(path, "wb") as f:
+        f.truncate(READ_LIMIT + 1)  # sparse: no disk used
+    with pytest.raises(OSError) as refused:
+        read_inside(path, tree)
+    assert refused.value.errno == errno.EFBIG
+    assert read_inside(path, tree, 10) == b"\0" * 10
+    small = tree / "0" / "output" / "current"
+    small.write_bytes(b"12345678901234567890\n")
+    with pytest.raises(OSError):
+        read_inside(small, tree, limit=8)
+    assert read_inside(small, tree, limit=64) == b"12345678901234567890\n"
+
+
+def test_an_output_tree_too_deep_to_remove_is_an_error_to_report(tmp_path: Path) -> None:
+    """The next attempt empties the run's output dir: a tree the run made deeper than Python recurses raised
+    ``RecursionError`` there, which the driver's loop let through (the service stopped). It is an ``OSError`` now,
+    which fails the run's start, saying so."""
+    out = tmp_path / "output"
+    out.mkdir()
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        for _ in range(sys.getrecursionlimit() + 100):
+            os.mkdir("a", dir_fd=fd)
+            deeper = os.open("a", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError, match="too deep to remove"):
+        clear_outputs(out)
+    subprocess.run(["rm", "-rf", str(out)], check=True)
+
+
+def test_a_rename_in_a_runs_tree_is_made_where_it_was_checked(tree: Path, tmp_path: Path) -> None:
+    """The attempt's log is renamed ``orch.log`` once read. By its path, after the check, it renamed a file in
+    whatever the run's owner had swapped the output dir for meanwhile (another job's dir, through a link); now the
+    rename is made in the directory checked, or not at all."""
+    out = tree / "0" / "output"
+    (out / "orch.1.log").write_text("100 START 1 h\n")
+    rename_inside(out / "orch.1.log", "orch.log", tree)
+    assert sorted(p.name for p in out.iterdir()) == ["orch.log", "stderr"]
+    elsewhere = tmp_path / "victim"
+    elsewhere.mkdir()
+    (elsewhere / "orch.2.log").write_text("another job's log\n")
+    (tree / "1").mkdir()
+    (tree / "1" / "output").symlink_to(elsewhere)
+    with pytest.raises(PermissionError):
+        rename_inside(tree / "1" / "output" / "orch.2.log", "orch.log", tree)
+    assert [p.name for p in elsewhere.iterdir()] == ["orch.2.log"]

@@ -12,7 +12,7 @@ from orchestrator.core.events import RunReport, StatusReport
 from orchestrator.core.ids import Runs
 from orchestrator.core.instructions import SendSubmit
 from orchestrator.core.statuses import JobStatus
-from orchestrator.core.table import RunTable
+from orchestrator.core.table import HISTORY_KEPT, RunTable
 
 from .harness import Harness, log, profile
 
@@ -66,6 +66,16 @@ def test_a_refused_return_file_is_on_record_and_the_run_still_completes() -> Non
                                   "reason": "RETURN_FILE ../x.txt", "attempt": 1}]
     assert r.info["outputs"] == ["a.root", "b.root"]
     assert "reason" not in r.info
+
+
+def test_refused_lines_by_the_thousand_keep_the_history_as_long_as_ever() -> None:
+    """The log is the run's to write too: each ``REFUSED`` line copied the whole history again (minutes of the
+    state machine for half a million lines), and all were kept. They are added at once, the last ones kept."""
+    r = Run(wrapper=True)
+    refused = [f"102 REFUSED f{n}" for n in range(5000)]
+    assert r.end(S.COMPLETED, "100 START 1 h", *refused, "104 EXIT 0", "104 END 0") == S.COMPLETED
+    assert len(r.info["history"]) == HISTORY_KEPT
+    assert r.info["history"][-1]["reason"] == "RETURN_FILE f4999"
 
 
 def test_the_state_a_run_ends_with_is_kept() -> None:

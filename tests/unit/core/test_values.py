@@ -11,7 +11,7 @@ import pytest
 from orchestrator.core.ids import Runs, as_range, fqid_str, parse_fqid, parse_fqid_or_none
 from orchestrator.core.runlog import RunLog, parse_log
 from orchestrator.core.statuses import ALL_STATUSES, JobStatus, allowed, master_status, parse_status
-from orchestrator.core.usage import Attempt, Tally, judge, parse_usage, tally
+from orchestrator.core.usage import MOST_RECORDS, Attempt, Tally, judge, parse_usage, tally
 
 S = JobStatus
 
@@ -165,11 +165,26 @@ def test_parse_usage_skips_a_torn_record() -> None:
 
 @pytest.mark.parametrize("own, start", [("-1m0.0s 0m0s", "1"), ("0m-5.0s 0m0s", "1"), ("infm0s 0m0s", "1"),
                                         ("0mnans 0m0s", "1"), ("1e308m0s 0m0s", "1"), ("0m1s 0m0s", "nan"),
-                                        ("0m1s 0m0s", "inf")])
+                                        ("0m1s 0m0s", "inf"), ("1e306m0s 0m0s", "1")])
 def test_parse_usage_skips_a_record_whose_times_are_no_times(own: str, start: str) -> None:
     """The file is in the run's output dir, which the run may write to: a negative, NaN or infinite time made
     Prometheus' CPU counter raise (the service stopped) or stay infinite; such a record is skipped."""
     assert [a.attempt for a in parse_usage(f"7 0 0 {start} 2 0\n{own}\n0m0s 0m0s\n" + RECORDS)] == [1, 2, 3]
+
+
+def test_parse_usage_keeps_the_last_records_only() -> None:
+    """Judging compares each record with each: a run that wrote a hundred thousand records of its own stalled the
+    CPU metrics (and ``report``). The last ``MOST_RECORDS`` are kept."""
+    record = "{} 0 0 1 2 0\n0m1s 0m0s\n0m0s 0m0s\n"
+    got = parse_usage("".join(record.format(n) for n in range(1, MOST_RECORDS + 11)))
+    assert [a.attempt for a in got] == list(range(11, MOST_RECORDS + 11))
+
+
+def test_parse_log_skips_a_line_whose_time_is_no_time() -> None:
+    """The run may write its log too: a ``nan START`` made a master's start time NaN for good (the least of its
+    subjobs'), and listing it then failed for everyone."""
+    log = parse_log("5.0 START 1 h\nnan START 2 x\n-1e308 START 3 y\ninf END 0\n1e300 EXIT 1\n6.0 END 0\n")
+    assert (log.started, log.host, log.ended, log.end_code, log.exit_code) == (5.0, "h", 6.0, 0, None)
 
 
 def test_judge_useful_resumed_and_wasted_by_cause() -> None:
