@@ -59,16 +59,25 @@ def run_as_owner(who: Identity, descriptor: Mapping[str, Any], context: Postproc
         done = run_as(who, [python, "-S", "-c", _boot(paths)], input=_request(descriptor, context), timeout=None)
     except (OSError, subprocess.SubprocessError) as exc:
         return PostprocessResult(f"{kind}: could not start as its owner {who.name}: {exc}")
-    said = done.stderr.decode(errors="replace").strip()
-    try:  # the owner's process writes the answer, and may write anything: what is no answer says so
-        answer = json.loads(done.stdout.decode(errors="replace").strip().splitlines()[-1])
-        error = answer.get("error")
-        failed = [(int(i), str(why)) for i, why in answer.get("failed_subjobs", [])]
-    except (ValueError, IndexError, TypeError, AttributeError, OverflowError, RecursionError):
+    result = read_answer(done.stdout, {s.index for s in context.subjobs})
+    if result is None:
+        said = done.stderr.decode(errors="replace").strip()
         tail = said[-STDERR_QUOTED:] if said else "no output"
         return PostprocessResult(f"{kind}: its process (as {who.name}) ended with exit code {done.returncode} "
                                  f"without an answer: {tail}")
-    known = {s.index for s in context.subjobs}
+    return result
+
+
+def read_answer(out: bytes, known: set[int]) -> PostprocessResult | None:
+    """The answer on the last line of the owner's process's ``out``, its failed subjobs among ``known``; ``None``
+    when there is none. The process is the owner's, and may write anything there: an ``Infinity``, nesting deeper
+    than Python recurses, an index of no subjob, each raised past the handler, and the master never ended."""
+    try:
+        answer = json.loads(out.decode(errors="replace").strip().splitlines()[-1])
+        error = answer.get("error")
+        failed = [(int(i), str(why)) for i, why in answer.get("failed_subjobs", [])]
+    except (ValueError, IndexError, TypeError, AttributeError, OverflowError, RecursionError):
+        return None
     return PostprocessResult(str(error) if error else None, [(i, why) for i, why in failed if i in known])
 
 
