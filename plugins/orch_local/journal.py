@@ -160,11 +160,15 @@ class Journal:
         fresh = self._lines.read(self.events) if self._closed else self._lines.read_from(self._events_in)
         out = self._apply(fresh, None)
         for owner, (path, lines) in self._owner_lines.items():
-            try:  # (an owner's file is theirs to fill: a read takes a bounded part of it, the rest comes next time)
-                fresh = lines.read(path, OWNER_READ_MOST)
-            except OSError:
-                continue
-            out += self._apply(fresh, owner)
+            while True:  # all of it, a part at a time: the owner may fill it with lines of no run of theirs
+                offset = lines.offset
+                try:
+                    fresh = lines.read(path, OWNER_READ_CHUNK)
+                except OSError:
+                    break
+                out += self._apply(fresh, owner)
+                if lines.offset - offset < OWNER_READ_CHUNK:
+                    break
         return out
 
     def _apply(self, events: list[list[str]], owner: str | None) -> list[tuple[str, str, Record]]:
@@ -259,8 +263,9 @@ def _float(value: str) -> float | None:
     return number if math.isfinite(number) else None
 
 
-#: The most bytes of an owner's events file one read takes in (some 300,000 runs' START and END lines).
-OWNER_READ_MOST = 64 << 20
+#: The bytes of an owner's events file taken in at a time (its lines of the owner's runs applied, the rest dropped,
+#: before the next part is read: a file the owner filled with other lines never sits whole in memory).
+OWNER_READ_CHUNK = 16 << 20
 
 _PATHS = ("jobdir", "inputdir", "outputdir", "workdir")
 _ENCODE = msgspec.json.Encoder().encode

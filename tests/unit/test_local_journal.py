@@ -8,6 +8,7 @@ key's record only, never the shared one.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from orch_local.journal import COMPLETED, Journal
@@ -125,4 +126,22 @@ def test_numbers_a_run_may_write_in_an_events_file_are_taken_only_when_they_are_
     assert (k2.pid, k2.ended, k2.end_code) == (None, True, None)
     assert (k3.pid, k3.end_code) == (None, -9)
     assert k4.intent_at is not None and k4.intent_at > 1e9  # not nan: the time it was read
+    journal.close()
+
+
+def test_an_owners_file_is_read_whole_a_part_at_a_time(tmp_path: Path) -> None:
+    """An owner may fill their file with lines of no run of theirs; it is read a part at a time (those lines
+    dropped before the next part), and all of it: a run's END past the first part is still its END (a restart
+    that missed it would fail a completed run as lost)."""
+    journal = Journal(tmp_path)
+    append(journal, "k1 INTENT alice")
+    journal.read()
+    journal.owner_events("alice", os.getuid(), os.getgid())
+    with open(tmp_path / "events.alice.log", "ab") as f:
+        f.write(b"k1 START 41 1.0\n")
+        line = b"other START 1 1.0 " + b"x" * 1000 + b"\n"
+        f.write(line * (20 * 1024 * 1024 // len(line)))  # 20 MiB: more than one part
+        f.write(b"k1 END 0 2.0\n")
+    assert [(key, word) for key, word, _ in journal.read()] == [("k1", "START"), ("k1", "END")]
+    assert journal.records["k1"].ended and journal.records["k1"].end_code == 0
     journal.close()
