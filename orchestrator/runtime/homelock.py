@@ -51,6 +51,7 @@ class HomeLock:
             return
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         deadline = time.monotonic() + READER_WAIT
+        empty_since: float | None = None  # since when the held lock's file has named no one, if it names no one
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -58,11 +59,15 @@ class HomeLock:
             except BlockingIOError:
                 written = os.pread(fd, 200, 0).decode(errors="replace").strip()
                 holder = written or "another process"
-                waiting = time.monotonic() < deadline and self.role != READER_ROLE
-                # a reading command lets go in a moment, and so does a holder that is gone; a holder that has
-                # not written its name yet is one that took the lock an instant ago (its name follows at once)
+                now = time.monotonic()
+                empty_since = (empty_since or now) if not written else None
+                waiting = now < deadline and self.role != READER_ROLE
+                # a reading command lets go in a moment, and so does a holder that is gone; a lock whose file names
+                # no one is being taken (the holder's name follows at once) or let go (release empties the file,
+                # then closes it): either is over within a second (a process waiting for a reader saw the one
+                # instant and gave up, when it had waited a second already)
                 if waiting and (holder.startswith(READER_ROLE) or _gone(written) or (
-                        not written and deadline - time.monotonic() > READER_WAIT - 1)):
+                        empty_since is not None and now - empty_since < 1.0)):
                     time.sleep(0.05)
                     continue
             os.close(fd)

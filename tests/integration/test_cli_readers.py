@@ -87,3 +87,41 @@ def test_a_command_that_writes_waits_for_a_reading_command_to_let_go(tmp_path: P
     out, err = writer.communicate(timeout=60)
     assert writer.returncode == 0, err
     assert "completed" in out
+
+
+def test_a_waiting_writer_takes_the_home_as_the_reader_lets_go_however_long_it_waited(tmp_path: Path) -> None:
+    """A reader lets go of the home by emptying the lock file, then closing it. A writer that had waited for it a
+    second already, and looked in that instant, found the held lock naming no one and gave up ("in use by
+    another process"): once in a CI run of the test above. An empty file is a lock being taken or let go, and the
+    writer waits it out."""
+    import fcntl
+    import socket
+    import threading
+    import time
+
+    from orchestrator.core.errors import HomeLockedError
+    from orchestrator.runtime.homelock import READER_ROLE, HomeLock
+
+    path = tmp_path / "lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.pwrite(fd, f"{READER_ROLE}, pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    got: list[str] = []
+
+    def take() -> None:
+        writer = HomeLock(path, "a writer")
+        try:
+            writer.acquire()
+            got.append("taken")
+            writer.release()
+        except HomeLockedError as exc:
+            got.append(str(exc))
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    time.sleep(1.5)  # the writer waits for the reader
+    os.ftruncate(fd, 0)  # the reader lets go: its file emptied, then (a slow instant later) closed
+    time.sleep(0.3)
+    os.close(fd)
+    thread.join(timeout=10)
+    assert got == ["taken"]
