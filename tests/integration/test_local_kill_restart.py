@@ -22,6 +22,7 @@ from pathlib import Path
 import anyio
 import pytest
 from orch_local import LocalDriver
+from test_glite import group_alive
 from test_local import alive
 
 from orchestrator import Executable, Job, Orchestrator
@@ -59,21 +60,6 @@ def kill_then_crash(home: Path, script: str, grace: float) -> tuple[int, float]:
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     wrapper, killed_at = proc.stdout.split()
     return int(wrapper), float(killed_at)
-
-
-def group_of(pgid: int) -> list[int]:
-    """The live processes of process group ``pgid``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                found.append(int(entry))
-    return found
 
 
 async def test_a_killed_wrapper_left_running_holds_its_slot_and_gets_its_sigkill_from_the_next_process(
@@ -114,12 +100,12 @@ async def test_what_is_left_of_a_killed_wrappers_group_gets_its_sigkill_from_the
         with anyio.fail_after(10):
             while alive(wrapper):
                 await anyio.sleep(0.05)
-        assert group_of(wrapper), "nothing was left of the group"
+        assert group_alive(wrapper), "nothing was left of the group"
         async with Orchestrator(home=tmp_path / "home") as orch:
             j = await orch.jobs.add(Job(application=Executable("/bin/true"), backend="local"))
             await j.submit()
             with anyio.fail_after(15):
-                while group_of(wrapper):
+                while group_alive(wrapper):
                     await anyio.sleep(0.05)
             assert time.time() >= killed_at + 3.0 - 0.2, "SIGKILLed before kill_grace was over"
             await j.wait(timeout=30)
