@@ -27,9 +27,9 @@ against the public driver API only.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
+import stat
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -50,6 +50,7 @@ from orchestrator.plugin import (
 )
 from orchestrator.plugin.fairshare import FairQueue
 from orchestrator.plugin.processes import ExitWatcher, find_process, process_args, process_environ, reap
+from orchestrator.plugin.users import read_inside
 from orchestrator.plugin.wrapper import RUNFILE, BaseEnviron, boot_time, install_scripts, pid_alive
 
 from .hosted import Launcher, hostable
@@ -264,11 +265,7 @@ class LocalDriver(RunKills, Driver):
         for run in runs:
             run.spec = run.spec or specs.get(run.key)
             if run.spec is None and run.seed is None:
-                runfile = run.jobdir / RUNFILE
-                with contextlib.suppress(OSError):
-                    text = runfile.read_text()
-                    if f"ORCH_KEY={run.key}\n" in text or f"ORCH_KEY='{run.key}'\n" in text:
-                        run.runfile = runfile
+                run.runfile = _own_run_file(run)
                 if run.runfile is None:
                     self._end(run, StatusUpdate(run.fqid, JobStatus.FAILED,
                                                 reason="lost: no record of the run and no launch"))
@@ -456,3 +453,21 @@ class LocalDriver(RunKills, Driver):
         self.journal.close()
         os.close(self._out)
 
+
+def _own_run_file(run: Run) -> Path | None:
+    """The run file an earlier version of the driver wrote for ``run``, if it may be trusted: the wrapper sources it,
+    as this process's user. It must be that user's, in a job dir of that user's whose parent is too (no one else
+    could have put it there, or swap the dir), and name the run's key. A team service's job dirs are their
+    owners': an owner's file there was run as the service's user (root), given a crash between a run's acceptance
+    and its note in ``submitted.log``."""
+    runfile = run.jobdir / RUNFILE
+    me = os.geteuid()
+    try:
+        for where, kind in ((run.jobdir.parent, stat.S_ISDIR), (run.jobdir, stat.S_ISDIR), (runfile, stat.S_ISREG)):
+            st = os.lstat(where)
+            if not kind(st.st_mode) or st.st_uid != me or st.st_mode & 0o022:
+                return None
+        text = read_inside(runfile, run.jobdir, 1 << 20).decode(errors="replace")
+    except OSError:
+        return None
+    return runfile if f"ORCH_KEY={run.key}\n" in text or f"ORCH_KEY='{run.key}'\n" in text else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -176,3 +177,43 @@ async def test_a_wrapper_killed_by_a_driver_that_died_before_the_kill_was_on_rec
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(wrapper, signal.SIGKILL)
+
+
+async def test_a_run_file_in_an_owners_job_dir_is_never_run_as_the_orchestrators_user(tmp_path: Path) -> None:
+    """A run accepted but neither noted in ``submitted.log`` nor launched when the process died is started by
+    the next from the run file an earlier version of the driver left in its job dir, which the wrapper sources.
+    In a team service that dir is its owner's, who could have put a ``run.env`` of their own there (an earlier
+    attempt's program can): it ran as the service's user, root. Only a file of the orchestrator's own user, in a
+    dir of its own, is taken; the run is failed as lost instead."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the job dir is another user's")
+    nobody = pwd.getpwnam("nobody")
+    home, marker = tmp_path / "home", tmp_path / "ran-as-root"
+    statedir = home / "backends" / "local"
+    statedir.mkdir(parents=True)
+    top = home / "workspace" / "1"
+    jobdir = top / "0"
+    jobdir.mkdir(parents=True)
+    key = "orch-t-1.0-2"
+    (jobdir / "run.env").write_text(f"ORCH_KEY={key}\ntouch {marker}\n")
+    for path in (top, jobdir, jobdir / "run.env"):
+        os.chown(path, nobody.pw_uid, nobody.pw_gid)
+    reports: list[StatusUpdate] = []
+
+    async def report(updates: Sequence[StatusUpdate]) -> None:
+        reports.extend(updates)
+
+    handle = RunHandle("1.0", 0, key, {}, jobdir / "output", key=key, attempt=2, jobdir=jobdir, owner="nobody")
+    driver = LocalDriver(DriverContext(home=home, statedir=statedir, report=report))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(driver.serve)
+        await driver.track([handle])
+        with anyio.fail_after(10):
+            while not reports:
+                await anyio.sleep(0.02)
+        await anyio.sleep(1.0)  # a wrapper started from the file would have run by now
+        await driver.aclose()
+        tg.cancel_scope.cancel()
+    assert [(u.fqid, u.status, u.reason) for u in reports] == [
+        ("1.0", JobStatus.FAILED, "lost: no record of the run and no launch")]
+    assert not marker.exists()
