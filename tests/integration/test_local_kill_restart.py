@@ -25,6 +25,7 @@ import pytest
 from orch_local import LocalDriver
 from test_glite import group_alive
 from test_local import alive
+from test_local_launcher_restart import what_the_next_driver_reports
 
 from orchestrator import Executable, Job, Orchestrator
 from orchestrator.plugin import DriverContext, JobStatus, RunHandle, RunSpec, StatusUpdate
@@ -133,13 +134,9 @@ async def test_a_wrapper_killed_by_a_driver_that_died_before_the_kill_was_on_rec
                   env={}, settings={"shell": "/bin/sh"}, inputs=(), outputfiles=(), jobdir=jobdir,
                   inputdir=jobdir / "input", outputdir=jobdir / "output", workdir=jobdir / "work")
     first_heard: list[StatusUpdate] = []
-    reports: list[StatusUpdate] = []
 
     async def first_report(updates: Sequence[StatusUpdate]) -> None:
         first_heard.extend(updates)
-
-    async def report(updates: Sequence[StatusUpdate]) -> None:
-        reports.extend(updates)
 
     first = LocalDriver(DriverContext(home=home, statedir=statedir, config={"kill_grace": 1.0}, report=first_report))
     async with anyio.create_task_group() as tg:
@@ -161,18 +158,10 @@ async def test_a_wrapper_killed_by_a_driver_that_died_before_the_kill_was_on_rec
         with anyio.fail_after(10):  # the next driver finds it running (ignores SIGTERM), or gone
             while alive(wrapper) != stubborn:
                 await anyio.sleep(0.02)
-        second = LocalDriver(DriverContext(home=home, statedir=statedir, report=report))
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(second.serve)
-            await second.track([handle])
-            with anyio.fail_after(10):  # the first driver's 1 s grace, not the 30 s of the sleep
-                while not reports:
-                    await anyio.sleep(0.02)
-            assert not stubborn or time.time() >= killed_at + 1.0 - 0.1, "SIGKILLed before kill_grace was over"
-            await anyio.sleep(0.3)  # (nothing more comes)
-            await second.aclose()
-            tg.cancel_scope.cancel()
+        # reported within 10 s: the first driver's 1 s grace, not the 30 s of the sleep
+        reports, first_at = await what_the_next_driver_reports(home, handle, settle=0.3)
         assert [(u.fqid, u.status) for u in reports] == [("1.0", JobStatus.KILLED)]
+        assert not stubborn or first_at >= killed_at + 1.0 - 0.1, "SIGKILLed before kill_grace was over"
         assert not alive(wrapper)
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -198,22 +187,8 @@ async def test_a_run_file_in_an_owners_job_dir_is_never_run_as_the_orchestrators
     (jobdir / "run.env").write_text(f"ORCH_KEY={key}\ntouch {marker}\n")
     for path in (top, jobdir, jobdir / "run.env"):
         os.chown(path, nobody.pw_uid, nobody.pw_gid)
-    reports: list[StatusUpdate] = []
-
-    async def report(updates: Sequence[StatusUpdate]) -> None:
-        reports.extend(updates)
-
     handle = RunHandle("1.0", 0, key, {}, jobdir / "output", key=key, attempt=2, jobdir=jobdir, owner="nobody")
-    driver = LocalDriver(DriverContext(home=home, statedir=statedir, report=report))
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(driver.serve)
-        await driver.track([handle])
-        with anyio.fail_after(10):
-            while not reports:
-                await anyio.sleep(0.02)
-        await anyio.sleep(1.0)  # a wrapper started from the file would have run by now
-        await driver.aclose()
-        tg.cancel_scope.cancel()
+    reports, _ = await what_the_next_driver_reports(home, handle, settle=1.0)  # a wrapper from the file: run by then
     assert [(u.fqid, u.status, u.reason) for u in reports] == [
         ("1.0", JobStatus.FAILED, "lost: no record of the run and no launch")]
     assert not marker.exists()

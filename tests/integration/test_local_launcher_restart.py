@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -246,20 +247,29 @@ async def test_a_run_killed_while_it_waited_stays_killed_for_the_next_driver(tmp
     key = await first.submit(run)
     handle = RunHandle(run.fqid, run.index, key, run.settings, run.outputdir, key=key, attempt=1, jobdir=jobdir)
     await first.kill(handle)  # queued: never to start
+    reports, _ = await what_the_next_driver_reports(home, handle, settle=0.5)  # a start would have come by then
+    assert [(u.fqid, u.status) for u in reports] == [("1.0", JobStatus.KILLED)]
+    assert not side.exists()
+
+
+async def what_the_next_driver_reports(home: Path, handle: RunHandle, *,
+                                       settle: float) -> tuple[list[StatusUpdate], float]:
+    """What a new ``local`` driver of ``home``, asked to follow ``handle`` (as after a restart), reports: its first
+    report and all within ``settle`` seconds after it; and the time of the first."""
     reports: list[StatusUpdate] = []
 
     async def report(updates: Sequence[StatusUpdate]) -> None:
         reports.extend(updates)
 
-    second = LocalDriver(DriverContext(home=home, statedir=statedir, report=report))
+    driver = LocalDriver(DriverContext(home=home, statedir=home / "backends" / "local", report=report))
     async with anyio.create_task_group() as tg:
-        tg.start_soon(second.serve)
-        await second.track([handle])
+        tg.start_soon(driver.serve)
+        await driver.track([handle])
         with anyio.fail_after(10):
             while not reports:
                 await anyio.sleep(0.02)
-        await anyio.sleep(0.5)  # a start would have come by now
-        await second.aclose()
+        first_at = time.time()
+        await anyio.sleep(settle)
+        await driver.aclose()
         tg.cancel_scope.cancel()
-    assert [(u.fqid, u.status) for u in reports] == [("1.0", JobStatus.KILLED)]
-    assert not side.exists()
+    return reports, first_at
