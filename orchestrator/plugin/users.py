@@ -261,7 +261,8 @@ def read_inside(path: Path, base: Path, most: int | None = None, *, limit: int =
     """The bytes of ``path`` (its last ``most``), a regular file that lies inside ``base`` once every link on the
     way is followed, itself no link: how the orchestrator reads what a run wrote (a run's owner may have made
     its files links to files only the orchestrator may read). ``FileNotFoundError`` when it is missing;
-    ``PermissionError`` when it leads out of ``base`` or is no regular file; ``OSError`` (``EFBIG``) when it is
+    ``PermissionError`` when it leads out of ``base``, is no regular file, or is a hard link to a file of another
+    user than the directory's; ``OSError`` (``EFBIG``) when it is
     read whole (no ``most``) and is over ``limit`` bytes. Never more than that is read, whatever the file grows
     to meanwhile."""
     directory = _open_inside(path, base)
@@ -272,12 +273,15 @@ def read_inside(path: Path, base: Path, most: int | None = None, *, limit: int =
             if exc.errno == errno.ELOOP:
                 raise PermissionError(f"{path.name} is a symbolic link") from None
             raise
+        dir_owner = os.fstat(directory).st_uid
     finally:
         os.close(directory)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise PermissionError(f"{path.name} is not a regular file")
+        if st.st_nlink > 1 and st.st_uid != dir_owner:  # another's file given a name here (a hard link: where
+            raise PermissionError(f"{path.name} is another user's file linked here")  # protected_hardlinks is 0)
         if most is None and st.st_size > limit:
             raise OSError(errno.EFBIG, f"{path.name} is over {limit} bytes: not read")
         if most is not None and st.st_size > most:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import pwd
 import subprocess
 import sys
 from pathlib import Path
@@ -148,3 +149,20 @@ def test_a_rename_in_a_runs_tree_is_made_where_it_was_checked(tree: Path, tmp_pa
     with pytest.raises(PermissionError):
         rename_inside(tree / "1" / "output" / "orch.2.log", "orch.log", tree)
     assert [p.name for p in elsewhere.iterdir()] == ["orch.2.log"]
+
+
+def test_another_users_file_hard_linked_into_a_runs_dir_is_not_read(tree: Path, tmp_path: Path) -> None:
+    """Where ``fs.protected_hardlinks`` is 0, a run's owner may give a file only the orchestrator may read a name
+    in their own dir: such a file (its owner not the dir's, more than one name) is refused like a symbolic link."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the dir is another user's")
+    nobody = pwd.getpwnam("nobody")
+    out = tree / "0" / "output"
+    os.chown(out, nobody.pw_uid, nobody.pw_gid)
+    os.link(tmp_path / "secret", out / "orch.1.log")  # root's file, a second name in nobody's dir
+    with pytest.raises(PermissionError, match="linked here"):
+        read_inside(out / "orch.1.log", tree)
+    (out / "mine").write_text("theirs\n")
+    os.chown(out / "mine", nobody.pw_uid, nobody.pw_gid)
+    os.link(out / "mine", out / "also-mine")  # the owner's own file, two names: theirs to read
+    assert read_inside(out / "also-mine", tree) == b"theirs\n"
