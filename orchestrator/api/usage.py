@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..core.usage import USAGE_FILE, Tally, parse_usage
-from ..plugin.users import read_inside
+from ..core.usage import Tally
+from ..runtime.runs import read_usage
 from .job import Job
 
 
@@ -24,13 +24,9 @@ def report(job: Job) -> dict[str, Any]:
     """Useful and wasted CPU of a job (every subjob of a master), in seconds, with the wasted part by cause."""
     total = Tally()
     for run_ in runs_of(job):
-        out = Path(run_.outputdir)
-        top = out.parent.parent if "." in run_.fqid else out.parent  # the top-level job's dir: nothing beyond it
-        try:  # (the run's own file: never through a link, never past read_inside's limit)
-            text = read_inside(out / USAGE_FILE, top).decode(errors="replace")
-        except OSError:
-            continue
-        total.add(parse_usage(text), run_.info.history)
+        attempts = read_usage(Path(run_.outputdir), "." in run_.fqid)
+        if attempts is not None:
+            total.add(attempts, run_.info.history)
     return {"schema": 1, "fqid": job.fqid, "name": job.name, "status": job.status.value, "attempts": total.attempts,
             "cpu": total.useful + total.wasted, "useful": total.useful, "wasted": total.wasted, "wall": total.wall,
             "wasted_by_cause": dict(sorted(total.by_cause.items(), key=lambda kv: -kv[1]))}

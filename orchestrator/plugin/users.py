@@ -246,25 +246,17 @@ def _open_inside(path: Path, base: Path) -> int:
     return directory
 
 
-def rename_inside(path: Path, name: str, base: Path) -> None:
-    """``path`` renamed ``name`` in its own directory, that directory found inside ``base`` as :func:`read_inside`
-    finds it, and the rename made in the very directory checked: the run's owner may swap a directory of its tree
-    for a link to another's at any moment (a rename by its path, after a check, could rename another job's file)."""
-    directory = _open_inside(path, base)
-    try:
-        os.rename(path.name, name, src_dir_fd=directory, dst_dir_fd=directory)
-    finally:
-        os.close(directory)
-
-
-def read_inside(path: Path, base: Path, most: int | None = None, *, limit: int = READ_LIMIT) -> bytes:
+def read_inside(path: Path, base: Path, most: int | None = None, *, limit: int = READ_LIMIT,
+                rename_to: str | None = None) -> bytes:
     """The bytes of ``path`` (its last ``most``), a regular file that lies inside ``base`` once every link on the
     way is followed, itself no link: how the orchestrator reads what a run wrote (a run's owner may have made
     its files links to files only the orchestrator may read). ``FileNotFoundError`` when it is missing;
     ``PermissionError`` when it leads out of ``base``, is no regular file, or is a hard link to a file of another
-    user than the directory's; ``OSError`` (``EFBIG``) when it is
-    read whole (no ``most``) and is over ``limit`` bytes. Never more than that is read, whatever the file grows
-    to meanwhile."""
+    user than the directory's; ``OSError`` (``EFBIG``) when it is read whole (no ``most``) and is over ``limit``
+    bytes. Never more than that is read, whatever the file grows to meanwhile. ``rename_to``: once read, the
+    file is given that name, in the very directory checked (the owner may swap a directory of the tree for a
+    link to another's at any moment: a rename by path, after the check, could rename another job's file); a
+    directory that refuses it (read-only) leaves the file its name."""
     directory = _open_inside(path, base)
     try:
         try:  # in the very directory checked (it cannot be swapped for another meanwhile)
@@ -273,26 +265,34 @@ def read_inside(path: Path, base: Path, most: int | None = None, *, limit: int =
             if exc.errno == errno.ELOOP:
                 raise PermissionError(f"{path.name} is a symbolic link") from None
             raise
-        dir_owner = os.fstat(directory).st_uid
+        try:
+            data = _read_open(fd, path, directory, most, limit)
+        finally:
+            os.close(fd)
+        if rename_to is not None:
+            with contextlib.suppress(OSError):
+                os.rename(path.name, rename_to, src_dir_fd=directory, dst_dir_fd=directory)
+        return data
     finally:
         os.close(directory)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise PermissionError(f"{path.name} is not a regular file")
-        if st.st_nlink > 1 and st.st_uid != dir_owner:  # another's file given a name here (a hard link: where
-            raise PermissionError(f"{path.name} is another user's file linked here")  # protected_hardlinks is 0)
-        if most is None and st.st_size > limit:
-            raise OSError(errno.EFBIG, f"{path.name} is over {limit} bytes: not read")
-        if most is not None and st.st_size > most:
-            os.lseek(fd, st.st_size - most, os.SEEK_SET)
-        chunks, left = [], limit if most is None else most
-        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+
+
+def _read_open(fd: int, path: Path, directory: int, most: int | None, limit: int) -> bytes:
+    """:func:`read_inside`'s read of the file open as ``fd`` in the open ``directory``."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise PermissionError(f"{path.name} is not a regular file")
+    if st.st_nlink > 1 and st.st_uid != os.fstat(directory).st_uid:  # another's file given a name here (a hard
+        raise PermissionError(f"{path.name} is another user's file linked here")  # link: protected_hardlinks 0)
+    if most is None and st.st_size > limit:
+        raise OSError(errno.EFBIG, f"{path.name} is over {limit} bytes: not read")
+    if most is not None and st.st_size > most:
+        os.lseek(fd, st.st_size - most, os.SEEK_SET)
+    chunks, left = [], limit if most is None else most
+    while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 #: A ``[service] python`` setting: the interpreter to run owners' Python work with (else one is looked for).

@@ -299,6 +299,12 @@ def decimal(word: str) -> int | None:
     return int(word) if digits.isascii() and digits.isdigit() and len(digits) < 20 else None
 
 
+def event_pid(word: str) -> int | None:
+    """``word`` as a process id (:func:`decimal`, and above 0: ``0`` and ``-N`` name process groups to ``kill``)."""
+    number = decimal(word)
+    return number if number is not None and number > 0 else None
+
+
 class EventLines:
     """The events in an append-only events file, read on from where the last read stopped.
 

@@ -52,8 +52,8 @@ from ..core.instructions import SendSubmit
 from ..core.machine import StateMachine
 from ..core.statuses import ALL_STATUSES, FINAL, JobStatus
 from ..core.step import Step
-from ..core.usage import USAGE_FILE, Attempt, parse_usage, tally
-from ..plugin.users import read_inside
+from ..core.usage import Attempt, tally
+from .runs import read_usage
 
 #: Submission latencies, seconds: from a millisecond (sim) to minutes (a busy batch system).
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -231,12 +231,7 @@ class Metrics:
 
     def _records(self, fq: FQID) -> list[Attempt] | None:
         assert self.outputdir is not None
-        out = self.outputdir(fq)
-        top = out.parent.parent if len(fq) > 1 else out.parent  # the top-level job's dir: nothing read beyond it
-        try:
-            return parse_usage(read_inside(out / USAGE_FILE, top).decode(errors="replace"))
-        except OSError:
-            return None
+        return read_usage(self.outputdir(fq), len(fq) > 1)
 
     @staticmethod
     def _add(totals: dict[tuple[str, str], float], backend: str, attempts: list[Attempt], floor: int) -> None:

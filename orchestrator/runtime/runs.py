@@ -8,7 +8,6 @@ its wrapper log and the tail of its stderr, with its last saved states).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 from collections.abc import Collection, Sequence
@@ -18,8 +17,9 @@ from typing import Any
 
 from ..core.machine import StateMachine
 from ..core.runlog import RunLog, parse_log
+from ..core.usage import USAGE_FILE, Attempt, parse_usage
 from ..plugin.contract import RunHandle, RunSpec
-from ..plugin.users import read_inside, rename_inside
+from ..plugin.users import read_inside
 from ..plugin.wrapper import log_path
 from .checkpoints import Checkpoints
 from .definitions import Definitions
@@ -85,15 +85,22 @@ def read_ending(handle: RunHandle) -> Ending:
     path = log_path(out, handle.attempt)
     # inside the top-level job's dir, which only the orchestrator may replace (all below may be the owner's)
     top = handle.jobdir.parent if "." in handle.fqid else handle.jobdir
-    try:
-        log = parse_log(read_inside(path, top).decode(errors="replace"))
+    try:  # (a read-only output dir: the attempt's name stays)
+        log = parse_log(read_inside(path, top, rename_to=None if path.name == "orch.log" else "orch.log")
+                        .decode(errors="replace"))
     except OSError:
         log = None
-    else:
-        if path.name != "orch.log":
-            with contextlib.suppress(OSError):  # a read-only output dir: the attempt's name stays
-                rename_inside(path, "orch.log", top)
     return Ending(log=log, stderr_tail=stderr_tail(out / "stderr", top))
+
+
+def read_usage(outputdir: Path, subjob: bool) -> list[Attempt] | None:
+    """A run's ``orch.usage`` records (``None``: none to read), read as any file the run wrote: inside the
+    top-level job's dir (``subjob``: ``outputdir`` is a subjob's), never through a link, bounded."""
+    top = outputdir.parent.parent if subjob else outputdir.parent
+    try:
+        return parse_usage(read_inside(outputdir / USAGE_FILE, top).decode(errors="replace"))
+    except OSError:
+        return None
 
 
 def stderr_tail(path: Path, within: Path | None = None, lines: int = STDERR_LINES) -> str | None:

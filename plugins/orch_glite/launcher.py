@@ -24,7 +24,7 @@ from orchestrator.plugin.logs import get_logger
 from orchestrator.plugin.wrapper import (
     EventLines,
     SpawnError,
-    decimal,
+    event_pid,
     install_scripts,
     pid_alive,
     reap_children,
@@ -193,7 +193,7 @@ class NodeLauncher:
                 continue
             word, value = parts[1], parts[2]
             ts = _float(parts[3]) if len(parts) > 3 else None
-            if word == "START" and (pid := decimal(value)) is not None and pid > 0:
+            if word == "START" and (pid := event_pid(value)) is not None:
                 if node.state in ("submitted", "launching"):
                     node.state, node.pid, node.started = "running", pid, ts or time.time()
                     self.active.add(node.id)

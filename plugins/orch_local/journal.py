@@ -40,7 +40,7 @@ from typing import Any
 import msgspec
 
 from orchestrator.plugin import RunSpec
-from orchestrator.plugin.wrapper import EventLines, decimal
+from orchestrator.plugin.wrapper import EventLines, decimal, event_pid
 
 
 @dataclass(slots=True)
@@ -187,7 +187,7 @@ class Journal:
                 rec.owner = value if value != "-" else None
             elif word in ("LAUNCH", "START"):
                 if owner is None or rec.pid is None:
-                    rec.pid = _pid(value) or rec.pid
+                    rec.pid = event_pid(value) or rec.pid
                 rec.started = rec.started or word == "START"
             elif word == "END":
                 rec.ended, rec.end_code = True, decimal(value)
@@ -196,7 +196,7 @@ class Journal:
             elif word == "KILL":  # KEY KILL PID DEADLINE TIME: the wrapper's group signalled, its SIGKILL due then
                 if len(parts) < 5 or (deadline := _float(parts[3])) is None:
                     continue
-                rec.kill_by, rec.pid = deadline, _pid(value) or rec.pid
+                rec.kill_by, rec.pid = deadline, event_pid(value) or rec.pid
                 if self._killed is not None:
                     self._killed.add(key)
             else:
@@ -245,13 +245,6 @@ class Journal:
             self._closed = True
             for fd in (self._events_fd, self._events_in, self._submitted_fd, *self._owner_outs.values()):
                 os.close(fd)
-
-
-def _pid(value: str) -> int | None:
-    """``value`` as a process id (a positive integer: ``0`` and ``-N`` name process groups to ``kill``). An owner
-    writes what they like in their events file: a line raising here stopped the driver (:func:`decimal`)."""
-    number = decimal(value)
-    return number if number is not None and number > 0 else None
 
 
 def _float(value: str) -> float | None:

@@ -94,8 +94,8 @@ class RunKills(RunEnds):
             if pid is None:
                 continue
             alive = pid_alive(pid)
+            run = Run(key, key, "/bin/sh", "", record, pid=pid, silent=True, killed=True)  # (its fqid: if tracked)
             if not record.ended and alive and os.fsencode(key) in process_args(pid):
-                run = Run(key, key, "/bin/sh", "", record, pid=pid, silent=True, killed=True)
                 self._active[key] = self._strays[key] = self._by_pid[pid] = run
                 if not self._watcher.watch(pid):
                     self._unwatched.add(pid)
@@ -105,8 +105,7 @@ class RunKills(RunEnds):
             if not alive and _group_left(pid):
                 left.append((key, pid, deadline))
             if not record.ended:
-                lines.append(self._lost(Run(key, key, "/bin/sh", "", record, pid=pid, silent=True, killed=True),
-                                        JobStatus.KILLED, KILLED_ON_REQUEST))
+                lines.append(self._lost(run, JobStatus.KILLED, KILLED_ON_REQUEST))
         if left:
             self._kill_leftovers(left)
         if lines:

@@ -18,8 +18,8 @@ from orchestrator.plugin.wrapper import (
     SpawnError,
     application_entries,
     base_environ,
-    decimal,
     env_entry,
+    event_pid,
     make_run_dirs,
     make_usual_dirs,
     wrapper_argv,
@@ -298,7 +298,7 @@ def logged_pid(run: Run) -> int | None:
     except OSError:
         return None
     pids = [pid for line in text.splitlines() if len(p := line.split()) > 2 and p[1] == b"START"
-            and (pid := decimal(p[2].decode("ascii", "replace"))) is not None and pid > 0]  # (the run's to write)
+            and (pid := event_pid(p[2].decode("ascii", "replace"))) is not None]  # (the run's to write)
     return pids[-1] if pids else None
 
 

@@ -33,7 +33,7 @@ import anyio
 import asyncssh
 
 from orchestrator.plugin.accounts import Account, AccountError, give, read_as
-from orchestrator.plugin.wrapper import SCRIPTS, EventLines, decimal, script_text
+from orchestrator.plugin.wrapper import SCRIPTS, EventLines, decimal, event_pid, script_text
 
 from . import scripts
 from .settings import HostSpec
@@ -456,7 +456,7 @@ class Host:
             if word == "INTENT":
                 run.advance(LAUNCHED)
             elif word in ("LAUNCH", "START"):
-                if (pid := decimal(value)) is not None and pid > 0 and run.state not in (ENDED, LOST, KILLED):
+                if (pid := event_pid(value)) is not None and run.state not in (ENDED, LOST, KILLED):
                     run.pid = pid
                 run.advance(STARTED if word == "START" else LAUNCHED)
             elif word == "END":

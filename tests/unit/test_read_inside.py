@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.plugin.rundirs import clear_outputs
-from orchestrator.plugin.users import READ_LIMIT, read_inside, real_path, rename_inside
+from orchestrator.plugin.users import READ_LIMIT, read_inside, real_path
 from orchestrator.runtime.runs import stderr_tail
 
 
@@ -139,7 +139,7 @@ def test_a_rename_in_a_runs_tree_is_made_where_it_was_checked(tree: Path, tmp_pa
     rename is made in the directory checked, or not at all."""
     out = tree / "0" / "output"
     (out / "orch.1.log").write_text("100 START 1 h\n")
-    rename_inside(out / "orch.1.log", "orch.log", tree)
+    read_inside(out / "orch.1.log", tree, rename_to="orch.log")
     assert sorted(p.name for p in out.iterdir()) == ["orch.log", "stderr"]
     elsewhere = tmp_path / "victim"
     elsewhere.mkdir()
@@ -147,7 +147,7 @@ def test_a_rename_in_a_runs_tree_is_made_where_it_was_checked(tree: Path, tmp_pa
     (tree / "1").mkdir()
     (tree / "1" / "output").symlink_to(elsewhere)
     with pytest.raises(PermissionError):
-        rename_inside(tree / "1" / "output" / "orch.2.log", "orch.log", tree)
+        read_inside(tree / "1" / "output" / "orch.2.log", tree, rename_to="orch.log")
     assert [p.name for p in elsewhere.iterdir()] == ["orch.2.log"]
 
 
