@@ -289,9 +289,13 @@ def _read_open(fd: int, path: Path, directory: int, most: int | None, limit: int
     if most is not None and st.st_size > most:
         os.lseek(fd, st.st_size - most, os.SEEK_SET)
     chunks, left = [], limit if most is None else most
-    while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+    ask = min(left, st.st_size + 1, 1 << 20)  # one byte past its size: a short read is its end, no read of nothing
+    while left > 0 and (chunk := os.read(fd, ask)):
         chunks.append(chunk)
         left -= len(chunk)
+        if len(chunk) < ask:  # a regular file's read is short only at its end
+            break
+        ask = min(left, 1 << 20)
     return b"".join(chunks)
 
 

@@ -11,6 +11,7 @@ declared output files, and a program, not a shell built-in.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -77,6 +78,11 @@ class Launcher:
         self.spawned: list[int] = []
         self._inbox = bytearray()
         self._early: list[list[bytes]] = []
+        #: The event loop the connection is watched by (a reader kept registered for as long as it lasts), and what
+        #: its callback tells :meth:`receive`: something came, or the launcher has ended.
+        self._watched_by: asyncio.AbstractEventLoop | None = None
+        self._came = asyncio.Event()
+        self._ended = False
         #: Set while connected (what waits for the launcher's word waits for this between two launchers).
         self.connected = anyio.Event()
         #: The orchestrator's environment as last named to the launcher (``B``), by the object that holds it
@@ -162,6 +168,7 @@ class Launcher:
         """``sock`` is the connection from now on: its first message says ``M``, the environment is named again on
         it (a ``B`` still unsent goes too: messages made for it may be on their way)."""
         self.sock = sock
+        self._ended = False
         self._early = early
         self._base = None
         self._hello = frame(b"M", b"%d" % self.most)
@@ -201,30 +208,50 @@ class Launcher:
             return False
 
     async def receive(self) -> list[list[bytes]] | None:
-        """The next messages from the launcher; ``None`` once it has ended (the connection dropped)."""
+        """The next messages from the launcher; ``None`` once it has ended (the connection dropped).
+
+        The socket is watched by a reader registered once per connection (:meth:`_readable`), not by a
+        ``wait_readable`` a message: that added and removed the socket from the loop's epoll set each time, two
+        system calls and a future a run (``benchmarks/README.md``, issue 26)."""
         if self._early:
             batch, self._early = self._early, []
             return self._apply(batch)
         while self.sock is not None:
-            try:
-                await anyio.wait_readable(self.sock)
-            except anyio.ClosedResourceError:
-                return None
-            if self.sock is None:
-                return None
-            try:
-                data = self.sock.recv(1 << 16, socket.MSG_DONTWAIT)  # a mebibyte buffer costs a mmap a call
-            except BlockingIOError:
-                continue
-            except OSError:
-                data = b""
-            if not data:
-                self.drop()
-                return None
-            self._inbox += data
+            if self._watched_by is None:
+                self._watched_by, self._came = asyncio.get_running_loop(), asyncio.Event()
+                self._watched_by.add_reader(self.sock.fileno(), self._readable)
             if batch := frames(self._inbox):
                 return self._apply(batch)
+            if self._ended:
+                self.drop()
+                return None
+            self._came.clear()
+            await self._came.wait()
         return None
+
+    def _readable(self) -> None:
+        """The loop's callback: what the launcher sent, taken into the inbox (at most 64 KiB a call: a mebibyte
+        buffer costs a mmap a call); its end noted, and the socket no longer watched."""
+        if self.sock is None:
+            return
+        try:
+            data = self.sock.recv(1 << 16, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            self._inbox += data
+        else:
+            self._ended = True
+            self._unwatch()
+        self._came.set()
+
+    def _unwatch(self) -> None:
+        if self._watched_by is not None and self.sock is not None:
+            with contextlib.suppress(RuntimeError, ValueError, OSError):  # (a loop closed meanwhile)
+                self._watched_by.remove_reader(self.sock.fileno())
+        self._watched_by = None
 
     def _apply(self, batch: list[list[bytes]]) -> list[list[bytes]]:
         for fields in batch:
@@ -251,12 +278,13 @@ class Launcher:
         if self.connected.is_set():
             self.connected = anyio.Event()
         if self.sock is not None:
-            with contextlib.suppress(RuntimeError):  # a task waiting on it is woken (outside the event loop: none)
-                anyio.notify_closing(self.sock)
+            self._unwatch()
             self.sock.close()
             self.sock = None
             self._inbox.clear()
             self.runs.clear()
+        self._ended = False
+        self._came.set()  # a task waiting in receive() is woken: it finds no connection
 
 
 def _same_user(sock: socket.socket) -> bool:

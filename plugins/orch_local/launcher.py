@@ -149,7 +149,8 @@ class Launcher:
         self.active = 0
         #: The orchestrator's environments (``B``), by name: the last few.
         self.bases: dict[bytes, dict[bytes, bytes]] = {}
-        self.host = self._host()
+        self.host = os.uname().nodename or "-"  # (what /proc/sys/kernel/hostname says)
+        self.pid = os.getpid()  # (each os.getpid() is a system call)
         self.events = os.open(events, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self.idle_since = time.monotonic()
         r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -160,14 +161,6 @@ class Launcher:
         self.sel.register(r, selectors.EVENT_READ, "wake")
         listener.setblocking(False)
         self.sel.register(listener, selectors.EVENT_READ, "listen")
-
-    @staticmethod
-    def _host() -> str:
-        try:
-            with open("/proc/sys/kernel/hostname") as f:
-                return f.read().strip() or "-"
-        except OSError:
-            return os.uname().nodename or "-"
 
     # ------------------------------------------------------------ connections
     def serve(self) -> None:
@@ -310,12 +303,12 @@ class Launcher:
         # itself, even: kill $PPID) leaves a run that began, failed as lost, never taken for one that never began
         # and started a second time. Its log's START, after the spawn, has the program's pid: its process group.
         with contextlib.suppress(OSError):
-            os.write(self.events, b"%s START %d %s\n" % (run.key, os.getpid(), run.t0.encode()))
+            os.write(self.events, b"%s START %d %s\n" % (run.key, self.pid, run.t0.encode()))
         try:
             os.chdir(run.home)
         except OSError as exc:
             run.write(f"launcher: cannot cd to {os.fsdecode(run.home)}: {exc.strerror}\n")
-            self._started(run, os.getpid())
+            self._started(run, self.pid)
             self._exited(run, 96, None)
             return
         run.env[b"PWD"] = os.getcwdb()  # as cd sets it
@@ -325,7 +318,7 @@ class Launcher:
                 fd = os.open(run.outdir + b"/stderr", os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
                 os.write(fd, problem.encode())
                 os.close(fd)
-            self._started(run, os.getpid())
+            self._started(run, self.pid)
             self._exited(run, 126 if "denied" in problem else 127, None)
             return
         self._started(run, pid)
@@ -336,7 +329,7 @@ class Launcher:
         """Its log's ``START``: the program's pid (its process group), or the launcher's when none started."""
         run.pid = pid
         run.write(f"{_now()} START {pid} {self.host}\n")
-        if pid == os.getpid():
+        if pid == self.pid:
             self._broadcast(frame(b"L", run.key, b"0"))
 
     def _spawn(self, run: Run) -> tuple[str, int | None]:
@@ -371,7 +364,7 @@ class Launcher:
         if run is not None and not run.counted:  # still waiting: it never starts
             self.waiting.remove(run)
             self._ended(run)
-        elif run is not None and run.pid and run.pid != os.getpid() and not drop_only:
+        elif run is not None and run.pid and run.pid != self.pid and not drop_only:
             run.killed = True
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(run.pid, signal.SIGTERM)
@@ -413,11 +406,11 @@ class Launcher:
         """The wrapper's ``orch_usage``, ``EXIT``, then the returned files and ``END`` (or, stopped by a kill, the
         CPU record only)."""
         run.code = 143 if run.killed else code
-        cpu = (getattr(usage, "ru_utime", 0.0), getattr(usage, "ru_stime", 0.0))
         ended_to = _first_line(run.home + b"/.orch-state/current")  # the newest state, when it stopped
         now = _now()
         record = (f"{run.attempt.decode()} {run.started_from.decode()} {ended_to.decode()} {run.t0} {now} "
-                  f"{run.code}\n0m0.000000s 0m0.000000s\n{_cpu(cpu[0])} {_cpu(cpu[1])}\n")
+                  f"{run.code}\n0m0.000000s 0m0.000000s\n{_cpu(getattr(usage, 'ru_utime', 0.0))} "
+                  f"{_cpu(getattr(usage, 'ru_stime', 0.0))}\n")
         with contextlib.suppress(OSError):
             fd = os.open(run.outdir + b"/orch.usage", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
             os.write(fd, record.encode())
@@ -425,17 +418,18 @@ class Launcher:
         if run.killed:
             self._ended(run)
             return
+        if not (returns := self._returns(run)):  # EXIT and END at once: one write (nothing is done between them)
+            self._end(run, f"{now} EXIT {run.code}\n", now)
+            return
         run.write(f"{now} EXIT {run.code}\n")
-        returns = self._returns(run)
-        if returns:
-            env = {k: v for k, v in run.env.items() if k in (b"PATH", b"ORCH_HOME", b"ORCH_JOBLOG", b"ORCH_BOOT")}
-            env.update({b"ORCH_OUTDIR": run.outdir, b"ORCH_BIN": run.bindir, b"_returns": returns})
-            with contextlib.suppress(OSError):
-                pid = os.posix_spawn("/bin/sh", [b"sh", b"-c", FINISH.encode()], env, setsid=True,
-                                     file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)])
-                run.finishing = True
-                self.runs[pid] = run
-                return
+        env = {k: v for k, v in run.env.items() if k in (b"PATH", b"ORCH_HOME", b"ORCH_JOBLOG", b"ORCH_BOOT")}
+        env.update({b"ORCH_OUTDIR": run.outdir, b"ORCH_BIN": run.bindir, b"_returns": returns})
+        with contextlib.suppress(OSError):
+            pid = os.posix_spawn("/bin/sh", [b"sh", b"-c", FINISH.encode()], env, setsid=True,
+                                 file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)])
+            run.finishing = True
+            self.runs[pid] = run
+            return
         self._end(run)
 
     @staticmethod
@@ -451,9 +445,9 @@ class Launcher:
             return b""
         return b"".join(name + b"\n" for name in found)
 
-    def _end(self, run: Run) -> None:
-        now = _now()
-        run.write(f"{now} END {run.code}\n")
+    def _end(self, run: Run, before: str = "", now: str = "") -> None:
+        now = now or _now()  # (``before``: lines of its log written in the same write)
+        run.write(f"{before}{now} END {run.code}\n")
         with contextlib.suppress(OSError):
             os.write(self.events, b"%s END %d %s\n" % (run.key, run.code, now.encode()))
         self._ended(run)
