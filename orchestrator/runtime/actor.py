@@ -325,6 +325,9 @@ class Actor:
                 found = list(await self.driver.lookup(specs))
                 if len(found) != len(specs):
                     raise RuntimeError(f"lookup answered {len(found)} ids for {len(specs)} runs")
+                for spec, backend_id in zip(specs, found, strict=True):
+                    if backend_id and (why := bulk.unusable_id(backend_id)):
+                        raise RuntimeError(f"lookup answered an unusable backend id for {spec.fqid}: {why}")
                 break
             except Exception as exc:  # the backend's fault: its runs stay submitting, it is asked again
                 self.faults.count("lookup")

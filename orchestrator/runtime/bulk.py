@@ -32,6 +32,39 @@ class Faults:
         self.counts[call] = self.counts.get(call, 0) + n
 
 
+#: The longest backend id the runtime holds (a Slurm id, a gLite job URL: some tens of characters).
+MAX_BACKEND_ID = 4096
+
+
+def unusable_id(value: object) -> str | None:
+    """Why a driver's answer cannot be a run's backend id, or ``None`` when it can: the id is stored, and is all a
+    later process gets (text the repository keeps as it is: no NUL, no lone surrogate, at most
+    :data:`MAX_BACKEND_ID` characters). An id the repository refused was put back in the writer's queue at every
+    flush: nothing of the home was written again."""
+    if not isinstance(value, str):
+        return f"not text but {type(value).__name__}"
+    if not value:
+        return "empty"
+    if len(value) > MAX_BACKEND_ID:
+        return f"{len(value)} characters (at most {MAX_BACKEND_ID})"
+    if "\0" in value:
+        return "a NUL character in it"
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return "a character UTF-8 cannot encode in it (a lone surrogate)"
+    return None
+
+
+def checked(outcome: SubmitOutcome, faults: Faults) -> SubmitOutcome:
+    """``outcome``, or, if it accepted the run under an id the runtime cannot hold, the run refused with why (a
+    fault of the driver's, counted)."""
+    if outcome.backend_id is None or outcome.error is not None or (why := unusable_id(outcome.backend_id)) is None:
+        return outcome
+    faults.count("submit")
+    return SubmitOutcome(outcome.fqid, None, f"the backend answered an unusable backend id: {why}")
+
+
 def describe(exc: BaseException) -> str:
     if isinstance(exc, SubmitError):
         return str(exc) or "submission refused"
@@ -76,11 +109,11 @@ async def submit(driver: Driver, runs: Sequence[RunSpec], *, native: bool, stop_
             faults.count("submit")
             wrong = f"the driver answered {len(outcomes)} outcomes for {len(runs)} runs"
             return [SubmitOutcome(r.fqid, None, wrong) for r in runs], False
-        return list[SubmitOutcome | None](outcomes), True
+        return [checked(o, faults) for o in outcomes], True
 
     async def one(run: RunSpec) -> SubmitOutcome:
         try:
-            return SubmitOutcome(run.fqid, await driver.submit(run))
+            return checked(SubmitOutcome(run.fqid, await driver.submit(run)), faults)
         except SubmitError as exc:  # the backend refused this run: its answer, not a fault
             return SubmitOutcome(run.fqid, None, describe(exc))
         except Exception as exc:  # any driver failure leaves this run unsubmitted

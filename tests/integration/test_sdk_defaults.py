@@ -36,6 +36,31 @@ async def test_a_driver_of_bulk_forms_only_is_called_run_by_run(tmp_path: Path, 
     assert sizes["status_bulk"] and set(sizes["status_bulk"]) == {1}
 
 
+async def test_a_backend_id_the_repository_cannot_hold_refuses_its_run_and_the_home_is_written_on(
+        tmp_path: Path, test_drivers: None) -> None:
+    """A driver's answer is stored as it is: an id with a lone surrogate was refused by the repository at every
+    flush, so nothing of the home was written again (a reopened home had lost all since). Its run is refused,
+    saying why; the others, and every later job, are written."""
+    config = {"core": {"poll_interval": 0.05}}
+    async with Orchestrator(home=tmp_path, config=config) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/true"), splitter=ArgSplitter([["a"], ["mangle"]]),
+                                    backend=Backend("bulkonly")))
+        await j.submit(keep_going=True)
+        await j.wait(timeout=10)
+        assert [s.status.value for s in j.subjobs] == ["completed", "new"]
+        assert "the backend answered an unusable backend id: a character UTF-8 cannot encode" in str(
+            j.subjobs[1].info.reason)
+        later = await orch.jobs.add(Job(application=Executable("/bin/true"), backend=Backend("bulkonly")))
+        await later.submit()
+        await later.wait(timeout=10)
+        faults = (await orch.metrics())["backends"]["bulkonly"]["faults"]
+    assert faults.get("submit") == 1
+    async with Orchestrator(home=tmp_path, config=config) as orch:
+        j, later = orch.jobs[0], orch.jobs[1]
+        assert [s.status.value for s in j.subjobs] == ["completed", "new"]
+        assert later.status.value == "completed"
+
+
 async def test_a_driver_of_neither_form_is_refused_at_load(tmp_path: Path, test_drivers: None) -> None:
     async with Orchestrator(home=tmp_path) as orch:
         with pytest.raises(JobError, match=r"backend 'hollow': driver HollowDriver must implement submit\(\) "

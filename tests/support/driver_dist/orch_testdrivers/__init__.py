@@ -8,7 +8,8 @@ distribution (``orch_testdrivers-0.1.dist-info`` beside this package, put on ``s
   takes its time), and whose metrics say how many submission calls are under way.
 - ``bulkonly``: written with the bulk forms only (``submit_bulk``, ``kill_bulk``, ``status_bulk``) and
   declaring no bulk capability, so the runtime calls the single-run forms the SDK derives from them. A run
-  whose first argument is ``hang`` runs until killed; any other completes at its first status query.
+  whose first argument is ``hang`` runs until killed; any other completes at its first status query. One whose
+  first argument is ``mangle`` is answered with a backend id holding a lone surrogate.
 - ``hollow``: implements neither form of submit nor of kill: refused when loaded.
 - ``limbo``: ``local``, whose word on a run's first attempt is nonsense: the runtime hears
   nothing intelligible of it, declares it lost after ``lost_after_seconds`` while its process still
@@ -97,7 +98,10 @@ class BulkOnlyDriver(Driver):
             hangs = bool(run.args) and run.args[0] == "hang"
             self.runs[run.key] = JobStatus.RUNNING if hangs else JobStatus.COMPLETED
         await anyio.lowlevel.checkpoint()
-        return [SubmitOutcome(run.fqid, run.key) for run in runs]
+        # a run whose first argument is "mangle" is answered with an id no repository can store (a driver that
+        # decoded it from a batch system's bytes with ``surrogateescape``)
+        return [SubmitOutcome(run.fqid, f"{run.key}-\udcff" if run.args[:1] == ("mangle",) else run.key)
+                for run in runs]
 
     async def kill_bulk(self, handles: Sequence[RunHandle]) -> list[str | None]:
         self.sizes["kill_bulk"].append(len(handles))
