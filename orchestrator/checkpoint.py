@@ -62,8 +62,10 @@ DEFAULT_MAX_SIZE = 4 * 1024 * 1024
 #: State files kept in the directory when ORCH_STATE_KEEP is not set.
 DEFAULT_KEEP = 5
 
-_ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
-_UNESCAPES = {"\\": "\\", "t": "\t", "n": "\n", "r": "\r"}
+#: A value's characters a state file writes escaped. NUL too: a state is stored as text by the repository, and
+#: PostgreSQL keeps no NUL in text (a raw one refused the write, and every write after it).
+_ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r", "\0": "\\0"}
+_UNESCAPES = {"\\": "\\", "t": "\t", "n": "\n", "r": "\r", "0": "\0"}
 
 
 class StateError(Exception):
@@ -225,6 +227,12 @@ class State:
         return cls(fqid=fqid or "job", _text=text)
 
     def _parse(self, text: str, where: str) -> None:
+        if "\0" in text:  # (a value's NUL is written escaped: a raw one is a file no state writer made)
+            raise StateError(f"{where} is not a state file (it holds a NUL character)")
+        try:  # stored as UTF-8 text: a lone surrogate (a file read with surrogateescape) is none
+            text.encode()
+        except UnicodeEncodeError:
+            raise StateError(f"{where} is not a state file (it holds a character UTF-8 cannot encode)") from None
         lines = text.splitlines()
         if not lines or lines[0].split("\t")[0] != "orch-state":
             raise StateError(f"{where} is not a state file (it does not begin with 'orch-state')")

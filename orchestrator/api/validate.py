@@ -31,6 +31,18 @@ def checked_backend(backend: str | Backend | None, fqid: str) -> Backend:
     return Backend(backend.name, **settings)
 
 
+def untextual(value: str) -> str | None:
+    """Why ``value`` is no text a repository keeps as it is (a NUL, a lone surrogate), or ``None``. One it refused
+    was put back in the writer's queue at every flush: nothing of the home was written again."""
+    if "\0" in value:
+        return "it holds a NUL character"
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return "it holds a character UTF-8 cannot encode (a lone surrogate)"
+    return None
+
+
 def check_metadata(value: Any, fqid: str) -> None:
     if not isinstance(value, dict):
         raise JobError("metadata must be a dict", fqid=fqid, field="metadata")
@@ -44,6 +56,8 @@ def validate(job: Any, fqid: str, *, check_backend: bool = True) -> None:
     """Everything ``add()`` can check without running anything; normalises what it checks."""
     if not isinstance(job.name, str):
         raise JobError("name must be a string", fqid=fqid, field="name")
+    if (why := untextual(job.name)) is not None:  # stored as it is: PostgreSQL keeps no NUL, neither a surrogate
+        raise JobError(f"name must be text: {why}", fqid=fqid, field="name")
     if not isinstance(job.application, Executable):
         raise JobError("application must be Executable(...)", fqid=fqid, field="application")
     job.application.validate(fqid, exec_limit())
