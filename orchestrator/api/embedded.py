@@ -67,7 +67,10 @@ def built(name: str, spec: dict[str, Any], fqid: str | None) -> Any:
 def built_spec(name: str, spec: dict[str, Any], fqid: str | None) -> dict[str, Any]:
     """The definition of the job :func:`built` (``job.spec()``); the job is freed on return (it holds no cycle
     until asked for its subjobs), and with it its splitter's copy of every argument list."""
+    from .validate import check_spec_json
+
     out: dict[str, Any] = built(name, spec, fqid).spec()
+    check_spec_json(out, fqid or "(new)")
     return out
 
 
@@ -300,6 +303,9 @@ class Embedded:
         chosen = None
         if r.backend is not None:
             chosen = Backend.from_dict({"name": r.backend.name, "settings": r.backend.settings})
+            from .validate import check_json
+
+            check_json(chosen.to_dict(), fqid_str(targets[0]), "backend")
             job = targets[0][0]
             profile = defs.profile(job, {**defs.spec(job), "backend": chosen.to_dict()})
         from_state = r.from_state

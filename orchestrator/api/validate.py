@@ -43,13 +43,31 @@ def untextual(value: str) -> str | None:
     return None
 
 
+def check_json(value: Any, fqid: str, field: str) -> None:
+    """``value`` is what a definition may store: JSON, without NaN or infinity (which ``json.dumps`` writes as bare
+    tokens no JSON reader takes: SQLite's JSON functions then refused the stored definition at every write, and
+    at the home's next open)."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError as exc:
+        if "JSON compliant" in str(exc):
+            raise JobError("holds a number that is not finite (NaN or infinity): JSON has none", fqid=fqid,
+                           field=field) from None
+        raise JobError(f"{field} must be JSON-able: {exc}", fqid=fqid, field=field) from None
+    except (TypeError, RecursionError) as exc:
+        raise JobError(f"{field} must be JSON-able: {exc}", fqid=fqid, field=field) from None
+
+
+def check_spec_json(spec: dict[str, Any], fqid: str) -> None:
+    """Each field of a built definition (:func:`check_json`), named."""
+    for field, value in spec.items():
+        check_json(value, fqid, field)
+
+
 def check_metadata(value: Any, fqid: str) -> None:
     if not isinstance(value, dict):
         raise JobError("metadata must be a dict", fqid=fqid, field="metadata")
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError) as exc:
-        raise JobError(f"metadata must be JSON-able: {exc}", fqid=fqid, field="metadata") from None
+    check_json(value, fqid, "metadata")
 
 
 def validate(job: Any, fqid: str, *, check_backend: bool = True) -> None:

@@ -29,6 +29,12 @@ class RunLog:
         return self.end_code is not None
 
 
+#: The most of a keyword's data kept (characters): a reason, a retry's arguments. The run writes its log, and
+#: the data of its FAILED, RETRY and HOLD lines is stored thrice in its record (its reason, its history's entry,
+#: 100 entries kept): a line of megabytes made a record the repository refused, and it stopped every write.
+MAX_KEYWORD_DATA = 16 << 10
+
+
 def parse_log(text: str) -> RunLog:
     """Read ``orch.log``'s text; malformed lines are skipped, never a crash."""
     log = RunLog()
@@ -52,7 +58,7 @@ def parse_log(text: str) -> RunLog:
         elif word == "END":
             log.ended, log.end_code = ts, _int(data)
         else:
-            log.keywords.append((ts, word, data))
+            log.keywords.append((ts, word, data[:MAX_KEYWORD_DATA]))
     return log
 
 

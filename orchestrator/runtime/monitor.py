@@ -201,14 +201,15 @@ class Monitor:
         good: list[tuple[RunKey, StatusUpdate]] = []
         garbage: list[RunKey] = []
         for u in updates:
-            if type(u) is StatusUpdate and type(u.status) is JobStatus:  # as a rule: one check of each
+            if type(u) is StatusUpdate and type(u.status) is JobStatus and _plain(u):  # as a rule: one check of each
                 key = _key(u.fqid)
                 if key is not None and key in held:
                     good.append((key, u))
                     continue
             key = _key(getattr(u, "fqid", None))
             known = key is not None and key in held
-            if not known or not isinstance(u, StatusUpdate) or not isinstance(u.status, JobStatus):
+            if (not known or not isinstance(u, StatusUpdate) or not isinstance(u.status, JobStatus)
+                    or not _plain(u)):
                 self.log.warning("unintelligible status report", backend=self.name,
                                  fqid=str(getattr(u, "fqid", "?")), report=repr(u)[:200])
                 if key is not None and known:
@@ -288,6 +289,22 @@ class Monitor:
     def _sid(self, kind: str = "poll") -> str:
         self._seq += 1
         return f"{kind}-{self.name}-{self._seq}"
+
+
+#: The widest exit code a report may carry (a 64-bit integer: what any batch system records).
+_EXIT_CODES = range(-(1 << 63), 1 << 63)
+
+
+def _plain(u: StatusUpdate) -> bool:
+    """Whether the update's record fields are what a repository stores (text, a 64-bit exit code, times, a
+    verdict's word): a driver's ``bytes`` reason or exit code of a thousand digits could not be written, and the
+    writer tried again at every flush, writing nothing else meanwhile."""
+    code, started, ended = u.exit_code, u.started, u.ended
+    return ((u.reason is None or type(u.reason) is str)
+            and (code is None or (type(code) is int and code in _EXIT_CODES))
+            and (u.backend_verdict is None or type(u.backend_verdict) is str)
+            and (started is None or type(started) is float or type(started) is int)
+            and (ended is None or type(ended) is float or type(ended) is int))
 
 
 def _key(fqid: object) -> RunKey | None:

@@ -154,7 +154,9 @@ def _kept_report(report: events.RunReport) -> events.RunReport:
     if runs is report.runs and report.log is None and report.state is None and report.usage is None \
             and report.stderr_tail is None:
         return report
-    return replace(report, runs=runs, log=None, stderr_tail=None, state=None, usage=None)
+    # made whole, not by replace(): one a run, and replace() looks each field up again (what no story tells is left out)
+    return events.RunReport(runs=runs, status=report.status, exit_code=report.exit_code, reason=report.reason,
+                            verdict=report.verdict, started=report.started, ended=report.ended)
 
 
 # ------------------------------------------------------------------ what touches a job

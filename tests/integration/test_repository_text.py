@@ -7,11 +7,13 @@ one): the home is written on."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from orchestrator import Executable, Job, JobError, Orchestrator
+from orchestrator import ArgSplitter, Executable, Job, JobError, Orchestrator
 from orchestrator.checkpoint import State
+from orchestrator.core.runlog import MAX_KEYWORD_DATA, parse_log
 
 pytestmark = pytest.mark.anyio
 
@@ -67,3 +69,30 @@ async def test_a_job_name_no_repository_keeps_is_refused_naming_the_field(tmp_pa
         await fine.wait(timeout=30)
     async with Orchestrator(home=tmp_path / "home") as orch:
         assert [(j.name, j.status.value) for j in orch.jobs] == [("é", "completed")]
+
+
+@pytest.mark.parametrize(("extra", "field"), [({"metadata": {"x": float("nan")}}, "metadata"),
+                                              ({"splitter": ArgSplitter([[float("-inf")]])}, "splitter")])
+async def test_a_definition_holding_nan_or_infinity_is_refused_naming_the_field(
+        tmp_path: Path, extra: dict[str, Any], field: str) -> None:
+    """``json.dumps`` writes NaN and infinity as bare tokens no JSON reader takes: SQLite's JSON functions refused
+    the stored definition at every write, then at the home's next open (the home opened no more)."""
+    async with Orchestrator(home=tmp_path / "home") as orch:
+        job = Job(name="n", application=Executable("/bin/true"), **{"backend": "local", **extra})
+        with pytest.raises(JobError, match=r"not finite \(NaN or infinity\)") as refused:
+            await orch.jobs.add(job)
+        assert refused.value.field == field and len(orch.jobs) == 0
+        fine = await orch.jobs.add(Job(name="f", application=Executable("/bin/true"), backend="local",
+                                       metadata={"x": 1.5}))
+        with pytest.raises(JobError, match=r"not finite") as annotated:
+            fine.metadata = {"y": float("nan")}
+        assert annotated.value.field == "metadata"
+        await fine.submit()
+        await fine.wait(timeout=30)
+    async with Orchestrator(home=tmp_path / "home") as orch:
+        assert [(j.name, j.status.value, j.metadata) for j in orch.jobs] == [("f", "completed", {"x": 1.5})]
+
+
+def test_a_keywords_data_is_kept_to_16_kib() -> None:
+    log = parse_log(f"1.0 START 5 h\n2.0 FAILED {'x' * (1 << 20)}\n3.0 EXIT 1\n4.0 END 1\n")
+    assert [(w, len(d)) for _, w, d in log.keywords] == [("FAILED", MAX_KEYWORD_DATA)] and MAX_KEYWORD_DATA == 16 << 10

@@ -61,6 +61,27 @@ async def test_a_backend_id_the_repository_cannot_hold_refuses_its_run_and_the_h
         assert later.status.value == "completed"
 
 
+async def test_a_report_the_repository_cannot_hold_is_unintelligible_and_the_home_is_written_on(
+        tmp_path: Path, test_drivers: None) -> None:
+    """A driver's report whose reason is ``bytes``, or whose exit code no 64-bit integer holds, could not be
+    written (JSON takes neither): the writer tried again at every flush, writing nothing else. Such a report is
+    now an unintelligible answer, its run lost once it has been silent for ``lost_after_seconds``."""
+    config = {"core": {"poll_interval": 0.05, "lost_after_seconds": 0.5}}
+    async with Orchestrator(home=tmp_path, config=config) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/true"), splitter=ArgSplitter([["a"], ["garble"]]),
+                                    backend=Backend("bulkonly")))
+        await j.submit(keep_going=True)
+        await j.wait(timeout=20)
+        assert [s.status.value for s in j.subjobs] == ["completed", "failed"]
+        assert "unintelligible answers from backend bulkonly" in str(j.subjobs[1].info.reason)
+        later = await orch.jobs.add(Job(application=Executable("/bin/true"), backend=Backend("bulkonly")))
+        await later.submit()
+        await later.wait(timeout=10)
+    async with Orchestrator(home=tmp_path, config=config) as orch:
+        assert [s.status.value for s in orch.jobs[0].subjobs] == ["completed", "failed"]
+        assert orch.jobs[1].status.value == "completed"
+
+
 async def test_a_driver_of_neither_form_is_refused_at_load(tmp_path: Path, test_drivers: None) -> None:
     async with Orchestrator(home=tmp_path) as orch:
         with pytest.raises(JobError, match=r"backend 'hollow': driver HollowDriver must implement submit\(\) "

@@ -9,7 +9,8 @@ distribution (``orch_testdrivers-0.1.dist-info`` beside this package, put on ``s
 - ``bulkonly``: written with the bulk forms only (``submit_bulk``, ``kill_bulk``, ``status_bulk``) and
   declaring no bulk capability, so the runtime calls the single-run forms the SDK derives from them. A run
   whose first argument is ``hang`` runs until killed; any other completes at its first status query. One whose
-  first argument is ``mangle`` is answered with a backend id holding a lone surrogate.
+  first argument is ``mangle`` is answered with a backend id holding a lone surrogate; one whose first argument
+  is ``garble`` is reported failed with a ``bytes`` reason and an exit code of 31 digits.
 - ``hollow``: implements neither form of submit nor of kill: refused when loaded.
 - ``limbo``: ``local``, whose word on a run's first attempt is nonsense: the runtime hears
   nothing intelligible of it, declares it lost after ``lost_after_seconds`` while its process still
@@ -94,14 +95,15 @@ class BulkOnlyDriver(Driver):
 
     async def submit_bulk(self, runs: Sequence[RunSpec]) -> list[SubmitOutcome]:
         self.sizes["submit_bulk"].append(len(runs))
-        for run in runs:
-            hangs = bool(run.args) and run.args[0] == "hang"
-            self.runs[run.key] = JobStatus.RUNNING if hangs else JobStatus.COMPLETED
-        await anyio.lowlevel.checkpoint()
         # a run whose first argument is "mangle" is answered with an id no repository can store (a driver that
         # decoded it from a batch system's bytes with ``surrogateescape``)
-        return [SubmitOutcome(run.fqid, f"{run.key}-\udcff" if run.args[:1] == ("mangle",) else run.key)
-                for run in runs]
+        ids = [f"{run.key}-\udcff" if run.args[:1] == ("mangle",) else
+               f"{run.key}-garble" if run.args[:1] == ("garble",) else run.key for run in runs]
+        for run, backend_id in zip(runs, ids, strict=True):
+            hangs = bool(run.args) and run.args[0] == "hang"
+            self.runs[backend_id] = JobStatus.RUNNING if hangs else JobStatus.COMPLETED
+        await anyio.lowlevel.checkpoint()
+        return [SubmitOutcome(run.fqid, backend_id) for run, backend_id in zip(runs, ids, strict=True)]
 
     async def kill_bulk(self, handles: Sequence[RunHandle]) -> list[str | None]:
         self.sizes["kill_bulk"].append(len(handles))
@@ -113,8 +115,9 @@ class BulkOnlyDriver(Driver):
     async def status_bulk(self, handles: Sequence[RunHandle]) -> list[StatusUpdate]:
         self.sizes["status_bulk"].append(len(handles))
         await anyio.lowlevel.checkpoint()
-        return [StatusUpdate(h.fqid, self.runs[h.backend_id], exit_code=0) for h in handles
-                if self.runs.get(h.backend_id, h.status) != h.status]
+        return [StatusUpdate(h.fqid, self.runs[h.backend_id], exit_code=0) if "garble" not in h.backend_id else
+                StatusUpdate(h.fqid, JobStatus.FAILED, exit_code=10**30, reason=b"garbled")  # type: ignore[arg-type]
+                for h in handles if self.runs.get(h.backend_id, h.status) != h.status]
 
     def metrics(self) -> dict[str, Any]:
         return {"sizes": {k: list(v) for k, v in self.sizes.items()}}
