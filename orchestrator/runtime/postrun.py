@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..core.runlog import MAX_KEYWORD_DATA
 from ..core.statuses import JobStatus
 from ..plugin.postprocess import PostprocessContext, PostprocessResult, SubjobOutput
 from ..plugin.users import Identity, python_for, run_as, site_dirs
@@ -75,10 +76,12 @@ def read_answer(out: bytes, known: set[int]) -> PostprocessResult | None:
     try:
         answer = json.loads(out.decode(errors="replace").strip().splitlines()[-1])
         error = answer.get("error")
-        failed = [(int(i), str(why)) for i, why in answer.get("failed_subjobs", [])]
+        failed = [(int(i), str(why)[:MAX_KEYWORD_DATA]) for i, why in answer.get("failed_subjobs", [])]
     except (ValueError, IndexError, TypeError, AttributeError, OverflowError, RecursionError):
         return None
-    return PostprocessResult(str(error) if error else None, [(i, why) for i, why in failed if i in known])
+    # reasons kept as a run's log's are (16 KiB): they are stored with the master's and the subjobs' records
+    return PostprocessResult(str(error)[:MAX_KEYWORD_DATA] if error else None,
+                             [(i, why) for i, why in failed if i in known])
 
 
 def main() -> None:

@@ -36,49 +36,31 @@ async def test_a_driver_of_bulk_forms_only_is_called_run_by_run(tmp_path: Path, 
     assert sizes["status_bulk"] and set(sizes["status_bulk"]) == {1}
 
 
-async def test_a_backend_id_the_repository_cannot_hold_refuses_its_run_and_the_home_is_written_on(
-        tmp_path: Path, test_drivers: None) -> None:
-    """A driver's answer is stored as it is: an id with a lone surrogate was refused by the repository at every
-    flush, so nothing of the home was written again (a reopened home had lost all since). Its run is refused,
-    saying why; the others, and every later job, are written."""
-    config = {"core": {"poll_interval": 0.05}}
+@pytest.mark.parametrize(("arg", "ended", "why", "fault"), [
+    ("mangle", "new", "the backend answered an unusable backend id: a character UTF-8 cannot encode", "submit"),
+    ("garble", "failed", "unintelligible answers from backend bulkonly", "status")])
+async def test_a_driver_answer_the_repository_cannot_hold_leaves_the_home_written_on(
+        tmp_path: Path, test_drivers: None, arg: str, ended: str, why: str, fault: str) -> None:
+    """A driver's answer is stored as it is. A backend id with a lone surrogate (``mangle``), a report whose reason
+    is ``bytes`` and whose exit code no 64-bit integer holds (``garble``): the repository refused them at every
+    flush, and nothing of the home was written again (a reopened home had lost all since). The first now refuses
+    its run, saying why; the second is an unintelligible answer, its run lost once silent for
+    ``lost_after_seconds``. The other runs, and every later job, are written."""
+    config = {"core": {"poll_interval": 0.05, "lost_after_seconds": 0.5}}
     async with Orchestrator(home=tmp_path, config=config) as orch:
-        j = await orch.jobs.add(Job(application=Executable("/bin/true"), splitter=ArgSplitter([["a"], ["mangle"]]),
+        j = await orch.jobs.add(Job(application=Executable("/bin/true"), splitter=ArgSplitter([["a"], [arg]]),
                                     backend=Backend("bulkonly")))
         await j.submit(keep_going=True)
-        await j.wait(timeout=10)
-        assert [s.status.value for s in j.subjobs] == ["completed", "new"]
-        assert "the backend answered an unusable backend id: a character UTF-8 cannot encode" in str(
-            j.subjobs[1].info.reason)
+        await j.wait(timeout=20)
+        assert [s.status.value for s in j.subjobs] == ["completed", ended]
+        assert why in str(j.subjobs[1].info.reason)
         later = await orch.jobs.add(Job(application=Executable("/bin/true"), backend=Backend("bulkonly")))
         await later.submit()
         await later.wait(timeout=10)
         faults = (await orch.metrics())["backends"]["bulkonly"]["faults"]
-    assert faults.get("submit") == 1
+    assert faults.get(fault, 0) >= 1
     async with Orchestrator(home=tmp_path, config=config) as orch:
-        j, later = orch.jobs[0], orch.jobs[1]
-        assert [s.status.value for s in j.subjobs] == ["completed", "new"]
-        assert later.status.value == "completed"
-
-
-async def test_a_report_the_repository_cannot_hold_is_unintelligible_and_the_home_is_written_on(
-        tmp_path: Path, test_drivers: None) -> None:
-    """A driver's report whose reason is ``bytes``, or whose exit code no 64-bit integer holds, could not be
-    written (JSON takes neither): the writer tried again at every flush, writing nothing else. Such a report is
-    now an unintelligible answer, its run lost once it has been silent for ``lost_after_seconds``."""
-    config = {"core": {"poll_interval": 0.05, "lost_after_seconds": 0.5}}
-    async with Orchestrator(home=tmp_path, config=config) as orch:
-        j = await orch.jobs.add(Job(application=Executable("/bin/true"), splitter=ArgSplitter([["a"], ["garble"]]),
-                                    backend=Backend("bulkonly")))
-        await j.submit(keep_going=True)
-        await j.wait(timeout=20)
-        assert [s.status.value for s in j.subjobs] == ["completed", "failed"]
-        assert "unintelligible answers from backend bulkonly" in str(j.subjobs[1].info.reason)
-        later = await orch.jobs.add(Job(application=Executable("/bin/true"), backend=Backend("bulkonly")))
-        await later.submit()
-        await later.wait(timeout=10)
-    async with Orchestrator(home=tmp_path, config=config) as orch:
-        assert [s.status.value for s in orch.jobs[0].subjobs] == ["completed", "failed"]
+        assert [s.status.value for s in orch.jobs[0].subjobs] == ["completed", ended]
         assert orch.jobs[1].status.value == "completed"
 
 

@@ -4,6 +4,7 @@ limits")."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -37,3 +38,10 @@ def test_a_pid_a_run_writes_in_its_log_is_taken_only_as_a_pid(tmp_path: Path) ->
     log.write_text("1.0 START 41 h\n2.0 START " + "9" * 5000 + " h\n"
                    "3.0 START 0 h\n4.0 START -1 h\n5.0 START \u00b2 h\n")
     assert logged_pid(run) == 41
+
+
+def test_an_owners_answers_reasons_are_kept_to_16_kib() -> None:
+    """They are stored with the master's and its subjobs' records, as a run's keyword data is (kept to 16 KiB)."""
+    long = "x" * (1 << 20)
+    got = read_answer(b"\n" + json.dumps({"error": long, "failed_subjobs": [[0, long]]}).encode() + b"\n", {0})
+    assert got is not None and got.error == long[:16 << 10] and got.failed_subjobs == [(0, long[:16 << 10])]
