@@ -43,7 +43,10 @@ def home_key(home: Path) -> str:
 
 #: A job's stored definition as ``load`` reads it: its splitter's parameters (a million arguments are
 #: 10 MB of JSON, 0.8 s to decode in Python) left out by SQLite's JSON functions, in C, in 0.09 s.
-_SPEC_WITHOUT_SPLITTER = ("CASE WHEN json_type(spec, '$.splitter') = 'object' THEN json_set(spec, '$.splitter', "
+#: A definition SQLite calls malformed (NaN or Infinity, which an earlier version let in) is read whole: the bulk
+#: query raised, and the home did not open; :func:`~.writer.restore` leaves that job out, saying why.
+_SPEC_WITHOUT_SPLITTER = ("CASE WHEN NOT json_valid(spec) THEN spec "
+                          "WHEN json_type(spec, '$.splitter') = 'object' THEN json_set(spec, '$.splitter', "
                           "json_object('plugin', json_extract(spec, '$.splitter.plugin'), 'deferred', json('true'))) "
                           "ELSE spec END")
 

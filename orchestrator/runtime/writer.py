@@ -14,6 +14,7 @@ if the write fails, what it took is marked dirty again, so nothing is lost.
 
 from __future__ import annotations
 
+import json
 from array import array
 from collections.abc import Sequence
 from typing import Any
@@ -181,6 +182,7 @@ def restore(sm: StateMachine, loaded: Loaded, definitions: Definitions,
         try:
             if not isinstance(row.spec, dict):
                 raise TypeError(f"a definition is a JSON object, not {type(row.spec).__name__}")
+            json.dumps(row.spec, allow_nan=False)  # (NaN, which an earlier version stored: no write of it would do)
             definitions.add(row.id, row.name, row.spec)
             profile: Profile = definitions.profile(row.id)
         except Exception as exc:  # defence in depth: one unreadable stored definition never stops the rest

@@ -6,10 +6,12 @@ one): the home is written on."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from orchestrator import ArgSplitter, Executable, Job, JobError, Orchestrator
 from orchestrator.checkpoint import State
@@ -96,3 +98,31 @@ async def test_a_definition_holding_nan_or_infinity_is_refused_naming_the_field(
 def test_a_keywords_data_is_kept_to_16_kib() -> None:
     log = parse_log(f"1.0 START 5 h\n2.0 FAILED {'x' * (1 << 20)}\n3.0 EXIT 1\n4.0 END 1\n")
     assert [(w, len(d)) for _, w, d in log.keywords] == [("FAILED", MAX_KEYWORD_DATA)] and MAX_KEYWORD_DATA == 16 << 10
+
+
+async def test_a_home_an_earlier_version_stored_nan_in_opens_leaving_that_job_out(tmp_path: Path) -> None:
+    """An earlier version stored a definition holding NaN (bare ``NaN`` in its JSON). SQLite's JSON functions,
+    which the open runs over every definition, refused it, and the home no longer opened. It opens now: that job
+    is left out, said so in the log, as any definition that cannot be read; the others are served and written."""
+    home = tmp_path / "home"
+    async with Orchestrator(home=home) as orch:
+        for name in ("poisoned", "kept"):
+            j = await orch.jobs.add(Job(name=name, application=Executable("/bin/true"), backend="local",
+                                        splitter=ArgSplitter([[], []]), metadata={"x": 1.5}))
+            await j.submit()
+            await j.wait(timeout=30)
+    with sqlite3.connect(home / "repository.sqlite") as db:  # as an earlier version left it
+        spec = db.execute("SELECT spec FROM jobs WHERE name = 'poisoned'").fetchone()[0]
+        assert '"x":1.5' in spec
+        db.execute("UPDATE jobs SET spec = ? WHERE name = 'poisoned'", (spec.replace('"x":1.5', '"x":NaN'),))
+    with capture_logs() as logs:
+        async with Orchestrator(home=home) as orch:
+            assert [(j.name, j.status.value) for j in orch.jobs] == [("kept", "completed")]
+    said = [e for e in logs if "definition is unreadable" in str(e.get("event"))]
+    assert len(said) == 1 and "not JSON compliant" in str(said[0].get("error")), logs
+    async with Orchestrator(home=home) as orch:
+        later = await orch.jobs.add(Job(name="later", application=Executable("/bin/true"), backend="local"))
+        await later.submit()
+        await later.wait(timeout=30)
+    async with Orchestrator(home=home) as orch:
+        assert [(j.name, j.status.value) for j in orch.jobs] == [("kept", "completed"), ("later", "completed")]
