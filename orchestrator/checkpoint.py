@@ -227,9 +227,12 @@ class State:
         return cls(fqid=fqid or "job", _text=text)
 
     def _parse(self, text: str, where: str) -> None:
-        if "\0" in text:  # (a value's NUL is written escaped: a raw one is a file no state writer made)
+        # stored as it is: a value's NUL is written escaped, so a raw one is in a file no state writer made; a lone
+        # surrogate, in one read with surrogateescape. (What orchestrator.core.stored.text_fault tells, written out:
+        # this module runs alone in a job's process, copied beside it, and imports nothing of the package.)
+        if "\0" in text:
             raise StateError(f"{where} is not a state file (it holds a NUL character)")
-        try:  # stored as UTF-8 text: a lone surrogate (a file read with surrogateescape) is none
+        try:
             text.encode()
         except UnicodeEncodeError:
             raise StateError(f"{where} is not a state file (it holds a character UTF-8 cannot encode)") from None

@@ -11,6 +11,7 @@ from ..checkpoint import Steps
 from ..core.errors import JobError
 from ..core.model import Backend, Executable
 from ..core.splitters import Splitter
+from ..core.stored import text_fault
 from ..plugin.postprocess import Postprocessor
 from ..plugin.settings import SettingsError
 from ..runtime import registry
@@ -31,31 +32,19 @@ def checked_backend(backend: str | Backend | None, fqid: str) -> Backend:
     return Backend(backend.name, **settings)
 
 
-def untextual(value: str) -> str | None:
-    """Why ``value`` is no text a repository keeps as it is (a NUL, a lone surrogate), or ``None``. One it refused
-    was put back in the writer's queue at every flush: nothing of the home was written again."""
-    if "\0" in value:
-        return "it holds a NUL character"
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        return "it holds a character UTF-8 cannot encode (a lone surrogate)"
-    return None
-
-
 def check_json(value: Any, fqid: str, field: str) -> None:
     """``value`` is what a definition may store: JSON, without NaN or infinity (which ``json.dumps`` writes as bare
     tokens no JSON reader takes: SQLite's JSON functions then refused the stored definition at every write, and
     at the home's next open)."""
     try:
         json.dumps(value, allow_nan=False)
-    except ValueError as exc:
-        if "JSON compliant" in str(exc):
-            raise JobError("holds a number that is not finite (NaN or infinity): JSON has none", fqid=fqid,
-                           field=field) from None
-        raise JobError(f"{field} must be JSON-able: {exc}", fqid=fqid, field=field) from None
-    except (TypeError, RecursionError) as exc:
-        raise JobError(f"{field} must be JSON-able: {exc}", fqid=fqid, field=field) from None
+    except (TypeError, ValueError, RecursionError) as exc:
+        try:  # (refused: dumped again, NaN allowed, only to say why)
+            json.dumps(value)
+        except (TypeError, ValueError, RecursionError):
+            raise JobError(f"{field} must be JSON-able: {exc}", fqid=fqid, field=field) from None
+        raise JobError("holds a number that is not finite (NaN or infinity): JSON has none", fqid=fqid,
+                       field=field) from None
 
 
 def check_spec_json(spec: dict[str, Any], fqid: str) -> None:
@@ -74,8 +63,9 @@ def validate(job: Any, fqid: str, *, check_backend: bool = True) -> None:
     """Everything ``add()`` can check without running anything; normalises what it checks."""
     if not isinstance(job.name, str):
         raise JobError("name must be a string", fqid=fqid, field="name")
-    if (why := untextual(job.name)) is not None:  # stored as it is: PostgreSQL keeps no NUL, neither a surrogate
-        raise JobError(f"name must be text: {why}", fqid=fqid, field="name")
+    if (fault := text_fault(job.name)) is not None:  # stored as it is (:mod:`orchestrator.core.stored`)
+        why = "a NUL character" if fault == "NUL" else "a character UTF-8 cannot encode (a lone surrogate)"
+        raise JobError(f"name must be text: it holds {why}", fqid=fqid, field="name")
     if not isinstance(job.application, Executable):
         raise JobError("application must be Executable(...)", fqid=fqid, field="application")
     job.application.validate(fqid, exec_limit())

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import anyio
 
+from ..core.stored import text_fault
 from ..plugin.contract import Driver, RunHandle, RunSpec, SubmitError, SubmitOutcome
 
 T = TypeVar("T")
@@ -47,13 +48,10 @@ def unusable_id(value: object) -> str | None:
         return "empty"
     if len(value) > MAX_BACKEND_ID:
         return f"{len(value)} characters (at most {MAX_BACKEND_ID})"
-    if "\0" in value:
+    fault = text_fault(value)
+    if fault == "NUL":
         return "a NUL character in it"
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        return "a character UTF-8 cannot encode in it (a lone surrogate)"
-    return None
+    return "a character UTF-8 cannot encode in it (a lone surrogate)" if fault else None
 
 
 def checked(outcome: SubmitOutcome, faults: Faults) -> SubmitOutcome:
