@@ -10,7 +10,8 @@ after a crash by what was found. What is read on each scrape: subjobs by
 status and backend (the state machine's counters), the bus's queue depth,
 each backend's monitoring ticks and the last tick's duration, and its faults
 (driver calls that raised or answered nonsense, status queries that failed:
-the actors and monitors count them, since a failed poll is no event). Label
+the actors and monitors count them, since a failed poll is no event), and the
+jobs' changes the repository refused (the writer counts them). Label
 sets are bounded: backend, status, event type, level, verdict, call; never a
 job id.
 
@@ -87,7 +88,8 @@ class Metrics:
     def __init__(self, sm: StateMachine, *, queue_depth: Callable[[], int],
                  monitors: Callable[[], Mapping[str, tuple[int, float]]],
                  outputdir: Callable[[FQID], Path] | None = None,
-                 faults: Callable[[], Mapping[str, Mapping[str, int]]] = dict) -> None:
+                 faults: Callable[[], Mapping[str, Mapping[str, int]]] = dict,
+                 refusals: Callable[[], int] = lambda: 0) -> None:
         self.sm = sm
         self.outputdir = outputdir
         self.registry = CollectorRegistry(auto_describe=True)
@@ -112,7 +114,7 @@ class Metrics:
                            "(succeeded, or resumed from) or wasted", ["backend", "kind"], registry=r)
         self.skipped = Counter("orchestrator_cpu_records_skipped", "Ended runs whose CPU records were not read: "
                                "the reader was too far behind", ["backend"], registry=r)
-        r.register(_Gauges(sm, queue_depth, monitors, faults))
+        r.register(_Gauges(sm, queue_depth, monitors, faults, refusals))
         self._sent: dict[tuple[str, str], float] = {}
         #: Runs that ended or left an end, waiting for their records to be read.
         self._ended_in, self._ended_out = anyio.create_memory_object_stream[Ended](max_buffer_size=ENDED_BUFFER)
@@ -294,8 +296,9 @@ class _Gauges(Collector):
 
     def __init__(self, sm: StateMachine, queue_depth: Callable[[], int],
                  monitors: Callable[[], Mapping[str, tuple[int, float]]],
-                 faults: Callable[[], Mapping[str, Mapping[str, int]]]) -> None:
+                 faults: Callable[[], Mapping[str, Mapping[str, int]]], refusals: Callable[[], int]) -> None:
         self.sm, self.queue_depth, self.monitors, self.faults = sm, queue_depth, monitors, faults
+        self.refusals = refusals
 
     def collect(self) -> Iterable[Any]:
         runs = GaugeMetricFamily("orchestrator_runs", "Runs (subjobs, and jobs without subjobs) by status and "
@@ -332,3 +335,6 @@ class _Gauges(Collector):
             for call, n in sorted(calls.items()):
                 faults.add_metric([backend, call], n)
         yield faults
+        yield CounterMetricFamily("orchestrator_repository_refusals", "Jobs' changes the repository refused, left "
+                                  "out of a flush that wrote the other jobs' (the log names each job)",
+                                  value=self.refusals())

@@ -174,6 +174,11 @@ class Repository(Protocol):
     async def remove_job(self, job_id: int) -> None: ...
     async def save(self, batch: Save) -> None:
         """Write one flush's changes in one transaction; of each job's states only the newest ``keep`` stay."""
+    def refuses(self, error: BaseException) -> bool:
+        """Whether ``error``, raised by a write, is the repository refusing the values written (a constraint, a
+        value it cannot hold: the same rows are refused at every try), not the store failing (busy, full,
+        unreachable, taken over: the same rows may go in later). The writer writes a refused flush again job by
+        job, and leaves out the changes of the jobs refused (:mod:`.writer`)."""
 
     # ------------------------------------------------------------ reads
     async def load(self) -> Loaded:

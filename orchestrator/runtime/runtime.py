@@ -134,7 +134,8 @@ class Runtime:
             from .metrics import Metrics
 
             self.prometheus = Metrics(self.sm, queue_depth=lambda: self.bus.queued, monitors=self.backends.ticks,
-                                      outputdir=self.workspace.outputdir, faults=self.backends.faults)
+                                      outputdir=self.workspace.outputdir, faults=self.backends.faults,
+                                      refusals=lambda: self.writer.statistics().refused)
             self.bus.hooks.append(self.prometheus.observe)
             if self.tg is not None:
                 self.tg.start_soon(self.prometheus.serve)

@@ -136,6 +136,25 @@ def is_damaged(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.DatabaseError) and isinstance(code, int) and code & 0xFF in DAMAGED
 
 
+#: SQLite's primary result codes for values it will not store: a constraint (a trigger's ``RAISE``), a string or
+#: blob too big, a type or a parameter it cannot take, and its generic error (``malformed JSON``, as its JSON
+#: functions say of NaN). The same rows are refused again at every try. Every other code is the file's or the
+#: machine's (busy, locked, full, read-only, an I/O error, damaged): the same rows may go in later.
+REFUSALS = {sqlite3.SQLITE_ERROR, sqlite3.SQLITE_TOOBIG, sqlite3.SQLITE_CONSTRAINT, sqlite3.SQLITE_MISMATCH,
+            sqlite3.SQLITE_RANGE}
+
+
+def refuses(exc: BaseException) -> bool:
+    """Whether a write failed on the values written, not on the file (:data:`REFUSALS`). A value that cannot
+    be bound fails before SQLite sees it: ``UnicodeError`` (a lone surrogate), ``OverflowError`` (an integer
+    past 64 bits). Not a ``ValueError`` or a ``ProgrammingError`` as such: aiosqlite and sqlite3 say so of a
+    connection that is closed."""
+    if isinstance(exc, (UnicodeError, OverflowError, sqlite3.DataError, sqlite3.IntegrityError)):
+        return True
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, sqlite3.DatabaseError) and isinstance(code, int) and code & 0xFF in REFUSALS
+
+
 def damaged(path: Path, exc: BaseException) -> RepositoryError:
     """The error a user reads: which file, what SQLite said, what to do."""
     return RepositoryError(

@@ -229,6 +229,9 @@ class SqliteRepository(sqlite.Connected):
         if statements or patches:
             await self._transaction(statements, patches)
 
+    def refuses(self, error: BaseException) -> bool:
+        return sqlite.refuses(error)
+
     # ------------------------------------------------------------- reads
     async def load(self) -> Loaded:
         """Every job, its run arrays, and the extras of the runs that have any (a damaged file: ``RepositoryError``)."""

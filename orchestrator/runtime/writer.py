@@ -10,6 +10,16 @@ for (write-ahead); otherwise the flush loop writes every ``flush_interval``.
 A flush is shielded from cancellation: a SIGTERM that lands mid-write lets
 the transaction finish (or roll back whole) and the next flush start clean;
 if the write fails, what it took is marked dirty again, so nothing is lost.
+
+Unless the repository refused the values themselves (:meth:`Repository.refuses`:
+a constraint, a value it cannot hold). Those would be refused again at every
+flush, and the flush, put back whole each time, would never write anything of
+anyone's jobs again. So a refused flush is written again one job at a time:
+the other jobs' changes go in, and those of a job refused are left out, said
+in the log (the job, the reason) and counted (:meth:`Writer.statistics`, the
+metric ``orchestrator_repository_refusals_total``). The job's next change
+writes its row and all its run arrays again, not only what changed, so what
+the repository lacks of it then is what it still refuses.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from __future__ import annotations
 import json
 from array import array
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -30,6 +41,17 @@ from .definitions import Definitions
 from .repository import Loaded, Repository, RunsRow, Save, StateRow, TopRow, dumps, ranges_of
 
 log = get_logger(component="writer")
+
+#: The most of a refusal's message the log keeps (it may quote the value refused, a job's own data).
+REASON_WIDTH = 500
+
+
+@dataclass(frozen=True, slots=True)
+class WriterStatistics:
+    """What the writer did that a flush does not show (trio's ``statistics()``: read, never reached into)."""
+
+    #: Jobs' changes the repository refused, left out (one a job and a flush).
+    refused: int
 
 
 class Writer:
@@ -48,6 +70,12 @@ class Writer:
         #: Subjobs whose stored extras are not NULL, by master: a run that moves and has no extras (most of a
         #: million) needs no write of its row, only one that has them now or had them.
         self._with_info: dict[int, set[int]] = {}
+        #: Jobs whose changes the repository refused: their next write is of all they hold, not what changed.
+        self._refused: set[int] = set()
+        self._refusals = 0
+
+    def statistics(self) -> WriterStatistics:
+        return WriterStatistics(refused=self._refusals)
 
     def loaded(self, loaded: Loaded) -> None:
         """What the repository held when the home was opened (which subjobs have extras stored)."""
@@ -103,9 +131,10 @@ class Writer:
             return
         self._writing, self.definitions.writing_deltas = ids, deltas
         try:
-            with anyio.CancelScope(shield=True):
-                await self.repo.save(batch)
+            refused = await self._save(batch)
             for job, rows in written.items():
+                if job in refused:
+                    continue
                 stored = self._with_info.setdefault(job, set())
                 for i, has in rows.items():
                     if has:
@@ -127,6 +156,42 @@ class Writer:
         finally:
             self._writing, self.definitions.writing_deltas = {}, {}
 
+    async def _save(self, batch: Save) -> set[int]:
+        """Write ``batch``; returns the jobs whose changes the repository refused (left out, the rest written).
+        Any other failure raises, and the caller puts the whole flush back (a job written alone before it is
+        written again: the same values)."""
+        try:
+            with anyio.CancelScope(shield=True):
+                await self.repo.save(batch)
+            if self._refused:  # written whole (:meth:`_batch`): what was refused of them is not refused now
+                self._refused.difference_update(top.id for top in batch.tops)
+            return set()
+        except Exception as exc:
+            if not self.repo.refuses(exc):
+                raise
+            error: Exception = exc
+        parts = apart(batch)
+        refused: dict[int, Exception] = {}
+        for job, part in parts.items():
+            if len(parts) == 1:  # the flush was this job's alone: its refusal is the flush's
+                refused[job] = error
+                break
+            try:
+                with anyio.CancelScope(shield=True):
+                    await self.repo.save(part)
+                self._refused.discard(job)
+            except Exception as exc:
+                if not self.repo.refuses(exc):
+                    raise
+                refused[job] = exc
+        for job, why in refused.items():
+            self._refused.add(job)
+            self._refusals += 1
+            log.error("the repository refused a job's changes: they are left out, and the other jobs' written; "
+                      "its next change writes all of the job again", fqid=str(job), repository=self.repo.where,
+                      error=f"{type(why).__name__}: {why}"[:REASON_WIDTH])
+        return set(refused)
+
     def _batch(self, dirty: dict[int, set[int] | None], tops: set[int], ids: dict[int, dict[int | None, str | None]],
                states: list[StateRow], specs: set[int], deltas: dict[tuple[int, int], dict[str, Any]],
                written: dict[int, dict[int, bool]]) -> Save:
@@ -136,10 +201,12 @@ class Writer:
         for job in sorted(tops | set(dirty) | specs):
             if (job,) not in sm:
                 self._with_info.pop(job, None)
+                self._refused.discard(job)
                 continue
-            batch.tops.append(top_row(sm, job, self.definitions, with_spec=job in specs))
-            if job in dirty:
-                indexes = dirty[job]
+            again = job in self._refused  # all it holds: what was refused of it is not known
+            batch.tops.append(top_row(sm, job, self.definitions, with_spec=job in specs or again))
+            if job in dirty or again:
+                indexes = None if again else dirty[job]
                 if indexes is None or indexes:  # (an empty set: marked, but none of its runs changed)
                     batch.runs.append(runs_row(sm, job, indexes))
                 if sm.is_master(job):
@@ -159,6 +226,31 @@ class Writer:
 
 
 # ------------------------------------------------------------------ rows
+def apart(batch: Save) -> dict[int, Save]:
+    """``batch`` as one :class:`Save` a top-level job, in job order."""
+    parts: dict[int, Save] = {}
+
+    def part(job: int) -> Save:
+        found = parts.get(job)
+        if found is None:
+            found = parts[job] = Save(keep=batch.keep)
+        return found
+
+    for top in batch.tops:
+        part(top.id).tops.append(top)
+    for runs in batch.runs:
+        part(runs.job).runs.append(runs)
+    for info in batch.infos:
+        part(info[0]).infos.append(info)
+    for backend_id in batch.backend_ids:
+        part(backend_id[0]).backend_ids.append(backend_id)
+    for delta in batch.deltas:
+        part(delta[0]).deltas.append(delta)
+    for state in batch.states:  # (a state's job is a run's fqid: "3.1")
+        part(int(state.job.partition(".")[0])).states.append(state)
+    return dict(sorted(parts.items()))
+
+
 def top_row(sm: StateMachine, job: int, definitions: Definitions, *, with_spec: bool) -> TopRow:
     """A top-level job's own row, from the state machine's record of it (:mod:`orchestrator.core.records`)."""
     rec = sm.stored_job(job)

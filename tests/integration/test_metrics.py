@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from served import Service
 from test_fault_tolerance import sim_faults
 from test_reconcile import submit_and_die
+from test_repository_refusals import refuse_in_sqlite
 
 from orchestrator import ArgSplitter, Backend, Executable, Job, JobError, Orchestrator, RetryPolicy
 
@@ -141,6 +142,21 @@ async def until(check: Any, timeout: float = 30.0) -> None:
     with anyio.fail_after(timeout):
         while not check():
             await anyio.sleep(0.1)
+
+
+async def test_a_service_counts_the_changes_its_repository_refused(tmp_path: Path, services: list[Service]) -> None:
+    home = tmp_path / "home"
+    async with Orchestrator(home=home):
+        pass
+    service = Service(home)
+    services.append(service.start())
+    assert value(scrape(service), "orchestrator_repository_refusals_total") == 0
+    async with Orchestrator(home=home) as orch:
+        refused = await orch.jobs.add(Job(name="refused", application=Executable("/bin/true"), backend="local"))
+        refuse_in_sqlite(home)
+        await refused.submit()
+        await refused.wait(timeout=30)
+        await until(lambda: value(scrape(service), "orchestrator_repository_refusals_total") >= 1)
 
 
 async def test_every_metric_of_a_running_service(tmp_path: Path, services: list[Service]) -> None:

@@ -56,6 +56,23 @@ def _unnest_update(column: str, kind: str) -> str:
             "AS v(master, idx, value) WHERE s.master = v.master AND s.idx = v.idx")
 
 
+#: SQLSTATE classes of values PostgreSQL will not store: a data exception (a NUL in ``text``, a number out of
+#: range), an integrity constraint, an exception a trigger raised (PL/pgSQL), a limit exceeded (a row too big).
+#: Every other class is the server's or the connection's (unreachable, shutting down, out of resources, a
+#: serialization failure, a privilege revoked): the same rows may go in later.
+REFUSALS = ("22", "23", "P0", "54")
+
+
+def refuses(exc: BaseException) -> bool:
+    """Whether a write failed on the values written (:data:`REFUSALS`); or before they reached the server: one
+    asyncpg cannot encode (its client-side ``DataError``: "invalid input for query argument"; a lone
+    surrogate's ``UnicodeError``)."""
+    if isinstance(exc, (UnicodeError, OverflowError)) or (isinstance(exc, asyncpg.InterfaceError)
+                                                          and isinstance(exc, ValueError)):  # (that DataError)
+        return True
+    return isinstance(exc, asyncpg.PostgresError) and str(exc.sqlstate or "")[:2] in REFUSALS
+
+
 def split_spec(spec: Mapping[str, Any]) -> tuple[str, str | None]:
     """A definition as stored: its text with the splitter's parameters left out, and the splitter's text
     (``None``: none, or a deferred one, which leaves the stored splitter as it is)."""
@@ -367,6 +384,9 @@ class PgRepository:
                     sorted({r.job for r in batch.states}), batch.keep))
         if steps:
             await self._transaction(steps)
+
+    def refuses(self, error: BaseException) -> bool:
+        return refuses(error)
 
     # ------------------------------------------------------------- reads
     async def load(self) -> Loaded:
