@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .stored import MAX_TEXT
+
 
 @dataclass
 class RunLog:
@@ -32,7 +34,7 @@ class RunLog:
 #: The most of a keyword's data kept (characters): a reason, a retry's arguments. The run writes its log, and
 #: the data of its FAILED, RETRY and HOLD lines is stored thrice in its record (its reason, its history's entry,
 #: 100 entries kept): a line of megabytes made a record the repository refused, and it stopped every write.
-MAX_KEYWORD_DATA = 16 << 10
+MAX_KEYWORD_DATA = MAX_TEXT
 
 
 def parse_log(text: str) -> RunLog:

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import anyio
 
-from ..core.stored import text_fault
+from ..core.stored import MAX_TEXT, kept, text_fault
 from ..plugin.contract import Driver, RunHandle, RunSpec, SubmitError, SubmitOutcome
 
 T = TypeVar("T")
@@ -57,6 +57,8 @@ def unusable_id(value: object) -> str | None:
 def checked(outcome: SubmitOutcome, faults: Faults) -> SubmitOutcome:
     """``outcome``, or, if it accepted the run under an id the runtime cannot hold, the run refused with why (a
     fault of the driver's, counted)."""
+    if outcome.error is not None and len(outcome.error) > MAX_TEXT:  # (a driver's error is stored as its reason)
+        return SubmitOutcome(outcome.fqid, None, kept(outcome.error))
     if outcome.backend_id is None or outcome.error is not None or (why := unusable_id(outcome.backend_id)) is None:
         return outcome
     faults.count("submit")
@@ -64,9 +66,10 @@ def checked(outcome: SubmitOutcome, faults: Faults) -> SubmitOutcome:
 
 
 def describe(exc: BaseException) -> str:
+    """A driver's exception as the reason its runs keep (:data:`~orchestrator.core.stored.MAX_TEXT` of it)."""
     if isinstance(exc, SubmitError):
-        return str(exc) or "submission refused"
-    return f"{type(exc).__name__}: {exc}"
+        return kept(str(exc)) or "submission refused"
+    return kept(f"{type(exc).__name__}: {exc}")
 
 
 async def each(items: Sequence[T], call: Callable[[T], Awaitable[R]], *, stop: Callable[[R], bool] | None,

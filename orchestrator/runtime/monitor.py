@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -31,6 +31,7 @@ from ..checkpoint import STATE_DIR
 from ..core.events import Event, RunReport, RunsSilent, StatusReport
 from ..core.ids import Runs, parse_fqid_or_none
 from ..core.statuses import ENDINGS, JobStatus
+from ..core.stored import MAX_TEXT, kept
 from ..plugin.contract import RunHandle, StatusUpdate
 from . import bulk, gcpause
 from .actor import Actor
@@ -204,7 +205,7 @@ class Monitor:
             if type(u) is StatusUpdate and type(u.status) is JobStatus and _plain(u):  # as a rule: one check of each
                 key = _key(u.fqid)
                 if key is not None and key in held:
-                    good.append((key, u))
+                    good.append((key, u if u.reason is None or len(u.reason) <= MAX_TEXT else _cut(u)))
                     continue
             key = _key(getattr(u, "fqid", None))
             known = key is not None and key in held
@@ -216,7 +217,7 @@ class Monitor:
                     garbage.append(key)
                 continue
             assert key is not None
-            good.append((key, u))
+            good.append((key, u if u.reason is None or len(u.reason) <= MAX_TEXT else _cut(u)))
         if len(good) < len(updates):  # an answer with nonsense in it: a poll error all the same
             self.actor.faults.count("status" if polled is not None else "report")
         if polled is not None:
@@ -305,6 +306,11 @@ def _plain(u: StatusUpdate) -> bool:
             and (u.backend_verdict is None or type(u.backend_verdict) is str)
             and (started is None or type(started) is float or type(started) is int)
             and (ended is None or type(ended) is float or type(ended) is int))
+
+
+def _cut(u: StatusUpdate) -> StatusUpdate:
+    """``u`` with as much of its reason as a run's record keeps (a driver's reason of megabytes, stored thrice)."""
+    return replace(u, reason=kept(u.reason or ""))
 
 
 def _key(fqid: object) -> RunKey | None:

@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..core.runlog import MAX_KEYWORD_DATA
 from ..core.statuses import JobStatus
+from ..core.stored import kept
 from ..plugin.postprocess import PostprocessContext, PostprocessResult, SubjobOutput
 from ..plugin.users import Identity, python_for, run_as, site_dirs
 
@@ -76,11 +76,11 @@ def read_answer(out: bytes, known: set[int]) -> PostprocessResult | None:
     try:
         answer = json.loads(out.decode(errors="replace").strip().splitlines()[-1])
         error = answer.get("error")
-        failed = [(int(i), str(why)[:MAX_KEYWORD_DATA]) for i, why in answer.get("failed_subjobs", [])]
+        failed = [(int(i), kept(str(why))) for i, why in answer.get("failed_subjobs", [])]
     except (ValueError, IndexError, TypeError, AttributeError, OverflowError, RecursionError):
         return None
     # reasons kept as a run's log's are (16 KiB): they are stored with the master's and the subjobs' records
-    return PostprocessResult(str(error)[:MAX_KEYWORD_DATA] if error else None,
+    return PostprocessResult(kept(str(error)) if error else None,
                              [(i, why) for i, why in failed if i in known])
 
 

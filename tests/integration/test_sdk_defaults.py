@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import ArgSplitter, Backend, Executable, Job, JobError, Orchestrator
+from orchestrator.core.stored import MAX_TEXT
 from orchestrator.plugin import DriverContext, JobStatus, RunHandle, RunSpec
 
 pytestmark = pytest.mark.anyio
@@ -62,6 +63,24 @@ async def test_a_driver_answer_the_repository_cannot_hold_leaves_the_home_writte
     async with Orchestrator(home=tmp_path, config=config) as orch:
         assert [s.status.value for s in orch.jobs[0].subjobs] == ["completed", ended]
         assert orch.jobs[1].status.value == "completed"
+
+
+@pytest.mark.parametrize(("arg", "ended", "word"), [("babble", "failed", "babble "),
+                                                     ("chatter", "new", "chatter ")])
+async def test_a_drivers_reason_of_a_mebibyte_is_kept_to_16_kib(tmp_path: Path, test_drivers: None, arg: str,
+                                                                ended: str, word: str) -> None:
+    """A driver's reason for a run (``babble``: its report; ``chatter``: its submission's error) is stored thrice
+    in the run's record, as a keyword's data from a run's log is: kept to the same 16 KiB."""
+    async with Orchestrator(home=tmp_path) as orch:
+        j = await orch.jobs.add(Job(application=Executable("/bin/true"), splitter=ArgSplitter([["a"], [arg]]),
+                                    backend=Backend("bulkonly")))
+        await j.submit(keep_going=True)
+        await j.wait(timeout=20)
+        reason = str(j.subjobs[1].info.reason)
+        assert [s.status.value for s in j.subjobs] == ["completed", ended]
+    assert word * 100 in reason and MAX_TEXT <= len(reason) < MAX_TEXT + 100, len(reason)
+    async with Orchestrator(home=tmp_path) as orch:
+        assert orch.jobs[0].subjobs[1].info.reason == reason
 
 
 async def test_a_driver_of_neither_form_is_refused_at_load(tmp_path: Path, test_drivers: None) -> None:

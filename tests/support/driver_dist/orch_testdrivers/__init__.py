@@ -10,7 +10,9 @@ distribution (``orch_testdrivers-0.1.dist-info`` beside this package, put on ``s
   declaring no bulk capability, so the runtime calls the single-run forms the SDK derives from them. A run
   whose first argument is ``hang`` runs until killed; any other completes at its first status query. One whose
   first argument is ``mangle`` is answered with a backend id holding a lone surrogate; one whose first argument
-  is ``garble`` is reported failed with a ``bytes`` reason and an exit code of 31 digits.
+  is ``garble`` is reported failed with a ``bytes`` reason and an exit code of 31 digits; one whose first argument
+  is ``babble``, failed with a reason of a mebibyte; one whose first argument is ``chatter`` is refused with a
+  ``SubmitError`` of a mebibyte.
 - ``hollow``: implements neither form of submit nor of kill: refused when loaded.
 - ``limbo``: ``local``, whose word on a run's first attempt is nonsense: the runtime hears
   nothing intelligible of it, declares it lost after ``lost_after_seconds`` while its process still
@@ -98,12 +100,13 @@ class BulkOnlyDriver(Driver):
         # a run whose first argument is "mangle" is answered with an id no repository can store (a driver that
         # decoded it from a batch system's bytes with ``surrogateescape``)
         ids = [f"{run.key}-\udcff" if run.args[:1] == ("mangle",) else
-               f"{run.key}-garble" if run.args[:1] == ("garble",) else run.key for run in runs]
+               f"{run.key}-{run.args[0]}" if run.args[:1] in (("garble",), ("babble",)) else run.key for run in runs]
         for run, backend_id in zip(runs, ids, strict=True):
             hangs = bool(run.args) and run.args[0] == "hang"
             self.runs[backend_id] = JobStatus.RUNNING if hangs else JobStatus.COMPLETED
         await anyio.lowlevel.checkpoint()
-        return [SubmitOutcome(run.fqid, backend_id) for run, backend_id in zip(runs, ids, strict=True)]
+        return [SubmitOutcome(run.fqid, None, "chatter " * (1 << 17)) if run.args[:1] == ("chatter",) else
+                SubmitOutcome(run.fqid, backend_id) for run, backend_id in zip(runs, ids, strict=True)]
 
     async def kill_bulk(self, handles: Sequence[RunHandle]) -> list[str | None]:
         self.sizes["kill_bulk"].append(len(handles))
@@ -115,8 +118,10 @@ class BulkOnlyDriver(Driver):
     async def status_bulk(self, handles: Sequence[RunHandle]) -> list[StatusUpdate]:
         self.sizes["status_bulk"].append(len(handles))
         await anyio.lowlevel.checkpoint()
-        return [StatusUpdate(h.fqid, self.runs[h.backend_id], exit_code=0) if "garble" not in h.backend_id else
-                StatusUpdate(h.fqid, JobStatus.FAILED, exit_code=10**30, reason=b"garbled")  # type: ignore[arg-type]
+        return [StatusUpdate(h.fqid, JobStatus.FAILED, exit_code=10**30, reason=b"garbled")  # type: ignore[arg-type]
+                if h.backend_id.endswith("-garble") else
+                StatusUpdate(h.fqid, JobStatus.FAILED, exit_code=1, reason="babble " * (1 << 17))
+                if h.backend_id.endswith("-babble") else StatusUpdate(h.fqid, self.runs[h.backend_id], exit_code=0)
                 for h in handles if self.runs.get(h.backend_id, h.status) != h.status]
 
     def metrics(self) -> dict[str, Any]:
