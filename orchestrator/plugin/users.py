@@ -10,7 +10,8 @@ goes the single-user way, as fast as ever (:func:`identity` answers ``None``).
   or this process cannot switch users).
 - :func:`switch_argv`: ``setpriv`` arguments that put a command under the
   owner's ids (``os.posix_spawn`` cannot switch users itself).
-- :func:`run_as`: a short command as the owner (read a file, copy one in).
+- :func:`run_as`: a command as the owner (read a file, copy one in, a postprocessor), of its output only
+  the last bytes kept (:data:`OUTPUT_KEPT`).
 - :func:`python_for`: a Python the owner may run, with this installation's
   packages, for work that must run in Python as the owner (user-named
   postprocessors).
@@ -25,11 +26,13 @@ import errno
 import functools
 import os
 import pwd
+import selectors
 import shutil
 import stat
 import subprocess
 import sys
 import sysconfig
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,14 +120,70 @@ def switch_argv(who: Identity) -> list[str]:
             f"--groups={groups}" if groups else "--clear-groups", "--"]
 
 
-def run_as(who: Identity, argv: Sequence[str], *, timeout: float | None = 60.0,
-           input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    """Run ``argv`` (no shell) as ``who``, its output captured; stdin ``input`` or ``/dev/null``."""
-    done: subprocess.CompletedProcess[bytes] = subprocess.run(
-        list(argv), capture_output=True, timeout=timeout, input=input, env=who.env(_plain_env()), cwd="/",
-        stdin=None if input is not None else subprocess.DEVNULL, user=who.uid, group=who.gid,
-        extra_groups=list(who.groups))
-    return done
+#: The most of a process's stdout and of its stderr :func:`run_as` keeps, by default: their last bytes. The process
+#: is the owner's, and may print without end; what it printed was kept whole, in the memory of a service that is
+#: everyone's.
+OUTPUT_KEPT = 1 << 20
+
+
+def run_as(who: Identity, argv: Sequence[str], *, timeout: float | None = 60.0, input: bytes | None = None,
+           most_out: int = OUTPUT_KEPT, most_err: int = OUTPUT_KEPT) -> subprocess.CompletedProcess[bytes]:
+    """Run ``argv`` (no shell) as ``who``; stdin ``input`` or ``/dev/null``; of its stdout and its stderr the last
+    ``most_out`` and ``most_err`` bytes kept (read as they come: never more than that held). Past ``timeout`` it
+    is killed and ``subprocess.TimeoutExpired`` raised, as ``subprocess.run`` does."""
+    with subprocess.Popen(list(argv), stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=who.env(_plain_env()), cwd="/",
+                          user=who.uid, group=who.gid, extra_groups=list(who.groups)) as proc:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            out, err = _tails(proc, input, deadline, most_out, most_err)
+            code = proc.wait(None if deadline is None else max(deadline - time.monotonic(), 0.0))
+        except BaseException:
+            proc.kill()
+            raise
+        return subprocess.CompletedProcess(list(argv), code, out, err)
+
+
+def _tails(proc: subprocess.Popen[bytes], given: bytes | None, deadline: float | None, most_out: int,
+           most_err: int) -> tuple[bytes, bytes]:
+    """``given`` written to ``proc``'s stdin while its stdout and stderr are read, both to their end (by the
+    monotonic ``deadline``); the last ``most_out`` and ``most_err`` bytes of them."""
+    assert proc.stdout is not None and proc.stderr is not None
+    kept = {proc.stdout.fileno(): (bytearray(), most_out), proc.stderr.fileno(): (bytearray(), most_err)}
+    left = memoryview(given or b"")
+    with selectors.DefaultSelector() as sel:
+        for fd in kept:
+            sel.register(fd, selectors.EVENT_READ)
+        stdin = proc.stdin.fileno() if proc.stdin is not None else -1
+        if proc.stdin is not None:
+            os.set_blocking(stdin, False)
+            sel.register(stdin, selectors.EVENT_WRITE)
+        while sel.get_map():
+            wait = None if deadline is None else deadline - time.monotonic()
+            if wait is not None and wait <= 0:
+                raise subprocess.TimeoutExpired(proc.args, 0.0)
+            for key, _ in sel.select(wait):
+                fd = key.fd
+                if fd == stdin:
+                    try:
+                        left = left[os.write(fd, left[:1 << 16]):]
+                    except BlockingIOError:
+                        continue
+                    except BrokenPipeError:  # it reads no more of it: as subprocess.run, not an error
+                        left = left[:0]
+                    if not left and proc.stdin is not None:
+                        sel.unregister(fd)
+                        proc.stdin.close()
+                    continue
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    sel.unregister(fd)
+                    continue
+                buffer, most = kept[fd]
+                buffer += chunk
+                if len(buffer) > most:
+                    del buffer[:len(buffer) - most]  # (from the front: CPython moves no bytes for that)
+    return bytes(kept[proc.stdout.fileno()][0]), bytes(kept[proc.stderr.fileno()][0])
 
 
 def _plain_env() -> dict[str, str]:
@@ -187,7 +246,7 @@ def copy_as(who: Identity, source: Path, target: Path) -> None:
 def read_tail_as(who: Identity, path: Path, most: int) -> bytes:
     """The last ``most`` bytes of ``path``, read as ``who``: ``FileNotFoundError`` when there is no such file,
     ``PermissionError`` when they may not read it."""
-    done = run_as(who, ["/usr/bin/env", "tail", "-c", str(most), "--", str(path)])
+    done = run_as(who, ["/usr/bin/env", "tail", "-c", str(most), "--", str(path)], most_out=most)
     if done.returncode != 0:
         said = done.stderr.decode(errors="replace")
         if "No such file" in said:

@@ -26,6 +26,9 @@ from ..core.stored import kept
 from ..plugin.postprocess import PostprocessContext, PostprocessResult, SubjobOutput
 from ..plugin.users import Identity, python_for, run_as, site_dirs
 
+#: The most of the child's stdout kept (its last bytes): its answer, on its last line, is in it; an answer over
+#: this is no answer (the child is the owner's: what it printed was kept whole, in the service's memory).
+ANSWER_KEPT = 64 << 20
 #: Most characters of the child's stderr quoted in a failure's reason.
 STDERR_QUOTED = 300
 
@@ -57,7 +60,8 @@ def run_as_owner(who: Identity, descriptor: Mapping[str, Any], context: Postproc
                                  "(set [service] python to one)")
     paths = [os.getcwd() if p == "" else p for p in sys.path]
     try:
-        done = run_as(who, [python, "-S", "-c", _boot(paths)], input=_request(descriptor, context), timeout=None)
+        done = run_as(who, [python, "-S", "-c", _boot(paths)], input=_request(descriptor, context), timeout=None,
+                      most_out=ANSWER_KEPT)
     except (OSError, subprocess.SubprocessError) as exc:
         return PostprocessResult(f"{kind}: could not start as its owner {who.name}: {exc}")
     result = read_answer(done.stdout, {s.index for s in context.subjobs})
@@ -73,8 +77,9 @@ def read_answer(out: bytes, known: set[int]) -> PostprocessResult | None:
     """The answer on the last line of the owner's process's ``out``, its failed subjobs among ``known``; ``None``
     when there is none. The process is the owner's, and may write anything there: an ``Infinity``, nesting deeper
     than Python recurses, an index of no subjob, each raised past the handler, and the master never ended."""
-    try:
-        answer = json.loads(out.decode(errors="replace").strip().splitlines()[-1])
+    tail = out.rstrip()
+    try:  # (its last line alone decoded: what came before may be tens of megabytes of the owner's)
+        answer = json.loads(tail[tail.rfind(b"\n") + 1:].decode(errors="replace"))
         error = answer.get("error")
         failed = [(int(i), kept(str(why))) for i, why in answer.get("failed_subjobs", [])]
     except (ValueError, IndexError, TypeError, AttributeError, OverflowError, RecursionError):

@@ -281,20 +281,27 @@ def merge(outputdir, subjobs):
 '''
 
 
-def test_a_custom_merger_runs_as_the_owner_in_a_process_of_its_own(services: list[Service], open_dir: Path,
-                                                                   umask022: None,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def merger_service(services: list[Service], open_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                   merger: str) -> tuple[Path, Path, Service]:
+    """A team service whose users' functions are imported from ``modules`` (``teammerge.py`` holding ``merger``):
+    the modules' dir, the home, the service."""
     _needs_root()
     modules = open_dir / "modules"
     modules.mkdir()
     modules.chmod(0o755)
-    (modules / "teammerge.py").write_text(MERGER)
+    (modules / "teammerge.py").write_text(merger)
     (modules / "teammerge.py").chmod(0o644)
     monkeypatch.setenv("PYTHONPATH", str(modules))  # the service imports users' functions from there
     home = open_dir / "home"
     home.mkdir()
     (home / "orchestrator.toml").write_text(TEAM)
-    service = start(services, home)
+    return modules, home, start(services, home)
+
+
+def test_a_custom_merger_runs_as_the_owner_in_a_process_of_its_own(services: list[Service], open_dir: Path,
+                                                                   umask022: None,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    modules, home, service = merger_service(services, open_dir, monkeypatch, MERGER)
     job = jobfile(open_dir, "merged", "/bin/echo", ["x"],
                   '[splitter]\ntype = "args"\nargs = [["a"], ["b"]]\n'
                   '[merger]\ntype = "custom_merger"\nmerge = "teammerge:merge"\n')
@@ -320,6 +327,53 @@ def test_a_custom_merger_runs_as_the_owner_in_a_process_of_its_own(services: lis
     assert cli(home, "wait", fqid).returncode == 0, cli_ok(home, "show", fqid)
     merged = home / "workspace" / fqid / "output" / "stdout"
     assert merged.read_text() == "a\nb\n" and merged.stat().st_uid == pwd.getpwnam("bin").pw_uid
+
+
+LOUD = MERGER + '''
+import stat
+
+def pipes_but_stderr():
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            st = os.fstat(int(name))
+        except OSError:
+            continue
+        if int(name) > 2 and stat.S_ISFIFO(st.st_mode) and st.st_ino != os.fstat(2).st_ino:
+            found.append(int(name))
+    return found
+
+
+def loud(outputdir, subjobs):
+    block = b"x" * (1 << 20)
+    answer = pipes_but_stderr()  # as it may: the descriptor the answer goes to (the process's stdout, first)
+    assert len(answer) == 1, answer
+    for fd in (2, answer[0], 2):
+        for _ in range(256):
+            os.write(fd, block)
+    merge(outputdir, subjobs)
+'''
+
+
+def peak_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+def test_a_merger_that_prints_without_end_leaves_the_services_memory_bounded(
+        services: list[Service], open_dir: Path, umask022: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The owner's process printed into pipes the service read whole: a merger writing gigabytes took the memory
+    of a service that is everyone's. Only the last bytes are kept now; its answer, on its last line, stands."""
+    _, home, service = merger_service(services, open_dir, monkeypatch, LOUD)
+    job = jobfile(open_dir, "loud", "/bin/echo", ["x"], '[splitter]\ntype = "args"\nargs = [["a"]]\n'
+                                                        '[merger]\ntype = "custom_merger"\nmerge = "teammerge:loud"\n')
+    fqid = ok("bin", home, "submit", str(job)).strip()
+    assert cli(home, "wait", fqid).returncode == 0, cli_ok(home, "show", fqid)
+    assert (home / "workspace" / fqid / "output" / "merged.txt").read_text().split()[0] == str(
+        pwd.getpwnam("bin").pw_uid)
+    assert peak_mib(service.pid) < 400, "768 MiB printed, and read whole"
 
 
 def test_a_multi_user_service_refuses_to_start_without_root(open_dir: Path) -> None:
