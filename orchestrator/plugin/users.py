@@ -132,7 +132,7 @@ def run_as(who: Identity, argv: Sequence[str], *, timeout: float | None = 60.0, 
     ``most_out`` and ``most_err`` bytes kept (read as they come: never more than that held). Past ``timeout`` it
     is killed and ``subprocess.TimeoutExpired`` raised, as ``subprocess.run`` does."""
     with subprocess.Popen(list(argv), stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=who.env(_plain_env()), cwd="/",
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=owner_environ(who), cwd="/",
                           user=who.uid, group=who.gid, extra_groups=list(who.groups)) as proc:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
@@ -184,6 +184,11 @@ def _tails(proc: subprocess.Popen[bytes], given: bytes | None, deadline: float |
                 if len(buffer) > most:
                     del buffer[:len(buffer) - most]  # (from the front: CPython moves no bytes for that)
     return bytes(kept[proc.stdout.fileno()][0]), bytes(kept[proc.stderr.fileno()][0])
+
+
+def owner_environ(who: Identity) -> dict[str, str]:
+    """The environment a process run as ``who`` gets: a plain ``PATH`` and ``LANG``, their ``HOME`` and names."""
+    return who.env(_plain_env())
 
 
 def _plain_env() -> dict[str, str]:
@@ -392,4 +397,5 @@ def site_dirs() -> list[str]:
 
 
 __all__ = ["Identity", "OwnerError", "can_switch", "configure_python", "copy_as", "fs_as", "identity", "lookup",
-           "python_for", "read_inside", "read_tail_as", "readable_by", "run_as", "setpriv", "site_dirs", "switch_argv"]
+           "owner_environ", "python_for", "read_inside", "read_tail_as", "readable_by", "run_as", "setpriv",
+           "site_dirs", "switch_argv"]

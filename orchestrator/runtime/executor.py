@@ -57,8 +57,10 @@ class Executor:
     def __init__(self, *, backends: Backends, writer: Writer, definitions: Definitions, workspace: Workspace,
                  work: dict[type[Instruction], Callable[[Any], Awaitable[None]]],
                  post: Callable[[Event], Awaitable[None]], reply: Callable[[Reply], None],
-                 log: Any, work_limit: int = 16) -> None:
+                 log: Any, work_limit: int = 16, owned: Callable[[int], bool] = lambda job: False) -> None:
         self._backends = backends
+        #: Whether a job's postprocessing runs as its owner, on its owner's slots (not long work's).
+        self._owned = owned
         self._writer = writer
         self._definitions = definitions
         self._workspace = workspace
@@ -121,8 +123,8 @@ class Executor:
                         # completes before the request is answered.
                         await self._writer.flush()
                         await work(ins)
-                    else:
-                        self.spawn(work(ins))
+                    else:  # (an owner's postprocessing takes its owner's slots, not the runtime's: .postprocess)
+                        self.spawn(work(ins), limited=not (isinstance(ins, RunPostprocess) and self._owned(ins.job)))
             else:  # a kind the core emits and the runtime was not taught: its request would wait for ever
                 raise TypeError(f"no one carries out {type(ins).__name__}: {ins!r}")
 

@@ -8,7 +8,11 @@ the state machine as ``PostprocessDone``.
 A job of another user than the orchestrator's (a multi-user service): every
 postprocessor but the notifications runs in a process of its own as the
 job's owner (:mod:`.postrun`), never in this one; its result comes back the
-same way.
+same way. That work is not the runtime's long work (its ``work_limit``
+slots, which every user's preparing needs): the user's code may never end,
+and sixteen mergers that slept for ever took every slot, so no one's job
+was split again. Each owner's postprocessing takes one of that owner's own
+``work_limit`` slots instead (:meth:`Postprocessing.owned`).
 """
 
 from __future__ import annotations
@@ -33,13 +37,21 @@ from .workspace import Workspace
 
 class Postprocessing:
     def __init__(self, *, sm: StateMachine, definitions: Definitions, workspace: Workspace,
-                 settings: Mapping[str, Any], post: Callable[[Event], Awaitable[None]], log: Any) -> None:
+                 settings: Mapping[str, Any], post: Callable[[Event], Awaitable[None]], log: Any,
+                 per_owner: int = 16) -> None:
         self.sm = sm
         self.definitions = definitions
         self.workspace = workspace
         self.settings = settings
         self.post = post
         self.log = log
+        self.per_owner = per_owner
+        #: Each owner's postprocessing slots (made at an owner's first postprocessing).
+        self._slots: dict[str, anyio.CapacityLimiter] = {}
+
+    def owned(self, job: int) -> bool:
+        """Whether ``job``'s postprocessing runs as its owner: not the runtime's long work, then (its owner's)."""
+        return bool(self.definitions.spec(job).get("owner"))
 
     def postprocessors(self, job: int) -> list[Any]:
         return [p for _, p in self._described(job)]
@@ -76,11 +88,12 @@ class Postprocessing:
         except OwnerError as exc:
             error = f"postprocessors not run: {exc}"
             described = []
+        slots = self._slots.setdefault(owner.name, anyio.CapacityLimiter(self.per_owner)) if owner else None
         for data, post in [(d, p) for d, p in described if not isinstance(p, Notification)]:
             try:
-                if owner is not None:
-                    result: PostprocessResult = await anyio.to_thread.run_sync(
-                        run_as_owner, owner, data, context, type(post).__name__)
+                if owner is not None and slots is not None:
+                    async with slots:
+                        result: PostprocessResult = await run_as_owner(owner, data, context, type(post).__name__)
                 else:
                     result = await anyio.to_thread.run_sync(post.run, context)
             except Exception as exc:  # a user's merger or checker: whatever it raises fails the master, saying so

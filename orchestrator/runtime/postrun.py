@@ -9,10 +9,17 @@ starts it and reads its answer, :func:`main` is the child's side. The child
 gets the postprocessor's stored description and the context as JSON on
 stdin, and answers ``{"error": ..., "failed_subjobs": [[index, reason]]}``
 on a descriptor of its own (what the user's code prints goes to stderr).
+
+The child is waited for on the event loop, not in a worker thread: the
+user's code may never end, and the worker threads are every job's (a
+runtime's reads of its runs' ends, the starts of ``local`` runs). Forty
+mergers that slept for ever took them all, and the service stopped for
+every user. Of what the child prints only the last bytes are kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -21,10 +28,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import anyio
+from anyio.abc import ByteReceiveStream
+
 from ..core.statuses import JobStatus
 from ..core.stored import kept
 from ..plugin.postprocess import PostprocessContext, PostprocessResult, SubjobOutput
-from ..plugin.users import Identity, python_for, run_as, site_dirs
+from ..plugin.users import OUTPUT_KEPT, Identity, owner_environ, python_for, site_dirs
 
 #: The most of the child's stdout kept (its last bytes): its answer, on its last line, is in it; an answer over
 #: this is no answer (the child is the owner's: what it printed was kept whole, in the service's memory).
@@ -50,27 +60,57 @@ def _request(descriptor: Mapping[str, Any], context: PostprocessContext) -> byte
     }).encode()
 
 
-def run_as_owner(who: Identity, descriptor: Mapping[str, Any], context: PostprocessContext,
-                 kind: str) -> PostprocessResult:
+async def run_as_owner(who: Identity, descriptor: Mapping[str, Any], context: PostprocessContext,
+                       kind: str) -> PostprocessResult:
     """Run the postprocessor ``descriptor`` (``{"plugin": ..., "params": ...}``) as ``who``; its result, or one
-    whose error says why it could not run (blocking: run it in a worker thread)."""
-    python = python_for(who)
+    whose error says why it could not run. Cancelled (the service stopping), the child is killed."""
+    python = await anyio.to_thread.run_sync(python_for, who)  # (looked for once an owner: a few seconds at most)
     if python is None:
         return PostprocessResult(f"{kind}: cannot run as its owner {who.name}: no python that {who.name} may run "
                                  "(set [service] python to one)")
     paths = [os.getcwd() if p == "" else p for p in sys.path]
     try:
-        done = run_as(who, [python, "-S", "-c", _boot(paths)], input=_request(descriptor, context), timeout=None,
-                      most_out=ANSWER_KEPT)
-    except (OSError, subprocess.SubprocessError) as exc:
+        code, out, err = await _child(who, [python, "-S", "-c", _boot(paths)], _request(descriptor, context))
+    except OSError as exc:
         return PostprocessResult(f"{kind}: could not start as its owner {who.name}: {exc}")
-    result = read_answer(done.stdout, {s.index for s in context.subjobs})
+    result = read_answer(out, {s.index for s in context.subjobs})
     if result is None:
-        said = done.stderr.decode(errors="replace").strip()
+        said = err.decode(errors="replace").strip()
         tail = said[-STDERR_QUOTED:] if said else "no output"
-        return PostprocessResult(f"{kind}: its process (as {who.name}) ended with exit code {done.returncode} "
+        return PostprocessResult(f"{kind}: its process (as {who.name}) ended with exit code {code} "
                                  f"without an answer: {tail}")
     return result
+
+
+async def _child(who: Identity, argv: list[str], request: bytes) -> tuple[int, bytes, bytes]:
+    """``argv`` run as ``who``, ``request`` on its stdin: its exit code, the last :data:`ANSWER_KEPT` bytes of its
+    stdout and the last :data:`~orchestrator.plugin.users.OUTPUT_KEPT` of its stderr."""
+    out, err = bytearray(), bytearray()
+    async with await anyio.open_process(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        env=owner_environ(who), cwd="/", user=who.uid, group=who.gid,
+                                        extra_groups=list(who.groups)) as proc:
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        stdin = proc.stdin
+
+        async def feed() -> None:
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):  # it reads no more
+                await stdin.send(request)
+            await stdin.aclose()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(feed)
+            tg.start_soon(_keep, proc.stdout, out, ANSWER_KEPT)
+            tg.start_soon(_keep, proc.stderr, err, OUTPUT_KEPT)
+        code = await proc.wait()
+    return code, bytes(out), bytes(err)
+
+
+async def _keep(stream: ByteReceiveStream, kept_bytes: bytearray, most: int) -> None:
+    """``stream`` read to its end, its last ``most`` bytes kept in ``kept_bytes``."""
+    async for chunk in stream:
+        kept_bytes += chunk
+        if len(kept_bytes) > most:
+            del kept_bytes[:len(kept_bytes) - most]  # (from the front: CPython moves no bytes for that)
 
 
 def read_answer(out: bytes, known: set[int]) -> PostprocessResult | None:

@@ -101,13 +101,13 @@ class Runtime:
                                  check_subjob=check_subjob)
         self.postprocessing = Postprocessing(sm=self.sm, definitions=self.definitions, workspace=self.workspace,
                                              settings=config.section("postprocess"), post=self.inbox.answer,
-                                             log=self.log)
+                                             log=self.log, per_owner=int(config.core["work_limit"]))
         self.executor = Executor(
             backends=self.backends, writer=self.writer, definitions=self.definitions, workspace=self.workspace,
             post=self.inbox.answer, reply=self.inbox.reply, log=self.log, work_limit=int(config.core["work_limit"]),
             work={Prepare: self.preparer.prepare, Unprepare: self.preparer.unprepare,
                   CreateLinked: self.preparer.create_linked, RunPostprocess: self.postprocessing.run,
-                  Notify: self.postprocessing.notify})
+                  Notify: self.postprocessing.notify}, owned=self.postprocessing.owned)
         self.inbox.laggards = (self.backends, self.executor)
         self.bus.hooks.append(self.backends.accepted)  # held runs take the statuses the core accepted
         #: Post a request and wait for its ``Reply`` (:meth:`.Inbox.request`).

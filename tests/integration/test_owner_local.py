@@ -376,6 +376,52 @@ def test_a_merger_that_prints_without_end_leaves_the_services_memory_bounded(
     assert peak_mib(service.pid) < 400, "768 MiB printed, and read whole"
 
 
+ASLEEP = MERGER + '''
+
+def asleep(outputdir, subjobs):
+    with open(os.path.join(str(outputdir), "asleep.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    import time
+    time.sleep(3600)
+'''
+#: Each user's mergers that sleep: more than the runtime's long-work slots (``work_limit``, 16), and, of the three
+#: users, more than its process's worker threads (anyio's default: 40).
+SLEEPERS = 15
+
+
+def test_mergers_that_never_end_stop_no_one_elses_work(services: list[Service], open_dir: Path, umask022: None,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A merger run as its owner took one of the runtime's long-work slots (which every user's split needs) and
+    was waited for in one of its worker threads (which start and read every user's runs). Sixteen that slept for
+    ever took every slot, and no one's job was split again; forty, every thread. Each owner's postprocessing now
+    takes that owner's own slots, its process waited for on the event loop; stopping the service kills them."""
+    _, home, service = merger_service(services, open_dir, monkeypatch, ASLEEP)
+    (home / "orchestrator.toml").write_text(TEAM.replace('"bin"]', '"bin", "daemon"]'))
+    service.stop()
+    service = start(services, home)
+    job = jobfile(open_dir, "asleep", "/bin/true", [], '[splitter]\ntype = "args"\nargs = [["a"]]\n'
+                                                     '[merger]\ntype = "custom_merger"\nmerge = "teammerge:asleep"\n')
+    pidfiles: list[Path] = []
+    try:
+        for user in [name for name in ("bin", "daemon", "nobody") for _ in range(SLEEPERS)]:
+            fqid = ok(user, home, "submit", str(job)).strip()
+            pidfiles.append(home / "workspace" / fqid / "output" / "asleep.pid")
+        deadline = time.monotonic() + 120
+        while not all(f.exists() and f.read_text() for f in pidfiles):  # all 45 at once
+            assert time.monotonic() < deadline, [f for f in pidfiles if not f.exists()]
+            time.sleep(0.2)
+        work = jobfile(open_dir, "work", "/bin/echo", [], '[splitter]\ntype = "args"\n'
+                       f'args = {[[str(i)] for i in range(12)]!r}\n')
+        fqid = ok("bin", home, "submit", str(work)).strip()
+        assert cli(home, "wait", fqid, timeout=60).returncode == 0, cli_ok(home, "show", fqid)
+        service.stop()
+        time.sleep(0.5)
+        alive = [f for f in pidfiles if Path(f"/proc/{f.read_text()}").exists()]
+        assert not alive, f"{len(alive)} mergers outlived the service"
+    finally:  # (those that outlived the service, or a failed test's)
+        subprocess.run(["pkill", "-KILL", "-f", str(open_dir / "modules")], check=False)
+
+
 def test_a_multi_user_service_refuses_to_start_without_root(open_dir: Path) -> None:
     _needs_root()
     home = open_dir / "home"
