@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from ..core.errors import JobError
@@ -9,6 +11,18 @@ from ..plugin.users import Identity, read_tail_as
 
 #: The most a peek reads of a file's end when ``tail`` is not given.
 MAX_BYTES = 4 * 1024 * 1024
+
+
+def _tail(path: Path, most: int) -> bytes:
+    """The last ``most`` bytes of ``path``, a regular file: opened without waiting (a FIFO the run made would keep
+    its reader waiting for a writer, for ever), then refused if it is something else."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PermissionError(f"{path.name} is not a regular file")
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - most))
+        return f.read()
 
 
 def read_file(jobdir: Path, name: str, tail: int | None, *, running: bool, fqid: str,
@@ -31,11 +45,7 @@ def read_file(jobdir: Path, name: str, tail: int | None, *, running: bool, fqid:
             if owner is not None:
                 text = read_tail_as(owner, resolved, MAX_BYTES).decode(errors="replace")
             else:
-                with resolved.open("rb") as f:
-                    f.seek(0, 2)
-                    size = f.tell()
-                    f.seek(max(0, size - MAX_BYTES))
-                    text = f.read().decode(errors="replace")
+                text = _tail(resolved, MAX_BYTES).decode(errors="replace")
         except FileNotFoundError:
             continue
         except PermissionError as exc:

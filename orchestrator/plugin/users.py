@@ -231,18 +231,36 @@ def fs_as(who: Identity) -> Iterator[None]:
         ids.setfsgid(old_gid)
 
 
+#: A command as the owner that reads a file (``"$1"``, then its arguments) only if it is a regular one: a FIFO
+#: would block its reader until someone opened it to write, and the service's reader was kept waiting (a worker
+#: thread, a slot of long work) for as long as its timeout, once per file, as often as the owner asked. Exit 3:
+#: it is something else (checked as the owner: they learn nothing of what they may not see).
+_REGULAR_ONLY = ('path=$1; shift; if [ -e "$path" ] && [ ! -f "$path" ]; then '
+                 'echo "$path is not a regular file" >&2; exit 3; fi; exec "$@"')
+NOT_REGULAR = 3
+
+
+def _regular_only(path: Path, argv: Sequence[str]) -> list[str]:
+    return ["/bin/sh", "-c", _REGULAR_ONLY, "sh", str(path), *argv]
+
+
 def readable_by(who: Identity, path: Path) -> str | None:
-    """Why ``who`` cannot read ``path`` (checked by opening it as them), or ``None`` when they can."""
-    done = run_as(who, ["/usr/bin/env", "head", "-c", "0", "--", str(path)])
+    """Why ``who`` cannot read ``path`` (checked by opening it as them, a regular file only), or ``None`` when
+    they can."""
+    done = run_as(who, _regular_only(path, ["/usr/bin/env", "head", "-c", "0", "--", str(path)]))
     if done.returncode == 0:
         return None
     said = done.stderr.decode(errors="replace").strip().splitlines()
+    if done.returncode == NOT_REGULAR:
+        return "not a regular file"
     return said[-1].split(": ", 1)[-1] if said else f"exit code {done.returncode}"
 
 
 def copy_as(who: Identity, source: Path, target: Path) -> None:
-    """Copy ``source`` to ``target`` as ``who`` (read with their rights, the copy theirs); ``OSError`` says why not."""
-    done = run_as(who, ["/usr/bin/env", "cp", "--preserve=mode,timestamps", "--", str(source), str(target)])
+    """Copy ``source`` (a regular file) to ``target`` as ``who`` (read with their rights, the copy theirs);
+    ``OSError`` says why not."""
+    done = run_as(who, _regular_only(source, ["/usr/bin/env", "cp", "--preserve=mode,timestamps", "--",
+                                              str(source), str(target)]))
     if done.returncode != 0:
         said = done.stderr.decode(errors="replace").strip().splitlines()
         raise OSError(said[-1] if said else f"cp failed with exit code {done.returncode}")
@@ -250,10 +268,13 @@ def copy_as(who: Identity, source: Path, target: Path) -> None:
 
 def read_tail_as(who: Identity, path: Path, most: int) -> bytes:
     """The last ``most`` bytes of ``path``, read as ``who``: ``FileNotFoundError`` when there is no such file,
-    ``PermissionError`` when they may not read it."""
-    done = run_as(who, ["/usr/bin/env", "tail", "-c", str(most), "--", str(path)], most_out=most)
+    ``PermissionError`` when they may not read it, or it is no regular file."""
+    done = run_as(who, _regular_only(path, ["/usr/bin/env", "tail", "-c", str(most), "--", str(path)]),
+                  most_out=most)
     if done.returncode != 0:
         said = done.stderr.decode(errors="replace")
+        if done.returncode == NOT_REGULAR:
+            raise PermissionError(f"{path.name} is not a regular file")
         if "No such file" in said:
             raise FileNotFoundError(str(path))
         raise PermissionError(f"user {who.name} may not read {path.name}")

@@ -1,0 +1,97 @@
+"""A FIFO where the orchestrator reads a user's file: never read. Opening one blocks its reader until someone
+opens it to write, and the reader was the service's: as the owner, a worker thread and one of the runtime's
+long-work slots for as long as the command's timeout (a minute), once per file, as often as the owner asked
+(forty peeks held every worker thread); in the orchestrator's own process (a run of its own user's), its event
+loop, for good. Each is refused at once now, as not a regular file."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import sysconfig
+import textwrap
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+from served import ORCH, Service, cli, cli_ok
+from test_owner_local import jobfile, ok, open_dir, script, team, umask022
+from test_service_owners import _python_for, as_user
+
+from orchestrator import Executable, Job, Orchestrator
+
+pytestmark = pytest.mark.anyio
+__all__ = ["open_dir", "team", "umask022"]  # fixtures, used by name
+
+#: A run that makes a FIFO in its work dir, then waits for the file named by its argument.
+MAKES_A_FIFO = 'mkfifo pipe && while [ ! -e "$1" ]; do sleep 0.05; done'
+
+
+def peek_in_time(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    t0 = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
+    assert time.monotonic() - t0 < 15
+    return done
+
+
+async def test_peek_refuses_a_fifo_a_run_of_ones_own_made(tmp_path: Path) -> None:
+    home, go = tmp_path / "home", tmp_path / "go"
+    async with Orchestrator(home=home) as orch:
+        j = await orch.jobs.add(Job(name="fifo", application=Executable("/bin/sh", args=["-c", MAKES_A_FIFO, "sh",
+                                                                                          str(go)]),
+                                    backend="local"))
+        await j.submit()
+        with anyio.fail_after(20):  # (running as the repository holds it: what another process reads)
+            while not ((j.workspace / "work" / "pipe").exists() and "running" in subprocess.run(
+                    [str(ORCH), "--home", str(home), "show", j.fqid], capture_output=True, text=True).stdout):
+                await anyio.sleep(0.1)
+        done = peek_in_time([str(ORCH), "--home", str(home), "peek", j.fqid, "pipe"])
+        assert done.returncode == 2 and "pipe is not a regular file" in done.stderr, done
+        go.touch()
+        await j.wait(timeout=20)
+        assert j.status == "completed"
+
+
+def test_the_team_service_refuses_an_owners_fifo_at_once(team: Service, open_dir: Path) -> None:
+    home = team.home
+    bin_user = pwd.getpwnam("bin")
+    fifo = open_dir / "fifo"
+    os.mkfifo(fifo)
+    os.chown(fifo, bin_user.pw_uid, bin_user.pw_gid)
+    program = open_dir / "given.py"  # through the API: the CLI's job file reader refuses it before the service
+    program.write_text(textwrap.dedent(f"""\
+        import anyio
+        from orchestrator import Executable, Job, JobError, Orchestrator
+
+        async def main():
+            async with Orchestrator(home={str(home)!r}) as orch:
+                job = await orch.jobs.add(Job(name="given", backend="local", application=Executable("/bin/true"),
+                                              inputfiles=[{str(fifo)!r}]))
+                try:
+                    await job.submit()
+                except JobError as exc:
+                    print(exc)
+
+        anyio.run(main)
+        """))
+    program.chmod(0o644)
+    boot = f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r}); exec(open({str(program)!r}).read())"
+    t0 = time.monotonic()
+    done = subprocess.run(["runuser", "-u", "bin", "--", _python_for("bin")[0], "-S", "-c", boot],
+                          capture_output=True, text=True, timeout=120, cwd=open_dir)
+    assert time.monotonic() - t0 < 15, "the service read the FIFO until its reader's timeout"
+    assert "not a regular file" in done.stdout and "inputfiles" in done.stdout, (done.stdout, done.stderr)
+
+    go = open_dir / "go"
+    maker = script(open_dir, "maker.sh", MAKES_A_FIFO + "\n")
+    fqid = ok("bin", home, "submit", str(jobfile(open_dir, "maker", str(maker), [str(go)]))).strip()
+    deadline = time.monotonic() + 30
+    while "running" not in cli_ok(home, "show", fqid) or not (home / "workspace" / fqid / "work" / "pipe").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    done = as_user("bin", home, "peek", fqid, "pipe")
+    assert done.returncode == 2 and "pipe is not a regular file" in done.stderr, done
+    go.touch()
+    assert cli(home, "wait", fqid).returncode == 0
