@@ -88,7 +88,7 @@ def run_place(job: Job, info: JobInfo | None = None) -> tuple[str | None, int | 
     info = info or job.info
     if job.id is None or info.submit_counter == 0 or counts(job):
         return None, None
-    log = read_log(job.outputdir, info.submit_counter)
+    log = read_log(job.outputdir, info.submit_counter, fqid=job.fqid)
     return log.host, log.exit_code if log.exit_code is not None else log.end_code
 
 

@@ -35,6 +35,7 @@ from .rundirs import make_run_dirs as make_run_dirs
 from .rundirs import make_usual_dirs as make_usual_dirs
 from .rundirs import mark_top_dir as mark_top_dir
 from .rundirs import own_dir as own_dir
+from .users import read_inside
 
 SCRIPTS = ("wrapper.sh", "orch-log", "orch-state", "orch-finish")
 RUNFILE = "run.env"
@@ -218,11 +219,21 @@ def log_path(outputdir: Path, attempt: int) -> Path:
     return own if own.exists() else outputdir / "orch.log"
 
 
-def read_log(outputdir: Path, attempt: int = 0) -> RunLog:
-    """The log of ``attempt`` of the run whose output dir this is (empty if there is none yet)."""
+#: The most of a run's log :func:`read_log` reads: its last bytes (its EXIT and END lines; its START line too, but
+#: for a log its program filled with more than this).
+LOG_READ = 1 << 20
+
+
+def read_log(outputdir: Path, attempt: int = 0, *, fqid: str | None = None) -> RunLog:
+    """The log of ``attempt`` of the run whose output dir this is (empty if there is none yet, or none that can be
+    read). ``fqid``: the run's, for the top-level job's dir it lies in (a subjob's output dir is two levels
+    below it). Read as the orchestrator reads any file a run wrote (:func:`~.users.read_inside`): never through a
+    link out of the top-level job's dir, a regular file only (a FIFO the run made would keep the reader waiting
+    for good), its last :data:`LOG_READ` bytes (a log of gigabytes was read whole, on the event loop)."""
+    top = outputdir.parents[fqid.count(".")] if fqid else outputdir.parent
     try:
-        return parse_log(log_path(outputdir, attempt).read_text(errors="replace"))
-    except FileNotFoundError:
+        return parse_log(read_inside(log_path(outputdir, attempt), top, LOG_READ).decode(errors="replace"))
+    except OSError:
         return RunLog()
 
 

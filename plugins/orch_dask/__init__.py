@@ -127,7 +127,7 @@ class DaskDriver(Driver):
             future = self._futures.get(h.backend_id)
             pid = running_pid(self.control, h.backend_id)
             alive = (pid is not None and pid_alive(pid)) or (future is not None and not future.done())
-            update = status_from_log(h, read_log(h.outputdir, h.attempt), alive=alive)
+            update = status_from_log(h, read_log(h.outputdir, h.attempt, fqid=h.fqid), alive=alive)
             if update is not None:
                 out.append(update)
                 if update.status in ("completed", "failed"):

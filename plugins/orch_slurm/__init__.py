@@ -58,6 +58,7 @@ from collections.abc import Sequence
 
 from orchestrator.plugin import Capabilities, JobStatus, RunHandle, StatusUpdate
 from orchestrator.plugin.accounts import AccountError, account_of
+from orchestrator.plugin.users import read_inside
 from orchestrator.plugin.wrapper import RunLog, read_log
 
 from .slurm import (
@@ -175,7 +176,7 @@ class SlurmDriver(SubmitMixin):
         """A run ``squeue`` does not list: an update now, or the job id to ask ``sacct -c`` about."""
         if h.backend_id in self._killed:
             return StatusUpdate(h.fqid, JobStatus.KILLED, reason="killed"), None
-        log = read_log(h.outputdir, h.attempt)
+        log = read_log(h.outputdir, h.attempt, fqid=h.fqid)
         if log.finished:  # the wrapper's own word is there: no need to ask anyone
             return _by_log(h, log, "the wrapper ended"), None
         seen = self._absent[h.backend_id] = self._absent.get(h.backend_id, 0) + 1
@@ -188,7 +189,7 @@ class SlurmDriver(SubmitMixin):
 
     def _unknown(self, h: RunHandle, ref: JobRef, array_listed: bool) -> StatusUpdate | None:
         """Neither ``squeue`` nor ``sacct -c`` knows the run: judge it by what its wrapper left."""
-        log = read_log(h.outputdir, h.attempt)
+        log = read_log(h.outputdir, h.attempt, fqid=h.fqid)
         if log.finished:
             return _by_log(h, log, "the wrapper ended")
         if log.started is not None:
@@ -219,7 +220,7 @@ class SlurmDriver(SubmitMixin):
             return StatusUpdate(h.fqid, JobStatus.HELD,
                                 reason=f"Slurm: {state} ({what} outside the orchestrator, by an administrator or the "
                                        "system)", backend_verdict="cancelled")
-        log = read_log(h.outputdir, h.attempt)
+        log = read_log(h.outputdir, h.attempt, fqid=h.fqid)
         code = log.exit_code if log.exit_code is not None else row.exit_code
         if state in FAILED and _over_memory(h):
             verdict = None if log.started is not None else "aborted"
@@ -286,11 +287,9 @@ def _by_log(h: RunHandle, log: RunLog, why: str) -> StatusUpdate:
 
 def _over_memory(h: RunHandle) -> bool:
     """Whether Slurm's own word to the run (its ``slurm.out``) says it was killed over its memory limit."""
-    try:
-        with open(h.outputdir.parent / SLURM_OUT, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 4096))
-            tail = f.read().decode(errors="replace")
+    top = h.outputdir.parents[h.fqid.count(".")]  # the top-level job's dir: the run's own dirs are its owner's
+    try:  # (as any file a run made: no link out of the job's dir, a regular file only, never a FIFO waited on)
+        tail = read_inside(h.outputdir.parent / SLURM_OUT, top, 4096).decode(errors="replace")
     except OSError:
         return False
     return any(sign in tail for sign in OVER_MEMORY)

@@ -51,7 +51,7 @@ class LookupMixin(SlurmBase):
             for attempt in by_key.get(run.key, []):
                 if attempt.job is None and not self.journal.voided(attempt.name):
                     undecided.setdefault(self._conf(run.settings), {})[attempt.name] = attempt
-        started = {run.key for run in runs if read_log(run.outputdir, run.attempt).started is not None}
+        started = {run.key for run in runs if read_log(run.outputdir, run.attempt, fqid=run.fqid).started is not None}
         found: dict[str, str] = {}
         for conf, group in undecided.items():
             found.update(await self._settle(conf, list(group.values()), ended=True,

@@ -95,3 +95,21 @@ def test_the_team_service_refuses_an_owners_fifo_at_once(team: Service, open_dir
     assert done.returncode == 2 and "pipe is not a regular file" in done.stderr, done
     go.touch()
     assert cli(home, "wait", fqid).returncode == 0
+
+
+def test_show_of_a_run_whose_owner_made_its_log_a_fifo_answers(team: Service, open_dir: Path) -> None:
+    """``show`` reads a run's log for its host and exit code. It was read as root, on the service's event loop,
+    following links, whole: a FIFO in its place hung the service for every user (SIGTERM too) until someone wrote
+    into it. It is read now as any file a run wrote: a FIFO is no log."""
+    home = team.home
+    fqid = ok("bin", home, "submit", str(jobfile(open_dir, "plain", "/bin/echo", ["hi"]))).strip()
+    assert cli(home, "wait", fqid).returncode == 0
+    output = home / "workspace" / fqid / "output"
+    swap = subprocess.run(["runuser", "-u", "bin", "--", "sh", "-c", 'rm -f orch*.log && mkfifo orch.log'],
+                          cwd=output, capture_output=True, text=True, timeout=30)
+    assert swap.returncode == 0, swap.stderr
+    t0 = time.monotonic()
+    shown = cli(home, "show", fqid, timeout=20)
+    assert shown.returncode == 0 and "completed" in shown.stdout, shown
+    assert time.monotonic() - t0 < 15
+    assert cli(home, "jobs", timeout=20).returncode == 0
