@@ -349,6 +349,16 @@ class EventLines:
         return [parts for raw in lines if len(raw) <= MAX_EVENT_LINE
                 and len(parts := raw.decode(errors="replace").split()) >= 3]
 
+    def skip_to(self, path: Path, size: int) -> None:
+        """Go on reading ``path`` from byte ``size``, what comes before it never read (a line cut there is
+        skipped up to its end)."""
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            cut = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+        finally:
+            os.close(fd)
+        self.offset, self._partial, self._overlong = size, b"", cut
+
     def read(self, path: Path, most: int | None = None) -> list[list[str]]:
         """The events appended to the local file at ``path`` since the last read (``most``: of at most that many
         bytes; the rest is read next time)."""

@@ -40,7 +40,10 @@ from typing import Any
 import msgspec
 
 from orchestrator.plugin import RunSpec
+from orchestrator.plugin.logs import get_logger
 from orchestrator.plugin.wrapper import EventLines, decimal, event_pid
+
+log = get_logger(component="local")
 
 
 @dataclass(slots=True)
@@ -160,6 +163,8 @@ class Journal:
         fresh = self._lines.read(self.events) if self._closed else self._lines.read_from(self._events_in)
         out = self._apply(fresh, None)
         for owner, (path, lines) in self._owner_lines.items():
+            if not self._caught_up(owner, path, lines):
+                continue
             while True:  # all of it, a part at a time: the owner may fill it with lines of no run of theirs
                 offset = lines.offset
                 try:
@@ -170,6 +175,24 @@ class Journal:
                 if lines.offset - offset < OWNER_READ_CHUNK:
                     break
         return out
+
+    def _caught_up(self, owner: str, path: Path, lines: EventLines) -> bool:
+        """Whether ``owner``'s file may be read on: at most :data:`OWNER_BACKLOG` ahead of its last read, else
+        skipped to its end (its owner filled it: its own runs' lines since are lost); read first (at open), of its
+        last :data:`OWNER_HISTORY` bytes only."""
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            return False
+        limit = OWNER_BACKLOG if lines.offset else OWNER_HISTORY
+        if size - lines.offset > limit:
+            log.warning("an owner's events file grew past what its runs write: what it gained is not read",
+                        owner=owner, skipped_bytes=size - lines.offset - (0 if lines.offset else limit))
+            try:
+                lines.skip_to(path, size if lines.offset else size - limit)
+            except OSError:
+                return False
+        return True
 
     def _apply(self, events: list[list[str]], owner: str | None) -> list[tuple[str, str, Record]]:
         """``owner``: lines of that owner's own file, taken for that owner's runs only, START and END only."""
@@ -256,6 +279,13 @@ def _float(value: str) -> float | None:
     return number if math.isfinite(number) else None
 
 
+#: The most an owner's events file may grow between two reads, once read from its start (at open): its runs'
+#: START and END lines, some 100 bytes each, are far less. Past it, the owner filled it (a sparse file of
+#: gigabytes, lines by the million), and what it gained is skipped, not read on the event loop for minutes.
+OWNER_BACKLOG = 4 << 20
+#: The most of an owner's events file read when it is first read (at open): the lines of its runs that may
+#: still be going on (some 300,000 runs' lines), not years of them, nor a file its owner made sparse and huge.
+OWNER_HISTORY = 64 << 20
 #: The bytes of an owner's events file taken in at a time (its lines of the owner's runs applied, the rest dropped,
 #: before the next part is read: a file the owner filled with other lines never sits whole in memory).
 OWNER_READ_CHUNK = 16 << 20

@@ -1,8 +1,11 @@
-"""A FIFO where the orchestrator reads a user's file: never read. Opening one blocks its reader until someone
-opens it to write, and the reader was the service's: as the owner, a worker thread and one of the runtime's
-long-work slots for as long as the command's timeout (a minute), once per file, as often as the owner asked
-(forty peeks held every worker thread); in the orchestrator's own process (a run of its own user's), its event
-loop, for good. Each is refused at once now, as not a regular file."""
+"""What the service reads of a user's files never holds it for everyone: a FIFO is never read, a log of
+gigabytes is read to its last MiB, an events file its owner filled is skipped.
+
+A FIFO where the orchestrator reads a user's file blocks its reader until someone opens it to write, and the
+reader was the service's: as the owner, a worker thread and one of the runtime's long-work slots for as long as
+the command's timeout (a minute), once per file, as often as the owner asked; in the orchestrator's own process
+(a run of its own user's, or ``show`` of anyone's run), its event loop, for good. Each is refused at once now, as
+not a regular file."""
 
 from __future__ import annotations
 
@@ -113,3 +116,21 @@ def test_show_of_a_run_whose_owner_made_its_log_a_fifo_answers(team: Service, op
     assert shown.returncode == 0 and "completed" in shown.stdout, shown
     assert time.monotonic() - t0 < 15
     assert cli(home, "jobs", timeout=20).returncode == 0
+
+
+def test_an_events_file_its_owner_made_huge_is_not_read_on(team: Service, open_dir: Path) -> None:
+    """``local`` reads each owner's events file (their wrappers' START and END lines) on the service's event
+    loop, to its end: made a sparse file of 20 GiB, it held the loop for some 40 s, every user's work with it.
+    What it gained past what its runs write is skipped now."""
+    home = team.home
+    first = ok("bin", home, "submit", str(jobfile(open_dir, "first", "/bin/true", []))).strip()
+    assert cli(home, "wait", first).returncode == 0
+    events = home / "backends" / "local" / "events.bin.log"
+    grow = subprocess.run(["runuser", "-u", "bin", "--", "truncate", "-s", "20G", str(events)],
+                          capture_output=True, text=True, timeout=30)
+    assert grow.returncode == 0, grow.stderr
+    t0 = time.monotonic()
+    later = ok("bin", home, "submit", str(jobfile(open_dir, "later", "/bin/true", []))).strip()
+    assert cli(home, "wait", later, timeout=60).returncode == 0
+    assert time.monotonic() - t0 < 15, "the events file was read to its end"
+    assert "grew past what its runs write" in team.output()
