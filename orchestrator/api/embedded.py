@@ -347,10 +347,19 @@ class Embedded:
     async def _wait(self, r: wire.WaitRequest) -> dict[str, Any]:
         """Once nothing of the jobs is active, or after ``timeout``: ``timed_out`` says which, and ``active``
         names the jobs still active then."""
-        targets = self._targets(r.targets)
+        targets = list(dict.fromkeys(self._targets(r.targets)))
         sm = self.runtime.sm
+        left = targets
+
+        def done() -> bool:  # asked after every step of anyone's: the targets still active are looked at only
+            nonlocal left
+            left = [fq for fq in left if sm.active(fq)]
+            if not left:  # then all of them once more (one that ended may have gone again meanwhile)
+                left = [fq for fq in targets if sm.active(fq)]
+            return not left
+
         try:
-            await self.runtime.wait_until(lambda: not any(sm.active(fq) for fq in targets), r.timeout)
+            await self.runtime.wait_until(done, r.timeout)
         except TimeoutError:
             active = [fqid_str(fq) for fq in targets if sm.active(fq)]
             return {"acted": 0, "timed_out": True, "active": active or [fqid_str(fq) for fq in targets]}
