@@ -18,10 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .runlog import RunLog
+from .runlog import TERMINAL, RunLog
 from .statuses import JobStatus
 
-TERMINAL = ("SUCCEEDED", "FAILED", "RETRY", "HOLD")
 EARLY, LATE_HANDLED, LATE_UNHANDLED = "early", "late_handled", "late_unhandled"
 LIMIT_OF = {EARLY: "max_early", LATE_HANDLED: "max_late_handled", LATE_UNHANDLED: "max_late_unhandled"}
 #: Levels at which a run failed for a cause outside itself: the infrastructure's faults, never the user's.

@@ -9,6 +9,7 @@ The wrapper (``orchestrator/scripts/wrapper.sh``) writes one line per event,
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from .stored import MAX_TEXT
@@ -37,10 +38,22 @@ class RunLog:
 MAX_KEYWORD_DATA = MAX_TEXT
 
 
+#: The most keyword lines a log's reading keeps: the first of the terminal ones (SUCCEEDED, FAILED, RETRY,
+#: HOLD: more than one is an error, listed), and the last of the others (REFUSED, NOMATCH, INFO...). A run may
+#: write its log as it likes, and each line kept is carried with its report and stored.
+MAX_TERMINAL = 16
+MAX_KEYWORDS = 1000
+#: The keywords that end a run by its own word (at most one a log).
+TERMINAL = ("SUCCEEDED", "FAILED", "RETRY", "HOLD")
+
+
 def parse_log(text: str) -> RunLog:
-    """Read ``orch.log``'s text; malformed lines are skipped, never a crash."""
+    """Read ``orch.log``'s text; malformed lines are skipped, never a crash. Of its keyword lines, the first
+    :data:`MAX_TERMINAL` terminal ones and the last :data:`MAX_KEYWORDS` others are kept, in the log's order."""
     log = RunLog()
-    for line in text.splitlines():
+    terminal: list[tuple[int, tuple[float, str, str]]] = []
+    others: deque[tuple[int, tuple[float, str, str]]] = deque(maxlen=MAX_KEYWORDS)
+    for n, line in enumerate(text.splitlines()):
         parts = line.split(" ", 2)
         if len(parts) < 2:
             continue
@@ -59,8 +72,12 @@ def parse_log(text: str) -> RunLog:
             log.exit_code = _int(data)
         elif word == "END":
             log.ended, log.end_code = ts, _int(data)
+        elif word in TERMINAL:
+            if len(terminal) < MAX_TERMINAL:
+                terminal.append((n, (ts, word, data[:MAX_KEYWORD_DATA])))
         else:
-            log.keywords.append((ts, word, data[:MAX_KEYWORD_DATA]))
+            others.append((n, (ts, word, data[:MAX_KEYWORD_DATA])))
+    log.keywords = [k for _, k in sorted(terminal + list(others))] if terminal else [k for _, k in others]
     return log
 
 

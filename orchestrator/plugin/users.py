@@ -332,7 +332,7 @@ def _open_inside(path: Path, base: Path) -> int:
 
 
 def read_inside(path: Path, base: Path, most: int | None = None, *, limit: int = READ_LIMIT,
-                rename_to: str | None = None) -> bytes:
+                rename_to: str | None = None, head: int = 0) -> bytes:
     """The bytes of ``path`` (its last ``most``), a regular file that lies inside ``base`` once every link on the
     way is followed, itself no link: how the orchestrator reads what a run wrote (a run's owner may have made
     its files links to files only the orchestrator may read). ``FileNotFoundError`` when it is missing;
@@ -341,7 +341,9 @@ def read_inside(path: Path, base: Path, most: int | None = None, *, limit: int =
     bytes. Never more than that is read, whatever the file grows to meanwhile. ``rename_to``: once read, the
     file is given that name, in the very directory checked (the owner may swap a directory of the tree for a
     link to another's at any moment: a rename by path, after the check, could rename another job's file); a
-    directory that refuses it (read-only) leaves the file its name."""
+    directory that refuses it (read-only) leaves the file its name. ``head``, with ``most``: of a file over
+    ``head + most`` bytes, its first ``head`` bytes too, then its last ``most``, each cut to whole lines (a log:
+    its first line and its last ones)."""
     directory = _open_inside(path, base)
     try:
         try:  # in the very directory checked (it cannot be swapped for another meanwhile)
@@ -351,7 +353,7 @@ def read_inside(path: Path, base: Path, most: int | None = None, *, limit: int =
                 raise PermissionError(f"{path.name} is a symbolic link") from None
             raise
         try:
-            data = _read_open(fd, path, directory, most, limit)
+            data = _read_open(fd, path, directory, most, limit, head)
         finally:
             os.close(fd)
         if rename_to is not None:
@@ -362,7 +364,7 @@ def read_inside(path: Path, base: Path, most: int | None = None, *, limit: int =
         os.close(directory)
 
 
-def _read_open(fd: int, path: Path, directory: int, most: int | None, limit: int) -> bytes:
+def _read_open(fd: int, path: Path, directory: int, most: int | None, limit: int, head: int = 0) -> bytes:
     """:func:`read_inside`'s read of the file open as ``fd`` in the open ``directory``."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
@@ -371,9 +373,13 @@ def _read_open(fd: int, path: Path, directory: int, most: int | None, limit: int
         raise PermissionError(f"{path.name} is another user's file linked here")  # link: protected_hardlinks 0)
     if most is None and st.st_size > limit:
         raise OSError(errno.EFBIG, f"{path.name} is over {limit} bytes: not read")
+    first = b""
+    if most is not None and head and st.st_size > most + head:
+        first = os.pread(fd, head, 0)
+        first = first[:first.rfind(b"\n") + 1]
     if most is not None and st.st_size > most:
         os.lseek(fd, st.st_size - most, os.SEEK_SET)
-    chunks, left = [], limit if most is None else most
+    chunks, left = [first] if first else [], limit if most is None else most
     ask = min(left, st.st_size + 1, 1 << 20)  # one byte past its size: a short read is its end, no read of nothing
     while left > 0 and (chunk := os.read(fd, ask)):
         chunks.append(chunk)
@@ -381,6 +387,8 @@ def _read_open(fd: int, path: Path, directory: int, most: int | None, limit: int
         if len(chunk) < ask:  # a regular file's read is short only at its end
             break
         ask = min(left, 1 << 20)
+    if first and len(chunks) > 1:  # the tail's first line, cut by where it began: not a line of the file
+        chunks[1] = chunks[1][chunks[1].find(b"\n") + 1:]
     return b"".join(chunks)
 
 

@@ -219,9 +219,11 @@ def log_path(outputdir: Path, attempt: int) -> Path:
     return own if own.exists() else outputdir / "orch.log"
 
 
-#: The most of a run's log :func:`read_log` reads: its last bytes (its EXIT and END lines; its START line too, but
-#: for a log its program filled with more than this).
+#: The most of a run's log read (:func:`read_log`, and the runtime's read of an ended run's log): its last bytes,
+#: where its EXIT and END lines are, and the keywords the wrapper writes at the end; of a longer log, its first
+#: :data:`LOG_HEAD` bytes too (its START line). A log its program filled with gigabytes was read whole.
 LOG_READ = 1 << 20
+LOG_HEAD = 64 << 10
 
 
 def read_log(outputdir: Path, attempt: int = 0, *, fqid: str | None = None) -> RunLog:
@@ -229,10 +231,12 @@ def read_log(outputdir: Path, attempt: int = 0, *, fqid: str | None = None) -> R
     read). ``fqid``: the run's, for the top-level job's dir it lies in (a subjob's output dir is two levels
     below it). Read as the orchestrator reads any file a run wrote (:func:`~.users.read_inside`): never through a
     link out of the top-level job's dir, a regular file only (a FIFO the run made would keep the reader waiting
-    for good), its last :data:`LOG_READ` bytes (a log of gigabytes was read whole, on the event loop)."""
+    for good), its last :data:`LOG_READ` bytes and its first :data:`LOG_HEAD` (a log of gigabytes was read
+    whole, on the event loop)."""
     top = outputdir.parents[fqid.count(".")] if fqid else outputdir.parent
     try:
-        return parse_log(read_inside(log_path(outputdir, attempt), top, LOG_READ).decode(errors="replace"))
+        return parse_log(read_inside(log_path(outputdir, attempt), top, LOG_READ, head=LOG_HEAD)
+                         .decode(errors="replace"))
     except OSError:
         return RunLog()
 

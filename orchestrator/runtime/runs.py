@@ -20,7 +20,7 @@ from ..core.runlog import RunLog, parse_log
 from ..core.usage import USAGE_FILE, Attempt, parse_usage
 from ..plugin.contract import RunHandle, RunSpec
 from ..plugin.users import read_inside
-from ..plugin.wrapper import log_path
+from ..plugin.wrapper import LOG_HEAD, LOG_READ, log_path
 from .checkpoints import Checkpoints
 from .definitions import Definitions
 
@@ -75,7 +75,9 @@ class RunFiles:
 
 
 def read_ending(handle: RunHandle) -> Ending:
-    """The run's log and stderr tail, from its output dir (a blocking read: the monitor runs it in a thread).
+    """The run's log and stderr tail, from its output dir (a blocking read: the monitor runs it in a thread). Of a
+    log over a MiB, its first 64 KiB and its last MiB (:data:`~orchestrator.plugin.wrapper.LOG_READ`): a run's
+    log of millions of lines took seconds of the service's CPU and gigabytes of its memory, run after run.
 
     The attempt's own log, ``orch.<attempt>.log``, is renamed ``orch.log`` once read: the name users
     look for after a run ended. Both are read without following a link out of the output dir (the run's
@@ -86,8 +88,8 @@ def read_ending(handle: RunHandle) -> Ending:
     # inside the top-level job's dir, which only the orchestrator may replace (all below may be the owner's)
     top = handle.jobdir.parent if "." in handle.fqid else handle.jobdir
     try:  # (a read-only output dir: the attempt's name stays)
-        log = parse_log(read_inside(path, top, rename_to=None if path.name == "orch.log" else "orch.log")
-                        .decode(errors="replace"))
+        log = parse_log(read_inside(path, top, LOG_READ, head=LOG_HEAD,
+                                    rename_to=None if path.name == "orch.log" else "orch.log").decode(errors="replace"))
     except OSError:
         log = None
     return Ending(log=log, stderr_tail=stderr_tail(out / "stderr", top))

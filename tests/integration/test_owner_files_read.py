@@ -134,3 +134,20 @@ def test_an_events_file_its_owner_made_huge_is_not_read_on(team: Service, open_d
     assert cli(home, "wait", later, timeout=60).returncode == 0
     assert time.monotonic() - t0 < 15, "the events file was read to its end"
     assert "grew past what its runs write" in team.output()
+
+
+async def test_a_run_that_fills_its_log_is_judged_by_its_first_and_last_lines(tmp_path: Path) -> None:
+    """Of a log over a MiB, its first 64 KiB (START) and its last MiB (the ending's lines) are read: a run that
+    wrote three MiB of lines to it ends as its END line says, its reason none, its keywords a thousand at most."""
+    fill = ("awk 'BEGIN { for (i = 0; i < 40000; i++) printf \"1.00 INFO %s %d\\n\", "
+            "\"padding-padding-padding-padding-padding-padding-padding-padding\", i }' >> \"$ORCH_JOBLOG\"")
+    async with Orchestrator(home=tmp_path / "home") as orch:
+        j = await orch.jobs.add(Job(name="filler", application=Executable("/bin/sh", args=["-c", fill]),
+                                    backend="local"))
+        await j.submit()
+        await j.wait(timeout=60)
+        assert (j.status.value, j.info.reason) == ("completed", None)
+        assert (j.outputdir / "orch.log").stat().st_size > 3_000_000
+        shown = subprocess.run([str(ORCH), "--home", str(tmp_path / "home"), "show", j.fqid], capture_output=True,
+                               text=True, timeout=60)
+        assert shown.returncode == 0 and "completed" in shown.stdout, shown
