@@ -25,6 +25,11 @@ from .runlog import RunLog
 from .statuses import JobStatus
 from .table import HISTORY_KEPT
 
+#: A run's REFUSED line (a file the wrapper would not return) goes into its history to a path's length at most:
+#: a run that wrote a hundred of 16 KiB made its record 1.6 MB, and a user's thousand such runs took the
+#: service's memory and the repository's disk.
+PATH_KEPT = 4096
+
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
@@ -55,7 +60,7 @@ def judge(js: JobState, i: int, report: RunReport, now: float) -> Verdict:
     if report.usage:
         extra = runs.extra(i)
         extra.usage = [*(extra.peek("usage") or ()), {"attempt": attempt, **report.usage}][-HISTORY_KEPT:]
-    refused = [{"time": now, "level": "user", "verdict": "refused", "reason": f"RETURN_FILE {data}",
+    refused = [{"time": now, "level": "user", "verdict": "refused", "reason": f"RETURN_FILE {data[:PATH_KEPT]}",
                 "attempt": attempt} for _, word, data in log.keywords if word == "REFUSED"]
     if refused:  # the wrapper refused a RETURN_FILE or an output file: kept on record (the log is the run's to
         extra = runs.extra(i)  # write too: its lines are added once, and the history kept as long as ever)

@@ -38,7 +38,7 @@ from ..plugin.users import OUTPUT_KEPT, Identity, owner_environ, python_for, sit
 
 #: The most of the child's stdout kept (its last bytes): its answer, on its last line, is in it; an answer over
 #: this is no answer (the child is the owner's: what it printed was kept whole, in the service's memory).
-ANSWER_KEPT = 64 << 20
+ANSWER_KEPT = 16 << 20
 #: Most characters of the child's stderr quoted in a failure's reason.
 STDERR_QUOTED = 300
 

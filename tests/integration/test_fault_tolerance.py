@@ -240,6 +240,20 @@ async def test_return_file_outside_the_job_dir_is_refused(tmp_path: Path) -> Non
         assert not (out.parent / "escape").exists() or (out.parent / "escape").read_text() == "x\n"
 
 
+async def test_a_refused_files_record_keeps_a_paths_length(tmp_path: Path) -> None:
+    """Each refused RETURN_FILE went into the run's history, its data up to 16 KiB: a hundred made a record of
+    1.6 MB. Each goes to a path's length (4,096 characters)."""
+    long = "x" * 5_000
+    script = (f'i=0; while [ $i -lt 20 ]; do $ORCH_LOG RETURN_FILE ../{long}$i; i=$((i+1)); done; '
+              'echo ok > good; $ORCH_LOG SUCCEEDED good')
+    async with Orchestrator(home=tmp_path, config=FAST) as orch:
+        j = await run(orch, sh(script))
+        assert j.status == "completed", j.info.reason
+        refused = [h["reason"] for h in j.info.history if h["verdict"] == "refused"]
+        assert len(refused) == 20 and all(len(r) == len("RETURN_FILE ") + 4096 for r in refused), \
+            [len(r) for r in refused]
+
+
 async def test_return_file_through_a_symlinked_directory_is_refused(tmp_path: Path) -> None:
     """A link to a directory outside, then a name through it: refused, and the file outside stays put."""
     outside = tmp_path / "outside"
