@@ -37,6 +37,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
+
 from .accounts import Account
 
 
@@ -244,10 +246,20 @@ def _regular_only(path: Path, argv: Sequence[str]) -> list[str]:
     return ["/bin/sh", "-c", _REGULAR_ONLY, "sh", str(path), *argv]
 
 
-def readable_by(who: Identity, path: Path) -> str | None:
+async def run_as_waited(who: Identity, argv: Sequence[str], *, timeout: float = 60.0
+                        ) -> subprocess.CompletedProcess[bytes]:
+    """A short command (no shell) as ``who``, waited for on the event loop, not in a worker thread: the worker
+    threads are every user's, and the owner's files may keep it waiting (a hung mount, a file swapped for a FIFO
+    as it is read). Past ``timeout`` it is killed: ``TimeoutError``."""
+    with anyio.fail_after(timeout):
+        return await anyio.run_process(list(argv), check=False, stdin=subprocess.DEVNULL, env=owner_environ(who),
+                                       cwd="/", user=who.uid, group=who.gid, extra_groups=list(who.groups))
+
+
+async def readable_by(who: Identity, path: Path) -> str | None:
     """Why ``who`` cannot read ``path`` (checked by opening it as them, a regular file only), or ``None`` when
     they can."""
-    done = run_as(who, _regular_only(path, ["/usr/bin/env", "head", "-c", "0", "--", str(path)]))
+    done = await run_as_waited(who, _regular_only(path, ["/usr/bin/env", "head", "-c", "0", "--", str(path)]))
     if done.returncode == 0:
         return None
     said = done.stderr.decode(errors="replace").strip().splitlines()
@@ -256,11 +268,11 @@ def readable_by(who: Identity, path: Path) -> str | None:
     return said[-1].split(": ", 1)[-1] if said else f"exit code {done.returncode}"
 
 
-def copy_as(who: Identity, source: Path, target: Path) -> None:
+async def copy_as(who: Identity, source: Path, target: Path) -> None:
     """Copy ``source`` (a regular file) to ``target`` as ``who`` (read with their rights, the copy theirs);
     ``OSError`` says why not."""
-    done = run_as(who, _regular_only(source, ["/usr/bin/env", "cp", "--preserve=mode,timestamps", "--",
-                                              str(source), str(target)]))
+    done = await run_as_waited(who, _regular_only(source, ["/usr/bin/env", "cp", "--preserve=mode,timestamps",
+                                                           "--", str(source), str(target)]))
     if done.returncode != 0:
         said = done.stderr.decode(errors="replace").strip().splitlines()
         raise OSError(said[-1] if said else f"cp failed with exit code {done.returncode}")
@@ -426,5 +438,6 @@ def site_dirs() -> list[str]:
 
 
 __all__ = ["Identity", "OwnerError", "can_switch", "configure_python", "copy_as", "fs_as", "identity", "lookup",
-           "owner_environ", "python_for", "read_inside", "read_tail_as", "readable_by", "run_as", "setpriv",
+           "owner_environ", "python_for", "read_inside", "read_tail_as", "readable_by", "run_as", "run_as_waited",
+           "setpriv",
            "site_dirs", "switch_argv"]

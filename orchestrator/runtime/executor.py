@@ -51,6 +51,22 @@ from .workspace import Workspace
 from .writer import Writer
 
 
+class OwnerSlots:
+    """Each owner's places for long work done as them (a team service: an owner's input files checked and
+    copied, their postprocessors run), ``per_owner`` an owner, beside the runtime's own ``work_limit``: the owner's
+    files and code may keep that work waiting for ever, and only their own work waits for it then."""
+
+    def __init__(self, per_owner: int) -> None:
+        self.per_owner = per_owner
+        self._slots: dict[str, anyio.CapacityLimiter] = {}
+
+    def of(self, owner: str) -> anyio.CapacityLimiter:
+        slots = self._slots.get(owner)
+        if slots is None:
+            slots = self._slots[owner] = anyio.CapacityLimiter(self.per_owner)
+        return slots
+
+
 class Executor:
     """See the module docstring. ``work``: who carries out each kind of long work; ``reply``: the inbox's."""
 
@@ -59,7 +75,7 @@ class Executor:
                  post: Callable[[Event], Awaitable[None]], reply: Callable[[Reply], None],
                  log: Any, work_limit: int = 16, owned: Callable[[int], bool] = lambda job: False) -> None:
         self._backends = backends
-        #: Whether a job's postprocessing runs as its owner, on its owner's slots (not long work's).
+        #: Whether a job's preparing and postprocessing run as its owner, on its owner's slots (not long work's).
         self._owned = owned
         self._writer = writer
         self._definitions = definitions
@@ -123,8 +139,9 @@ class Executor:
                         # completes before the request is answered.
                         await self._writer.flush()
                         await work(ins)
-                    else:  # (an owner's postprocessing takes its owner's slots, not the runtime's: .postprocess)
-                        self.spawn(work(ins), limited=not (isinstance(ins, RunPostprocess) and self._owned(ins.job)))
+                    else:  # (an owner's preparing and postprocessing take its owner's slots: OwnerSlots)
+                        owned = isinstance(ins, (Prepare, RunPostprocess)) and self._owned(ins.job)
+                        self.spawn(work(ins), limited=not owned)
             else:  # a kind the core emits and the runtime was not taught: its request would wait for ever
                 raise TypeError(f"no one carries out {type(ins).__name__}: {ins!r}")
 

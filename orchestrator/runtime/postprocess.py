@@ -12,7 +12,7 @@ same way. That work is not the runtime's long work (its ``work_limit``
 slots, which every user's preparing needs): the user's code may never end,
 and sixteen mergers that slept for ever took every slot, so no one's job
 was split again. Each owner's postprocessing takes one of that owner's own
-``work_limit`` slots instead (:meth:`Postprocessing.owned`).
+``work_limit`` slots instead (:class:`~.executor.OwnerSlots`).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from ..plugin.postprocess import Notification, Outcome, PostprocessContext, Post
 from ..plugin.users import Identity, OwnerError, identity
 from . import registry
 from .definitions import Definitions
+from .executor import OwnerSlots
 from .postrun import run_as_owner
 from .workspace import Workspace
 
@@ -38,16 +39,14 @@ from .workspace import Workspace
 class Postprocessing:
     def __init__(self, *, sm: StateMachine, definitions: Definitions, workspace: Workspace,
                  settings: Mapping[str, Any], post: Callable[[Event], Awaitable[None]], log: Any,
-                 per_owner: int = 16) -> None:
+                 owner_slots: OwnerSlots | None = None) -> None:
         self.sm = sm
         self.definitions = definitions
         self.workspace = workspace
         self.settings = settings
         self.post = post
         self.log = log
-        self.per_owner = per_owner
-        #: Each owner's postprocessing slots (made at an owner's first postprocessing).
-        self._slots: dict[str, anyio.CapacityLimiter] = {}
+        self.owner_slots = owner_slots or OwnerSlots(16)
 
     def owned(self, job: int) -> bool:
         """Whether ``job``'s postprocessing runs as its owner: not the runtime's long work, then (its owner's)."""
@@ -88,7 +87,7 @@ class Postprocessing:
         except OwnerError as exc:
             error = f"postprocessors not run: {exc}"
             described = []
-        slots = self._slots.setdefault(owner.name, anyio.CapacityLimiter(self.per_owner)) if owner else None
+        slots = self.owner_slots.of(owner.name) if owner else None
         for data, post in [(d, p) for d, p in described if not isinstance(p, Notification)]:
             try:
                 if owner is not None and slots is not None:

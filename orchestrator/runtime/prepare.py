@@ -37,6 +37,7 @@ from ..plugin.users import Identity, OwnerError, copy_as, identity, readable_by
 from ..plugin.wrapper import own_dir
 from . import gcpause, registry
 from .definitions import Definitions
+from .executor import OwnerSlots
 from .repository import TIME_KINDS, Repository, RunsRow, TopRow
 from .workspace import Workspace
 from .writer import top_row
@@ -47,8 +48,10 @@ class Preparer:
 
     def __init__(self, *, definitions: Definitions, repo: Repository, workspace: Workspace,
                  post: Callable[[Event], Awaitable[None]], sm: StateMachine, free_slots: Callable[[str], int],
-                 check_subjob: Callable[[Mapping[str, Any], str, Collection[str]], None]) -> None:
+                 check_subjob: Callable[[Mapping[str, Any], str, Collection[str]], None],
+                 owner_slots: OwnerSlots | None = None) -> None:
         self.definitions = definitions
+        self.owner_slots = owner_slots or OwnerSlots(16)
         self.repo = repo
         self.workspace = workspace
         self.post = post
@@ -89,11 +92,12 @@ class Preparer:
         now = time.time()
         try:
             spec = self.definitions.spec(job)
-            if spec.get("owner") is not None and identity_of(spec, job) is not None:
-                # checked and copied as the owner, by short processes: off the event loop
-                await anyio.to_thread.run_sync(self._configure_shared, job, spec)
+            owner = identity_of(spec, job) if spec.get("owner") is not None else None
+            if owner is not None:  # on the owner's own slots (:meth:`OwnerSlots.of`): their files may keep it long
+                async with self.owner_slots.of(owner.name):
+                    await self._configure_shared(job, spec, owner)
             else:
-                self._configure_shared(job, spec)
+                await self._configure_shared(job, spec, None)
             if spec.get("splitter") is None:
                 self.admit(job, spec, 1)
                 await self.post(Prepared(stimulus_id=ins.stimulus_id, time=now, job=job, n_subjobs=0))
@@ -148,13 +152,13 @@ class Preparer:
                                   where, delta.keys())
         return deltas
 
-    def _configure_shared(self, job: int, spec: Mapping[str, Any]) -> None:
+    async def _configure_shared(self, job: int, spec: Mapping[str, Any], owner: Identity | None) -> None:
         """The application's shared part, once: the input files, copied into the job's input dir.
 
         A job of another user than the orchestrator's (a multi-user service): its directory and input dir are
         the owner's (mode 0700), and each input file is read and copied as the owner, so that a file the
-        owner may not read is refused, naming ``inputfiles``, and the copies are theirs."""
-        owner = identity_of(spec, job)
+        owner may not read is refused, naming ``inputfiles``, and the copies are theirs: by short processes,
+        waited for on the event loop (a worker thread each, a thousand files a job, held every user's)."""
         target = self.workspace.inputdir((job,))
         names: set[str] = set()
         target.mkdir(parents=True, exist_ok=True)
@@ -164,7 +168,7 @@ class Preparer:
         for f in spec.get("inputfiles", ()):
             src = Path(f).expanduser()
             if owner is not None:
-                why = readable_by(owner, src)
+                why = await readable_by(owner, src)
                 if why is not None:
                     raise JobError(f"input file {f!r} cannot be read by its owner {owner.name}: {why}",
                                    fqid=str(job), field="inputfiles")
@@ -177,7 +181,7 @@ class Preparer:
                 shutil.copy2(src, target / src.name)
                 continue
             try:
-                copy_as(owner, src, target / src.name)
+                await copy_as(owner, src, target / src.name)
             except OSError as exc:
                 raise JobError(f"input file {f!r} could not be copied as its owner {owner.name}: {exc}",
                                fqid=str(job), field="inputfiles") from None

@@ -36,7 +36,7 @@ from .checkpoints import Checkpoints, CheckpointSettings
 from .config import Config
 from .definitions import Definitions
 from .drivers import Drivers
-from .executor import Executor
+from .executor import Executor, OwnerSlots
 from .homelock import SERVICE_ROLE, HomeLock
 from .inbox import Inbox
 from .limits import check_subjob
@@ -96,12 +96,13 @@ class Runtime:
                                  writer=self.writer, repo=self.repo, default_partitions=settings.default_partitions,
                                  files=RunFiles(self.sm, self.definitions, self.checkpoints))
         #: ``preparer.admission``: set by a service (its quotas).
+        owner_slots = OwnerSlots(int(config.core["work_limit"]))
         self.preparer = Preparer(definitions=self.definitions, repo=self.repo, workspace=self.workspace,
                                  post=self.inbox.answer, sm=self.sm, free_slots=self.backends.free_slots,
-                                 check_subjob=check_subjob)
+                                 check_subjob=check_subjob, owner_slots=owner_slots)
         self.postprocessing = Postprocessing(sm=self.sm, definitions=self.definitions, workspace=self.workspace,
                                              settings=config.section("postprocess"), post=self.inbox.answer,
-                                             log=self.log, per_owner=int(config.core["work_limit"]))
+                                             log=self.log, owner_slots=owner_slots)
         self.executor = Executor(
             backends=self.backends, writer=self.writer, definitions=self.definitions, workspace=self.workspace,
             post=self.inbox.answer, reply=self.inbox.reply, log=self.log, work_limit=int(config.core["work_limit"]),
