@@ -29,6 +29,9 @@ log = get_logger(component="sessions")
 
 #: Most sessions kept; the oldest go first.
 MAX_SESSIONS = 1000
+#: Most sessions one credential (a token) keeps; its oldest go first. Without it, one user who logged in a
+#: thousand times pushed every other user's session out.
+MAX_PER_CREDENTIAL = 20
 
 
 def digest(secret: str) -> str:
@@ -74,6 +77,9 @@ class Sessions:
         session = Session(credential, secrets.token_urlsafe(32), time.time() + self.lifetime)
         now = time.time()
         kept = {k: s for k, s in self._all().items() if s.expires > now}
+        mine = sorted((s.expires, k) for k, s in kept.items() if s.credential == credential)
+        for _, old in mine[:max(len(mine) - MAX_PER_CREDENTIAL + 1, 0)]:
+            del kept[old]
         kept[digest(sid)] = session
         if len(kept) > MAX_SESSIONS:
             kept = dict(sorted(kept.items(), key=lambda kv: kv[1].expires)[-MAX_SESSIONS:])
