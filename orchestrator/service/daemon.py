@@ -62,7 +62,7 @@ from ..runtime.config import Config
 from ..runtime.homelock import SERVICE_ROLE, WATCHER_ROLE, HomeLock
 from ..runtime.storage import Storage
 from .access import Access, TokenStore, names, tokens_path
-from .api import Api
+from .api import Api, caller_of
 from .control import Control
 from .http import Limits, Request, Response, Server, raise_nofile
 from .quotas import Quotas
@@ -281,7 +281,9 @@ class Service:
         os.chmod(self.paths.dir, 0o711 if shared else 0o700)
         self.paths.socket.unlink(missing_ok=True)  # left by a killed service: we hold the home's lock, it is ours
         unix = await anyio.create_unix_listener(self.paths.socket, mode=0o666 if shared else 0o600)
-        server = Server(front, self.limits)
+        access = self.access
+        server = Server(front, self.limits, screen=lambda req: refused if isinstance(
+            refused := caller_of(req, access), Response) else None)
         tg.start_soon(server.serve, unix, "unix", tg)
         if port < 0:
             return None

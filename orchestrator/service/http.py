@@ -73,6 +73,10 @@ class Response:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+#: Who may send a body at all, asked of a request's head (its body empty) before its body is read: the answer
+#: that turns the caller away, or ``None``. A client the service does not admit held 16 MiB of its memory a
+#: connection, 128 connections, before it was told no.
+Screen = Callable[[Request], Response | None]
 
 
 def peer_uid(stream: ByteStream) -> int | None:
@@ -173,9 +177,10 @@ class Limits:
 class Server:
     """The listeners' accept loops and the connections, with the caps of :class:`Limits`."""
 
-    def __init__(self, handler: Handler, limits: Limits) -> None:
+    def __init__(self, handler: Handler, limits: Limits, screen: Screen | None = None) -> None:
         self.handler = handler
         self.limits = limits
+        self.screen = screen
         self.gate = Gate(limits.max_connections, limits.max_per_peer)
         self._warned = 0.0
 
@@ -232,7 +237,7 @@ class Server:
                     return
             with slot.scope:
                 await serve_connection(stream, self.handler, via, self.limits.max_body, limits=self.limits,
-                                       slot=slot)
+                                       slot=slot, screen=self.screen)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
         finally:
@@ -254,7 +259,8 @@ BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n
 
 
 async def serve_connection(stream: ByteStream, handler: Handler, via: str, max_body: int = MAX_BODY, *,
-                           limits: Limits | None = None, slot: Slot | None = None) -> None:
+                           limits: Limits | None = None, slot: Slot | None = None,
+                           screen: Screen | None = None) -> None:
     """Answer requests on one connection until the client closes it (keep-alive)."""
     limits = limits or Limits(max_body=max_body)
     slot = slot or Slot(None)
@@ -264,7 +270,7 @@ async def serve_connection(stream: ByteStream, handler: Handler, via: str, max_b
     async with stream:
         while True:
             wait = limits.header_timeout if first else limits.idle_timeout
-            request = await _read_request(conn, stream, via, uid, max_body, limits, wait)
+            request = await _read_request(conn, stream, via, uid, max_body, limits, wait, screen)
             if request is None:
                 return
             first = False
@@ -307,7 +313,7 @@ async def _next_event(conn: h11.Connection, stream: ByteStream, wait: float, hea
 
 
 async def _read_request(conn: h11.Connection, stream: ByteStream, via: str, uid: int | None,
-                        max_body: int, limits: Limits, wait: float) -> Request | None:
+                        max_body: int, limits: Limits, wait: float, screen: Screen | None = None) -> Request | None:
     try:
         event = await _next_event(conn, stream, wait, limits.header_timeout)
         if not isinstance(event, h11.Request):
@@ -317,6 +323,12 @@ async def _read_request(conn: h11.Connection, stream: ByteStream, via: str, uid:
             # Refused before a byte of the body is read: the answer, then the connection closes.
             raise h11.RemoteProtocolError(f"request body of {int(declared)} bytes is over the limit of {max_body} "
                                           f"([service] max_request_bytes)", 413)
+        chunked = any(k.lower() == b"transfer-encoding" for k, _ in event.headers)
+        if screen is not None and (chunked or (declared is not None and declared != b"0")):
+            refused = screen(_request(event, b"", via, uid))
+            if refused is not None:  # told from its head: its body is never read, the connection closes
+                await _send(conn, stream, refused, head=False, timeout=limits.idle_timeout)
+                return None
         body = bytearray()
         while True:
             part = await _next_event(conn, stream, limits.idle_timeout)
@@ -336,9 +348,13 @@ async def _read_request(conn: h11.Connection, stream: ByteStream, via: str, uid:
             await _send(conn, stream, Response.json({"error": "bad request", "message": str(exc)},
                                                     exc.error_status_hint), head=False, timeout=limits.idle_timeout)
         return None
+    return _request(event, bytes(body), via, uid)
+
+
+def _request(event: h11.Request, body: bytes, via: str, uid: int | None) -> Request:
     target = urlsplit(event.target.decode("latin-1"))
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in event.headers}
-    return Request(event.method.decode("ascii"), target.path, parse_qs(target.query), headers, bytes(body), via, uid)
+    return Request(event.method.decode("ascii"), target.path, parse_qs(target.query), headers, body, via, uid)
 
 
 #: On every answer: no page or answer of the service may be framed, nor its type guessed.
