@@ -46,13 +46,15 @@ async def test_peek_refuses_a_fifo_a_run_of_ones_own_made(tmp_path: Path) -> Non
                                                                                           str(go)]),
                                     backend="local"))
         await j.submit()
-        with anyio.fail_after(20):  # (running as the repository holds it: what another process reads)
-            while not ((j.workspace / "work" / "pipe").exists() and "running" in subprocess.run(
-                    [str(ORCH), "--home", str(home), "show", j.fqid], capture_output=True, text=True).stdout):
-                await anyio.sleep(0.1)
-        done = peek_in_time([str(ORCH), "--home", str(home), "peek", j.fqid, "pipe"])
-        assert done.returncode == 2 and "pipe is not a regular file" in done.stderr, done
-        go.touch()
+        try:
+            with anyio.fail_after(20):  # (running as the repository holds it: what another process reads)
+                while not ((j.workspace / "work" / "pipe").exists() and "running" in subprocess.run(
+                        [str(ORCH), "--home", str(home), "show", j.fqid], capture_output=True, text=True).stdout):
+                    await anyio.sleep(0.1)
+            done = peek_in_time([str(ORCH), "--home", str(home), "peek", j.fqid, "pipe"])
+            assert done.returncode == 2 and "pipe is not a regular file" in done.stderr, done
+        finally:  # (the run ends, whatever became of the test)
+            go.touch()
         await j.wait(timeout=20)
         assert j.status == "completed"
 
@@ -90,13 +92,15 @@ def test_the_team_service_refuses_an_owners_fifo_at_once(team: Service, open_dir
     go = open_dir / "go"
     maker = script(open_dir, "maker.sh", MAKES_A_FIFO + "\n")
     fqid = ok("bin", home, "submit", str(jobfile(open_dir, "maker", str(maker), [str(go)]))).strip()
-    deadline = time.monotonic() + 30
-    while "running" not in cli_ok(home, "show", fqid) or not (home / "workspace" / fqid / "work" / "pipe").exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    done = as_user("bin", home, "peek", fqid, "pipe")
-    assert done.returncode == 2 and "pipe is not a regular file" in done.stderr, done
-    go.touch()
+    try:
+        deadline = time.monotonic() + 30
+        while "running" not in cli_ok(home, "show", fqid) or not (home / "workspace" / fqid / "work" / "pipe").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        done = as_user("bin", home, "peek", fqid, "pipe")
+        assert done.returncode == 2 and "pipe is not a regular file" in done.stderr, done
+    finally:  # (the run ends, whatever became of the test)
+        go.touch()
     assert cli(home, "wait", fqid).returncode == 0
 
 
