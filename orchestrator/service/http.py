@@ -326,8 +326,10 @@ async def _read_request(conn: h11.Connection, stream: ByteStream, via: str, uid:
         chunked = any(k.lower() == b"transfer-encoding" for k, _ in event.headers)
         if screen is not None and (chunked or (declared is not None and declared != b"0")):
             refused = screen(_request(event, b"", via, uid))
-            if refused is not None:  # told from its head: its body is never read, the connection closes
-                await _send(conn, stream, refused, head=False, timeout=limits.idle_timeout)
+            if refused is not None:  # told from its head: its body is never kept, the connection closes
+                closing = replace(refused, headers=[*refused.headers, ("connection", "close")])  # (not kept alive)
+                await _send(conn, stream, closing, head=False, timeout=limits.idle_timeout)
+                await _discard_body(conn, stream, limits, max_body)
                 return None
         body = bytearray()
         while True:
@@ -349,6 +351,19 @@ async def _read_request(conn: h11.Connection, stream: ByteStream, via: str, uid:
                                                     exc.error_status_hint), head=False, timeout=limits.idle_timeout)
         return None
     return _request(event, bytes(body), via, uid)
+
+
+async def _discard_body(conn: h11.Connection, stream: ByteStream, limits: Limits, most: int) -> None:
+    """The rest of a refused request's body, read a part at a time and dropped (at most ``most`` bytes, each part
+    within the idle timeout): a connection closed with data unread is reset, and a reset can cut the answer
+    off before the client has read it."""
+    seen = 0
+    with contextlib.suppress(TimeoutError, h11.RemoteProtocolError, anyio.EndOfStream, anyio.BrokenResourceError):
+        while seen <= most:
+            part = await _next_event(conn, stream, limits.idle_timeout)
+            if not isinstance(part, h11.Data):
+                return
+            seen += len(part.data)
 
 
 def _request(event: h11.Request, body: bytes, via: str, uid: int | None) -> Request:
