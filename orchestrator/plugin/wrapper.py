@@ -226,6 +226,12 @@ LOG_READ = 1 << 20
 LOG_HEAD = 64 << 10
 
 
+def top_dir(outputdir: Path, fqid: str) -> Path:
+    """The top-level job's dir of the run ``fqid`` whose output dir this is: the dir only the orchestrator may
+    replace, which reads of the run's files stay inside (a subjob's own dirs are its owner's)."""
+    return outputdir.parents[fqid.count(".")]
+
+
 def read_log(outputdir: Path, attempt: int = 0, *, fqid: str | None = None) -> RunLog:
     """The log of ``attempt`` of the run whose output dir this is (empty if there is none yet, or none that can be
     read). ``fqid``: the run's, for the top-level job's dir it lies in (a subjob's output dir is two levels
@@ -233,7 +239,7 @@ def read_log(outputdir: Path, attempt: int = 0, *, fqid: str | None = None) -> R
     link out of the top-level job's dir, a regular file only (a FIFO the run made would keep the reader waiting
     for good), its last :data:`LOG_READ` bytes and its first :data:`LOG_HEAD` (a log of gigabytes was read
     whole, on the event loop)."""
-    top = outputdir.parents[fqid.count(".")] if fqid else outputdir.parent
+    top = top_dir(outputdir, fqid) if fqid else outputdir.parent
     try:
         return parse_log(read_inside(log_path(outputdir, attempt), top, LOG_READ, head=LOG_HEAD)
                          .decode(errors="replace"))

@@ -171,11 +171,10 @@ class Writer:
                 raise
             error: Exception = exc
         parts = apart(batch)
+        if len(parts) == 1:  # the flush was this job's alone: its refusal is the flush's
+            return self._refuse({job: error for job in parts})
         refused: dict[int, Exception] = {}
         for job, part in parts.items():
-            if len(parts) == 1:  # the flush was this job's alone: its refusal is the flush's
-                refused[job] = error
-                break
             try:
                 with anyio.CancelScope(shield=True):
                     await self.repo.save(part)
@@ -184,6 +183,10 @@ class Writer:
                 if not self.repo.refuses(exc):
                     raise
                 refused[job] = exc
+        return self._refuse(refused)
+
+    def _refuse(self, refused: dict[int, Exception]) -> set[int]:
+        """Jobs whose changes the repository refused: said, counted, written whole at their next change."""
         for job, why in refused.items():
             self._refused.add(job)
             self._refusals += 1

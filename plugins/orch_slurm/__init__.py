@@ -59,7 +59,7 @@ from collections.abc import Sequence
 from orchestrator.plugin import Capabilities, JobStatus, RunHandle, StatusUpdate
 from orchestrator.plugin.accounts import AccountError, account_of
 from orchestrator.plugin.users import read_inside
-from orchestrator.plugin.wrapper import RunLog, read_log
+from orchestrator.plugin.wrapper import RunLog, read_log, top_dir
 
 from .slurm import (
     ABORTED,
@@ -287,9 +287,8 @@ def _by_log(h: RunHandle, log: RunLog, why: str) -> StatusUpdate:
 
 def _over_memory(h: RunHandle) -> bool:
     """Whether Slurm's own word to the run (its ``slurm.out``) says it was killed over its memory limit."""
-    top = h.outputdir.parents[h.fqid.count(".")]  # the top-level job's dir: the run's own dirs are its owner's
     try:  # (as any file a run made: no link out of the job's dir, a regular file only, never a FIFO waited on)
-        tail = read_inside(h.outputdir.parent / SLURM_OUT, top, 4096).decode(errors="replace")
+        tail = read_inside(h.outputdir.parent / SLURM_OUT, top_dir(h.outputdir, h.fqid), 4096).decode(errors="replace")
     except OSError:
         return False
     return any(sign in tail for sign in OVER_MEMORY)
